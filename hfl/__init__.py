@@ -1,0 +1,1 @@
+"""hfl: communication-efficient hierarchical federated learning across datacenters, in JAX."""

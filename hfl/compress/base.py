@@ -1,0 +1,113 @@
+"""The compressor type: a per-leaf pair of pure functions, in the style of optax.
+
+A :class:`Compressor` is built for ONE pytree leaf of a known shape (the per-leaf
+policy in :mod:`hfl.compress.policy` builds one per leaf). Everything is a pure,
+jit-compatible function on arrays of static shape, so a compressor can run inside
+``jax.shard_map`` and its payload can be handed to a collective.
+
+Protocol (error feedback is NOT inside the compressor; the caller applies it,
+DESIGN 4.2: ``p = g + e; payload = encode(p); e <- p - decode(payload)``)::
+
+    state = c.init()                          # NamedTuple, may be EmptyState()
+    payload, state = c.encode(x, state, key)  # x: float32[shape]; payload: dict of arrays
+    x_hat = c.decode(payload)                 # float32[shape]
+    bits = c.wire_bits(payload)               # float32 scalar, bits on the wire
+
+``payload`` is what crosses the link: a dict of arrays with static shapes and
+dtypes (values, indices, codes, scales). ``wire_bits`` defaults to the payload's
+array sizes times their dtype widths; a variable-length code (entropy coding)
+overrides it with the code length computed from the symbols.
+
+``linear`` is True when ``decode`` is linear in the payload arrays AND the payload
+is a dense array of the leaf's shape (identity, casts): such payloads may be summed
+by an all-reduce before decoding. Every other compressor is aggregated by
+all-gathering the payloads and decoding each one before averaging (never an
+average of encoded values, DESIGN 7).
+"""
+
+from typing import Any, Callable, NamedTuple
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+
+Payload = dict  # dict[str, jax.Array]
+
+
+class EmptyState(NamedTuple):
+  """State of a stateless compressor."""
+
+
+def payload_bits(payload: Payload) -> jax.Array:
+  """Bits of a payload dict from its array shapes and dtypes (static).
+
+  Args:
+    payload: dict of arrays (or ShapeDtypeStructs).
+
+  Returns:
+    float32 scalar: sum over arrays of size * itemsize * 8.
+  """
+  total = 0
+  for leaf in jax.tree.leaves(payload):
+    total += int(np.prod(leaf.shape)) * jnp.dtype(leaf.dtype).itemsize * 8
+  return jnp.float32(total)
+
+
+class Compressor(NamedTuple):
+  """A compressor for one leaf of shape ``shape``.
+
+  Attributes:
+    name: short name used in logs, e.g. ``'topk(0.01)'``.
+    shape: the leaf's shape (tuple of ints).
+    init: ``() -> state``.
+    encode: ``(x: f32[shape], state, key: PRNGKey) -> (payload, state)``.
+    decode: ``(payload) -> f32[shape]``.
+    wire_bits: ``(payload) -> f32[]``, bits this payload costs on the wire.
+    linear: payloads may be summed before decoding (see module doc).
+  """
+  name: str
+  shape: tuple
+  init: Callable[[], Any]
+  encode: Callable[..., tuple]
+  decode: Callable[[Payload], jax.Array]
+  wire_bits: Callable[[Payload], jax.Array] = payload_bits
+  linear: bool = False
+
+
+def identity(shape) -> Compressor:
+  """No compression: float32 values (32 bits per entry)."""
+  shape = tuple(shape)
+
+  def encode(x, state, key):
+    del key
+    return {'values': x.astype(jnp.float32)}, state
+
+  def decode(payload):
+    return payload['values'].astype(jnp.float32)
+
+  return Compressor('identity', shape, EmptyState, encode, decode, linear=True)
+
+
+def cast(shape, dtype) -> Compressor:
+  """Round to a low-precision float (bf16 or fp16), 16 bits per entry.
+
+  fp16 saturates to +-65504 instead of overflowing to inf, so a payload is always
+  finite when the input is finite.
+  """
+  shape = tuple(shape)
+  dtype = jnp.dtype(dtype)
+  if dtype not in (jnp.dtype(jnp.bfloat16), jnp.dtype(jnp.float16)):
+    raise ValueError(f'cast: dtype must be bfloat16 or float16, got {dtype}')
+  big = float(jnp.finfo(dtype).max)
+
+  def encode(x, state, key):
+    del key
+    x = x.astype(jnp.float32)
+    if dtype == jnp.float16:
+      x = jnp.where(jnp.isfinite(x), jnp.clip(x, -big, big), x)
+    return {'values': x.astype(dtype)}, state
+
+  def decode(payload):
+    return payload['values'].astype(jnp.float32)
+
+  return Compressor(dtype.name, shape, EmptyState, encode, decode, linear=True)
