@@ -1,0 +1,336 @@
+"""CO3: convert, compress, correct (DESIGN 4.4).
+
+Source: the seed CO3 paper, "How to Attain Communication-Efficient DNN Training?
+Convert, Compress, Correct" (fp4 [1,2,1] + GenNorm-designed Huffman code + error
+feedback with memory decay gamma = 0.9).
+
+Pipeline for one layer (pytree leaf) ``x``:
+
+1. **Convert** (jit): fit GenNorm (beta, alpha) to the layer by moments
+   (:func:`hfl.compress.gennorm.fit_moments`), scale by ``s = p(beta) / alpha``
+   (``p`` the tabulated MSE-optimal pre-scale of a unit GenNorm on the grid) and
+   round to nearest onto the tiny float grid (:mod:`hfl.compress.floatgrid`; ties to
+   even, saturation to +-max, inf -> +-max, NaN -> the reserved NaN symbol which
+   decodes to NaN). ``decode`` returns ``level / s``.
+2. **Compress** (host, :mod:`hfl.compress.coding`): entropy-code the magnitudes with
+   a Huffman code designed from the GenNorm model's level probabilities (``coder=
+   'huffman'``, the paper's design) or with ANS (``coder='ans'``, constriction),
+   plus one raw sign bit per non-zero finite entry.
+3. **Correct**: error feedback with decaying memory ``p = g + gamma e;
+   g_hat = Q(p); e <- p - g_hat`` (:func:`co3_ef_step`).
+
+Payload and accounting. The payload that crosses the collective is::
+
+    {'symbols': uint8[shape], 'scale': float32[], 'beta_idx': uint8[]}
+
+i.e. the simulation MOVES one uint8 symbol per entry (fixed width, so it can be
+all-gathered with static shapes) while ``wire_bits`` CHARGES the length of the
+entropy-coded message that a real link would carry, computed inside jit from the
+symbol histogram. The message (:func:`encode_message`) is::
+
+    header: scale (float32, 4 bytes) | beta_idx (uint8, 1 byte)  = HEADER_BYTES = 5
+    body:   coder bitstream (coding.huffman_encode / coding.ans_encode)
+
+``beta_idx`` selects the row of the checked-in GenNorm table (p(beta), level
+probabilities) from which both ends derive the SAME code; the shape, format and
+coder are static configuration known to both ends and are not sent.
+
+* Huffman: ``wire_bits = 8 * (HEADER_BYTES + ceil((sum_k count_k len_k + n_signs) / 8))``,
+  EXACTLY the real message length (documented overhead 0; tests/test_co3.py and
+  ``python bench/co3.py --bits`` check it against the real bitstream).
+* ANS: ``wire_bits = 8 * HEADER_BYTES + 32 * ceil((I + 32) / 32)`` with
+  ``I = sum_k count_k (-log2 q_k) + n_signs`` the ideal length under the model; the
+  real constriction stream is within ``coding.ANS_OVERHEAD_BITS`` (64) bits of it
+  (it can be shorter: a trailing run of the most likely symbol 0 costs nothing at
+  the coder's initial state).
+
+``linear`` is False: payloads are all-gathered and decoded one by one.
+
+Error feedback (decision). The rest of hfl applies plain EF in the caller
+(``p = g + e; e <- p - decode``). CO3 needs ``p = g + gamma e``; the compressor's
+state therefore carries ``ef_gamma`` (a float32 scalar) and :func:`co3_ef_step`
+does the whole correct-convert step. A generic EF loop may instead read
+``getattr(state, 'ef_gamma', 1.0)`` and apply ``p = g + ef_gamma * e``: the two are
+identical. gamma = 0 disables the memory (e is still returned as the current
+error, but never fed back).
+"""
+
+import functools
+from typing import NamedTuple, Optional
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+
+from hfl.compress import coding
+from hfl.compress import floatgrid
+from hfl.compress import gennorm
+from hfl.compress.base import Compressor
+
+HEADER_BYTES = 5  # float32 scale + uint8 beta index.
+FORMATS = {'fp4': (1, 2, 1), 'fp8': (1, 5, 2)}
+CODERS = ('huffman', 'ans')
+
+
+class CO3State(NamedTuple):
+  """Per-leaf CO3 state.
+
+  Attributes:
+    count: int32[], encode calls so far.
+    beta: float32[], the cached GenNorm shape (refit every ``refit_every`` calls).
+    ef_gamma: float32[], the decay gamma of the caller's error-feedback memory.
+  """
+  count: jax.Array
+  beta: jax.Array
+  ef_gamma: jax.Array
+
+
+class CO3Codec(NamedTuple):
+  """Static, host-side description shared by encoder and decoder of one format.
+
+  Attributes:
+    fmt: ``(s, e, m)``.
+    coder: 'huffman' or 'ans'.
+    grid: the :class:`floatgrid.FloatGrid`.
+    table: the :class:`gennorm.GenNormTable`.
+    probs: float64[B, M+1] floored model probabilities per beta row (coding.model_probs).
+    codes: tuple of B :class:`coding.HuffmanCode`, one per beta row.
+    code_lengths: int32[B, M+1] Huffman code lengths (bits).
+    neglog2: float32[B, M+1] ``-log2 probs`` (bits), for the ANS estimate.
+  """
+  fmt: tuple
+  coder: str
+  grid: floatgrid.FloatGrid
+  table: gennorm.GenNormTable
+  probs: np.ndarray
+  codes: tuple
+  code_lengths: np.ndarray
+  neglog2: np.ndarray
+
+
+def parse_fmt(fmt) -> tuple:
+  """``'fp4'`` / ``'fp8'`` / ``(s, e, m)`` / ``'1,2,1'`` -> ``(s, e, m)`` ints."""
+  if isinstance(fmt, str):
+    if fmt in FORMATS:
+      return FORMATS[fmt]
+    fmt = fmt.strip('[]() ').split(',')
+  return tuple(int(v) for v in fmt)
+
+
+@functools.lru_cache(maxsize=None)
+def make_codec(fmt=(1, 2, 1), coder: str = 'huffman') -> CO3Codec:
+  """Builds (and caches) the :class:`CO3Codec` of a format and coder.
+
+  Args:
+    fmt: a format accepted by :func:`parse_fmt`.
+    coder: 'huffman' or 'ans'.
+
+  Returns:
+    The codec.
+
+  Raises:
+    ValueError: unknown coder or invalid format.
+  """
+  if coder not in CODERS:
+    raise ValueError(f'co3: coder must be one of {CODERS}, got {coder!r}')
+  fmt = parse_fmt(fmt)
+  grid = floatgrid.make_grid(fmt)
+  table = gennorm.load_table(fmt)
+  probs = np.stack([coding.model_probs(row) for row in table.probs])
+  codes = tuple(coding.huffman_code(row) for row in probs)
+  lengths = np.stack([c.lengths for c in codes]).astype(np.int32)
+  return CO3Codec(fmt, coder, grid, table, probs, codes, lengths,
+                  (-np.log2(probs)).astype(np.float32))
+
+
+def convert(x: jax.Array, beta: jax.Array, codec: CO3Codec):
+  """Scales ``x`` by ``s = p(beta)/alpha`` and rounds onto the grid (jit).
+
+  Args:
+    x: float32[...] values.
+    beta: float32[] GenNorm shape (e.g. from :func:`gennorm.fit_moments`).
+    codec: the codec.
+
+  Returns:
+    (symbols uint8[...], scale float32[], beta_idx uint8[]). ``scale`` is 1 when
+    ``x`` has no non-zero finite entry (then every finite entry is symbol 0).
+  """
+  x = jnp.asarray(x, jnp.float32)
+  finite = jnp.isfinite(x)
+  n = jnp.maximum(jnp.sum(finite), 1).astype(jnp.float32)
+  mean_abs = jnp.sum(jnp.where(finite, jnp.abs(x), 0.0)) / n
+  alpha = gennorm.alpha_from_beta(mean_abs, beta)
+  scale = gennorm.prescale(beta, codec.table) / jnp.where(alpha > 0, alpha, 1.0)
+  scale = jnp.where((alpha > 0) & jnp.isfinite(scale) & (scale > 0), scale, 1.0)
+  scale = scale.astype(jnp.float32)
+  sym = floatgrid.quantize(x * scale, codec.grid)
+  return sym, scale, gennorm.beta_index(beta, codec.table).astype(jnp.uint8)
+
+
+def stream_bits(symbols: jax.Array, beta_idx: jax.Array, codec: CO3Codec) -> jax.Array:
+  """Bits of the coded message of one payload, from the symbol histogram (jit).
+
+  See the module docstring for the exact formulas (Huffman: exact; ANS: within
+  ``coding.ANS_OVERHEAD_BITS``).
+
+  Args:
+    symbols: uint8[...] CO3 symbols.
+    beta_idx: uint8[] row of the code table.
+    codec: the codec.
+
+  Returns:
+    float32[] bits, header (scale, beta index) included.
+  """
+  grid = codec.grid
+  big_m = grid.num_mags
+  mag, _ = floatgrid.split_symbols(symbols, grid)
+  dense = jnp.where(mag == grid.nan_mag, big_m, mag).reshape(-1)
+  counts = jnp.bincount(dense, length=big_m + 1)
+  n_signs = (jnp.sum(counts[1:big_m]) if grid.fmt[0] else 0)
+  idx = beta_idx.astype(jnp.int32)
+  if codec.coder == 'huffman':
+    size = int(np.prod(symbols.shape))
+    if size * (coding.MAX_CODE_LEN + 1) < 2**31:
+      body = jnp.sum(counts * jnp.asarray(codec.code_lengths)[idx]) + n_signs
+      nbytes = (body + 7) // 8 + HEADER_BYTES
+      return (8 * nbytes).astype(jnp.float32)
+    body = (jnp.sum(counts.astype(jnp.float32)
+                    * jnp.asarray(codec.code_lengths, jnp.float32)[idx]) + n_signs)
+    return 8 * (jnp.ceil(body / 8) + HEADER_BYTES)
+  info = jnp.sum(counts.astype(jnp.float32) * jnp.asarray(codec.neglog2)[idx]) + n_signs
+  return 8.0 * HEADER_BYTES + 32.0 * jnp.ceil((info + 32.0) / 32.0)
+
+
+def co3(shape, fmt=(1, 2, 1), gamma: float = 0.9, coder: str = 'huffman',
+        refit_every: int = 1) -> Compressor:
+  """The CO3 compressor for one leaf.
+
+  Args:
+    shape: the leaf's shape.
+    fmt: float format: ``(s, e, m)`` or 'fp4' (= (1,2,1), 11 levels) or 'fp8'
+      (= (1,5,2), fp8 E5M2, 247 levels).
+    gamma: error-feedback memory decay in [0, 1] (0.9 in the CO3 paper), carried in
+      ``state.ef_gamma`` for :func:`co3_ef_step`.
+    coder: 'huffman' (GenNorm-designed canonical Huffman) or 'ans' (constriction).
+    refit_every: the GenNorm shape beta (hence the code table row) is re-estimated
+      every this many ``encode`` calls (1 = every call); alpha, hence the scale,
+      is re-estimated on every call.
+
+  Returns:
+    A :class:`hfl.compress.base.Compressor` with ``state = CO3State``, payload
+    ``{'symbols': uint8[shape], 'scale': f32[], 'beta_idx': uint8[]}`` and
+    ``wire_bits`` = the entropy-coded message length (module docstring).
+
+  Raises:
+    ValueError: invalid fmt, coder, gamma or refit_every.
+  """
+  shape = tuple(int(d) for d in shape)
+  codec = make_codec(parse_fmt(fmt), coder)
+  gamma = float(gamma)
+  if not 0.0 <= gamma <= 1.0:
+    raise ValueError(f'co3: gamma must be in [0, 1], got {gamma}')
+  if int(refit_every) != refit_every or refit_every < 1:
+    raise ValueError(f'co3: refit_every must be an int >= 1, got {refit_every}')
+  refit_every = int(refit_every)
+  s, e, m = codec.fmt
+  name = f'co3(fp{s + e + m}[{s},{e},{m}],{coder},gamma={gamma:g})'
+
+  def init():
+    return CO3State(jnp.zeros((), jnp.int32), jnp.float32(2.0), jnp.float32(gamma))
+
+  def encode(x, state, key):
+    del key  # Deterministic rounding.
+    x = jnp.asarray(x, jnp.float32).reshape(shape)
+    refit = state.count % refit_every == 0
+    beta = jax.lax.cond(refit, lambda: gennorm.fit_moments(x).beta,
+                        lambda: state.beta.astype(jnp.float32))
+    sym, scale, bidx = convert(x, beta, codec)
+    new_state = CO3State(state.count + 1, beta, state.ef_gamma)
+    return {'symbols': sym, 'scale': scale, 'beta_idx': bidx}, new_state
+
+  def decode(payload):
+    vals = floatgrid.dequantize(payload['symbols'], codec.grid)
+    return vals / payload['scale'].astype(jnp.float32)
+
+  def wire_bits(payload):
+    return stream_bits(payload['symbols'], payload['beta_idx'], codec)
+
+  return Compressor(name, shape, init, encode, decode, wire_bits, linear=False)
+
+
+def co3_ef_step(compressor: Compressor, g: jax.Array, e: jax.Array, state: CO3State,
+                key: jax.Array, gamma: Optional[float] = None):
+  """One CO3 "correct + convert" step with decaying error feedback (jit).
+
+  ``p = g + gamma e; payload = encode(p); g_hat = decode(payload); e' = p - g_hat``
+  (DESIGN 4.4 "Correct"). With gamma = 1 this is plain EF (DESIGN 4.2), with
+  gamma = 0 there is no memory (``p = g``).
+
+  Args:
+    compressor: a CO3 (or any) :class:`Compressor`.
+    g: float32[shape] the gradient (or pseudo-gradient) to send.
+    e: float32[shape] the error memory (zeros initially).
+    state: the compressor state.
+    key: PRNG key (unused by CO3, passed through).
+    gamma: memory decay; default ``state.ef_gamma`` (1.0 if the state has none).
+
+  Returns:
+    (payload, g_hat float32[shape], e_new float32[shape], new_state).
+  """
+  if gamma is None:
+    gamma = getattr(state, 'ef_gamma', 1.0)
+  g = jnp.asarray(g, jnp.float32)
+  p = g + jnp.asarray(gamma, jnp.float32) * jnp.asarray(e, jnp.float32)
+  payload, state = compressor.encode(p, state, key)
+  g_hat = compressor.decode(payload)
+  return payload, g_hat, p - g_hat, state
+
+
+def encode_message(payload, codec: CO3Codec) -> bytes:
+  """Host: the real wire message of one payload (header + entropy-coded body).
+
+  Args:
+    payload: a CO3 payload (arrays, host or device).
+    codec: the codec the payload was produced with.
+
+  Returns:
+    bytes; ``8 * len`` equals ``wire_bits`` exactly for Huffman.
+  """
+  sym = np.asarray(payload['symbols'], np.uint8).reshape(-1)
+  idx = int(np.asarray(payload['beta_idx']))
+  header = (np.asarray(payload['scale'], '<f4').reshape(()).tobytes()
+            + bytes([idx]))
+  if codec.coder == 'huffman':
+    body = coding.huffman_encode(sym, codec.grid, codec.codes[idx])
+  else:
+    body = coding.ans_encode(sym, codec.grid, codec.probs[idx])
+  return header + body
+
+
+def decode_message(data: bytes, shape, codec: CO3Codec) -> dict:
+  """Host: inverse of :func:`encode_message` (bit-exact payload).
+
+  Args:
+    data: the message bytes.
+    shape: the leaf shape (static configuration).
+    codec: the codec.
+
+  Returns:
+    payload dict of numpy arrays.
+
+  Raises:
+    ValueError: on a short header, bad beta index or corrupt body.
+  """
+  if len(data) < HEADER_BYTES:
+    raise ValueError('co3: message shorter than its header')
+  scale = np.frombuffer(data[:4], '<f4')[0].astype(np.float32)
+  idx = data[4]
+  if idx >= len(codec.codes):
+    raise ValueError(f'co3: beta index {idx} out of range')
+  n = int(np.prod(shape))
+  if codec.coder == 'huffman':
+    sym = coding.huffman_decode(data[HEADER_BYTES:], n, codec.grid, codec.codes[idx])
+  else:
+    sym = coding.ans_decode(data[HEADER_BYTES:], n, codec.grid, codec.probs[idx])
+  return {'symbols': sym.reshape(shape), 'scale': np.float32(scale),
+          'beta_idx': np.uint8(idx)}

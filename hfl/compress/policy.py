@@ -1,0 +1,219 @@
+"""Per-leaf compression policy: which compressor each pytree leaf gets.
+
+DESIGN 4.2: large tensors (ndim >= 2 and size >= ``small_threshold``) get the
+compressor named by the spec (top-k, QSGD, ...); small tensors (biases, norms)
+are sent dense in ``small`` precision (float32 = identity, bfloat16, float16).
+
+A spec is the ``compression.uplink`` / ``.downlink`` / ``.wan`` ConfigDict of
+``configs/default.py``: ``name`` plus hyper-parameters (``density``, ``levels``,
+``rank``, ``threshold_variant``). Everything is validated here, in Python, when
+the policy is built, before any compilation; errors name the config field.
+
+Other modules add compressors with :func:`register`, e.g.
+``register('co3', co3.make, hyper=('fmt', 'gamma'))``.
+"""
+
+from typing import Callable, Sequence
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+
+from hfl.compress import base
+from hfl.compress import lowrank
+from hfl.compress import quantize
+from hfl.compress import sparse
+
+# name -> (factory(shape, **hyper) -> Compressor, names of the spec fields it takes)
+REGISTRY: dict[str, tuple[Callable[..., base.Compressor], tuple[str, ...]]] = {}
+
+SMALL_CHOICES = ('float32', 'bfloat16', 'float16')
+
+
+def register(name: str, factory: Callable[..., base.Compressor],
+             hyper: Sequence[str] = ()) -> None:
+  """Registers a compressor factory under ``name`` (overwrites an existing one).
+
+  Args:
+    name: the value of ``spec.name`` that selects it.
+    factory: ``factory(shape, **hyper) -> Compressor``; raise ValueError on bad
+      hyper-parameters (the policy prefixes the config field).
+    hyper: spec fields passed as keyword arguments (those absent from the spec
+      are not passed, so the factory's defaults apply). ``density``, ``levels``
+      and ``rank`` are range-checked by the policy before the factory is called.
+  """
+  REGISTRY[name] = (factory, tuple(hyper))
+
+
+def _cast(dtype):
+  def make(shape):
+    return base.cast(shape, dtype)
+  return make
+
+
+register('identity', base.identity)
+register('float32', base.identity)
+register('bf16', _cast(jnp.bfloat16))
+register('bfloat16', _cast(jnp.bfloat16))
+register('fp16', _cast(jnp.float16))
+register('float16', _cast(jnp.float16))
+register('topk', sparse.topk, ('density', 'threshold_variant'))
+register('randk', sparse.randk, ('density',))
+register('qsgd', quantize.qsgd, ('levels',))
+register('sign', quantize.sign)
+register('powersgd', lowrank.powersgd, ('rank',))
+
+
+def _get(spec, name, default=None):
+  if isinstance(spec, str):
+    return default
+  if isinstance(spec, dict):
+    return spec.get(name, default)
+  try:
+    return spec.get(name, default)  # ConfigDict
+  except AttributeError:
+    return getattr(spec, name, default)
+
+
+def _is_int(v):
+  return isinstance(v, (int, np.integer)) and not isinstance(v, bool)
+
+
+def _check_hyper(field, name, value):
+  """Range checks of the shared hyper-parameters; ValueError naming the field."""
+  where = f'{field}.{name}'
+  if name == 'density':
+    ok = (isinstance(value, (int, float, np.floating, np.integer))
+          and not isinstance(value, bool) and 0.0 < float(value) <= 1.0)
+    if not ok:
+      raise ValueError(f'{where}={value!r}: density must be a number in (0, 1] '
+                       '(fraction of entries kept)')
+  elif name == 'levels':
+    if not _is_int(value) or value < 1:
+      raise ValueError(f'{where}={value!r}: levels must be an integer >= 1 '
+                       '(QSGD quantisation levels s)')
+  elif name == 'rank':
+    if not _is_int(value) or value < 1:
+      raise ValueError(f'{where}={value!r}: rank must be an integer >= 1 '
+                       '(PowerSGD rank r)')
+  elif name == 'threshold_variant':
+    if not isinstance(value, (bool, np.bool_)):
+      raise ValueError(f'{where}={value!r}: threshold_variant must be True or False')
+
+
+def _leaf_shape(leaf):
+  return tuple(int(d) for d in np.shape(leaf))
+
+
+def _small_factory(small, small_field):
+  if small == 'float32':
+    return base.identity
+  if small in ('bfloat16', 'float16'):
+    return _cast(jnp.dtype(small))
+  raise ValueError(f'{small_field}={small!r}: must be one of {", ".join(SMALL_CHOICES)}')
+
+
+def build(spec, shapes, small_threshold: int, small: str,
+          field: str = 'compression', small_field: str | None = None
+          ) -> list[base.Compressor]:
+  """Builds one compressor per leaf of ``shapes``, aligned with ``jax.tree.leaves``.
+
+  Leaves with ndim < 2 or size < ``small_threshold`` get the dense ``small``
+  precision (identity for float32, else a cast); the others get
+  ``REGISTRY[spec.name]`` with the spec's hyper-parameters.
+
+  Args:
+    spec: ConfigDict (or dict) with ``name`` and hyper-parameters, or a bare
+      compressor name.
+    shapes: pytree of arrays or ShapeDtypeStructs (only shapes are used).
+    small_threshold: int >= 0, minimum size of a compressed leaf.
+    small: 'float32' | 'bfloat16' | 'float16'.
+    field: config path of ``spec`` for error messages, e.g. 'compression.uplink'.
+    small_field: config path of ``small`` for errors (default: the parent of
+      ``field`` + '.small', e.g. 'compression.small').
+
+  Returns:
+    list of Compressor, one per leaf.
+
+  Raises:
+    ValueError: unknown name, out-of-range hyper-parameter, bad ``small`` or
+      negative ``small_threshold``; the message names the field, the value and
+      what is allowed.
+  """
+  parent = field.rsplit('.', 1)[0] if '.' in field else ''
+  if small_field is None:
+    small_field = f'{parent}.small' if parent else 'small'
+  thr_field = f'{parent}.small_threshold' if parent else 'small_threshold'
+  if not _is_int(small_threshold) or small_threshold < 0:
+    raise ValueError(f'{thr_field}={small_threshold!r}: must be an integer >= 0')
+  small_make = _small_factory(small, small_field)
+
+  name = spec if isinstance(spec, str) else _get(spec, 'name')
+  if name not in REGISTRY:
+    raise ValueError(f'{field}.name={name!r}: unknown compressor; allowed: '
+                     f'{", ".join(sorted(REGISTRY))}')
+  factory, hyper_names = REGISTRY[name]
+  hyper = {}
+  for h in hyper_names:
+    v = _get(spec, h)
+    if v is None:
+      continue
+    _check_hyper(field, h, v)
+    hyper[h] = v
+
+  out = []
+  for leaf in jax.tree.leaves(shapes):
+    shape = _leaf_shape(leaf)
+    size = int(np.prod(shape, dtype=np.int64))
+    if len(shape) < 2 or size < small_threshold:
+      out.append(small_make(shape))
+      continue
+    try:
+      out.append(factory(shape, **hyper))
+    except ValueError as e:
+      raise ValueError(f'{field} (name={name!r}, {hyper}): {e}') from e
+  return out
+
+
+def static_bits(compressor: base.Compressor) -> float:
+  """Payload bits of ``compressor`` from its payload's static shapes and dtypes.
+
+  Exact for every compressor whose ``wire_bits`` is the default
+  (:func:`base.payload_bits`); an upper bound for variable-length codes.
+  """
+  x = jax.ShapeDtypeStruct(compressor.shape, jnp.float32)
+  key = jax.eval_shape(lambda: jax.random.PRNGKey(0))
+  payload, _ = jax.eval_shape(
+      lambda x, k: compressor.encode(x, compressor.init(), k), x, key)
+  return float(base.payload_bits(payload))
+
+
+def describe(compressors: Sequence[base.Compressor], shapes) -> str:
+  """A markdown table (leaf path, shape, compressor, bits per entry) for logging.
+
+  Args:
+    compressors: as returned by :func:`build` for ``shapes``.
+    shapes: the same pytree.
+
+  Returns:
+    str; the last row is the total (bits per entry averaged over all entries).
+  """
+  paths = jax.tree_util.tree_flatten_with_path(shapes)[0]
+  rows = [('leaf', 'shape', 'compressor', 'bits/entry')]
+  tot_bits = tot_size = 0
+  for (path, leaf), c in zip(paths, compressors):
+    shape = _leaf_shape(leaf)
+    size = int(np.prod(shape, dtype=np.int64))
+    bits = static_bits(c)
+    approx = '' if c.wire_bits is base.payload_bits else '<='
+    tot_bits += bits
+    tot_size += size
+    rows.append((jax.tree_util.keystr(path) or '<root>', str(shape), c.name,
+                 f'{approx}{bits / max(size, 1):.3f}'))
+  rows.append(('total', f'{tot_size} entries', f'{tot_bits / 8:.0f} bytes',
+               f'{tot_bits / max(tot_size, 1):.3f}'))
+  widths = [max(len(r[i]) for r in rows) for i in range(4)]
+  fmt = lambda r: '| ' + ' | '.join(s.ljust(w) for s, w in zip(r, widths)) + ' |'
+  lines = [fmt(rows[0]), '|' + '|'.join('-' * (w + 2) for w in widths) + '|']
+  lines += [fmt(r) for r in rows[1:]]
+  return '\n'.join(lines)

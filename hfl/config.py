@@ -1,0 +1,72 @@
+"""Config validation: every field checked before data loading or compilation.
+
+Errors are ``ValueError``s that name the field, the value and what is allowed.
+Checks that need the data (a batch larger than a worker's shard) or the model's
+shapes (compressor hyper-parameters) run in :mod:`hfl.data` and
+:mod:`hfl.compress.policy`, still before anything is compiled or written.
+"""
+
+import ml_collections
+
+from hfl import models, optim
+
+STRATEGIES = ('sync', 'periodic', 'semi_sync', 'adacomm')
+AGGREGATIONS = ('fedavg', 'fednova')
+PARTITIONS = ('iid', 'dirichlet')
+SMALL_PRECISIONS = ('float32', 'bfloat16', 'float16')
+REQUIRED = ('seed', 'mesh', 'dataset', 'model', 'optimizer', 'train', 'sync', 'compression',
+            'network')
+
+
+def _int(c, path, lo=None, hi=None):
+  v = c
+  for p in path.split('.'):
+    v = v[p]
+  if isinstance(v, bool) or not isinstance(v, int):
+    raise ValueError(f'{path}={v!r} must be an integer')
+  if lo is not None and v < lo:
+    raise ValueError(f'{path}={v} must be >= {lo}')
+  if hi is not None and v > hi:
+    raise ValueError(f'{path}={v} must be <= {hi}')
+  return v
+
+
+def _choice(value, path, allowed):
+  if value not in allowed:
+    raise ValueError(f'{path}={value!r} is unknown; allowed: {", ".join(allowed)}')
+
+
+def validate(config: ml_collections.ConfigDict) -> ml_collections.ConfigDict:
+  """Checks ``config`` and returns it (unchanged).
+
+  Raises:
+    ValueError: the first invalid field, e.g. ``sync.k=0 must be >= 1``.
+  """
+  for key in REQUIRED:
+    if key not in config:
+      raise ValueError(f'config is missing the section/field {key!r}; start from configs/default.py')
+  _int(config, 'seed', 0)
+  _int(config, 'mesh.num_dcs', 1)
+  _int(config, 'mesh.workers_per_dc', 1)
+  _choice(config.model.name, 'model.name', models.MODELS)
+  optim.make_optimizer(config.optimizer)
+  _choice(config.dataset.partition, 'dataset.partition', PARTITIONS)
+  if config.dataset.partition == 'dirichlet' and not float(config.dataset.dirichlet_alpha) > 0:
+    raise ValueError(f'dataset.dirichlet_alpha={config.dataset.dirichlet_alpha} must be > 0')
+  t = config.train
+  _int(config, 'train.num_steps', 1)
+  _int(config, 'train.batch_size', 1)
+  _int(config, 'train.eval_every', 1)
+  _int(config, 'train.checkpoint_every', 0)
+  _int(config, 'train.eval_batch_size', 1)
+  _int(config, 'train.log_every', 1)
+  if not 0 < float(t.target_accuracy) <= 1:
+    raise ValueError(f'train.target_accuracy={t.target_accuracy} must be a fraction in (0, 1]')
+  s = config.sync
+  _choice(s.strategy, 'sync.strategy', STRATEGIES)
+  _choice(s.aggregation, 'sync.aggregation', AGGREGATIONS)
+  k = _int(config, 'sync.k', 1)
+  _int(config, 'sync.k_max', k)
+  _choice(config.compression.small, 'compression.small', SMALL_PRECISIONS)
+  _int(config, 'compression.small_threshold', 0)
+  return config

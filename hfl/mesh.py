@@ -1,0 +1,70 @@
+"""The ('dc', 'worker') device mesh.
+
+Datacenters and workers are mesh axes (DESIGN 2): intra-DC aggregation is a
+collective over ``'worker'``, inter-DC aggregation a collective over ``'dc'``.
+On CPU the devices are simulated; their number must be set before JAX starts its
+backend, which :func:`configure_cpu_devices` does.
+"""
+
+import jax
+import numpy as np
+from jax.sharding import Mesh, NamedSharding, PartitionSpec as P
+
+DC, WORKER = 'dc', 'worker'
+
+
+def configure_cpu_devices(num_devices: int) -> None:
+  """Asks for ``num_devices`` simulated CPU devices (no-op on GPU/TPU hosts).
+
+  Must run before anything touches the JAX backend (first array, ``jax.devices()``).
+
+  Raises:
+    RuntimeError: the backend is already initialised with a different CPU device count.
+  """
+  try:
+    jax.config.update('jax_num_cpu_devices', int(num_devices))
+  except RuntimeError:
+    if jax.default_backend() == 'cpu' and jax.device_count() != num_devices:
+      raise RuntimeError(
+          f'JAX already started with {jax.device_count()} CPU devices; the mesh needs '
+          f'{num_devices}. Set the device count before any JAX operation '
+          '(main.py does this from the config).') from None
+
+
+def make_mesh(num_dcs: int, workers_per_dc: int, devices=None) -> Mesh:
+  """Builds the ('dc', 'worker') mesh of shape [num_dcs, workers_per_dc].
+
+  Args:
+    num_dcs: size of axis 'dc'.
+    workers_per_dc: size of axis 'worker'.
+    devices: optional flat device list (default: all global devices).
+
+  Raises:
+    ValueError: the device count is not num_dcs * workers_per_dc (names the
+      fields mesh.num_dcs and mesh.workers_per_dc).
+  """
+  devices = jax.devices() if devices is None else list(devices)
+  need = num_dcs * workers_per_dc
+  if len(devices) != need:
+    raise ValueError(
+        f'mesh.num_dcs * mesh.workers_per_dc = {num_dcs} * {workers_per_dc} = {need} '
+        f'devices, but {len(devices)} are available ({jax.default_backend()}); '
+        'choose a mesh whose product equals the device count.')
+  if jax.process_count() > 1:
+    from jax.experimental import mesh_utils  # pylint: disable=g-import-not-at-top
+    # 'dc' spans processes/slices (DCN), 'worker' stays inside one.
+    per_process = len(devices) // jax.process_count()
+    if num_dcs % jax.process_count() == 0 and workers_per_dc <= per_process:
+      arr = mesh_utils.create_hybrid_device_mesh(
+          (num_dcs // jax.process_count(), workers_per_dc), (jax.process_count(), 1),
+          devices=devices, process_is_granule=True)
+    else:
+      arr = np.array(devices).reshape(num_dcs, workers_per_dc)
+  else:
+    arr = np.array(devices).reshape(num_dcs, workers_per_dc)
+  return Mesh(arr, (DC, WORKER))
+
+
+def sharding(mesh: Mesh, *spec) -> NamedSharding:
+  """NamedSharding for PartitionSpec(*spec) on ``mesh``."""
+  return NamedSharding(mesh, P(*spec))

@@ -1,0 +1,138 @@
+"""Network and time model, and the simulated clock (DESIGN 4.3, 4.5).
+
+Topology. Inside DC d, the W workers talk to the DC's parameter server (PS) over a
+LAN; the PS NIC is the bottleneck, so one intra-DC iteration of DC d takes
+
+    t_d = compute_time_s / speed_d                       (compute, seconds)
+        + up_bits_d / lan_bps + down_bits_d / lan_bps    (PS ingress of all W uplink
+                                                          payloads, then PS egress of
+                                                          the downlink to all W workers)
+        + 2 * lan_latency_s
+
+where ``up_bits_d``/``down_bits_d`` are the totals over the DC's workers, taken from
+the payloads actually sent (hfl.accounting), never from a formula.
+
+Between DCs, the PSs exchange their (compressed) pseudo-gradients all-to-all (an
+all-gather over the 'dc' axis): DC d sends its payload to each of the other D-1 DCs
+and receives theirs. Its WAN link is full duplex at ``wan_bandwidth_mbps``, so
+
+    C_d = max(egress_bits_d, ingress_bits_d) / wan_bps + 2 * wan_latency_s.
+
+A round lasts T = max_d(K_d t_d + C_d) (DESIGN 4.3): every DC keeps its own clock,
+DCs that finish their K_d iterations early wait for the slowest, and that wait is
+recorded as idle time.
+"""
+
+from typing import NamedTuple, Sequence
+
+import numpy as np
+
+
+class NetworkModel(NamedTuple):
+  """Per-DC time model. Arrays are float64 [D]."""
+  compute_s: np.ndarray      # seconds of compute per intra-DC iteration, per DC
+  lan_bps: float             # PS NIC bandwidth, bits per second
+  lan_latency_s: float       # one-way LAN latency, seconds
+  wan_bps: float             # per-DC WAN bandwidth, bits per second
+  wan_latency_s: float       # one-way WAN latency, seconds
+
+
+def from_config(net, num_dcs: int) -> NetworkModel:
+  """Builds the model from the ``network`` config section.
+
+  Raises:
+    ValueError: a bandwidth is not positive, a latency or compute time negative, or
+      ``network.dc_speed`` does not hold ``num_dcs`` positive numbers.
+  """
+  speed = np.asarray(tuple(net.dc_speed), dtype=np.float64)
+  if speed.shape != (num_dcs,) or not np.all(speed > 0):
+    raise ValueError(
+        f'network.dc_speed={tuple(net.dc_speed)} must hold mesh.num_dcs={num_dcs} '
+        'positive relative speeds (1.0 = the reference speed).')
+  for field in ('lan_bandwidth_gbps', 'wan_bandwidth_mbps'):
+    if not float(net[field]) > 0:
+      raise ValueError(f'network.{field}={net[field]} must be > 0.')
+  for field in ('lan_latency_s', 'wan_latency_s', 'compute_time_s'):
+    if not float(net[field]) >= 0:
+      raise ValueError(f'network.{field}={net[field]} must be >= 0 (seconds).')
+  return NetworkModel(
+      compute_s=float(net.compute_time_s) / speed,
+      lan_bps=float(net.lan_bandwidth_gbps) * 1e9,
+      lan_latency_s=float(net.lan_latency_s),
+      wan_bps=float(net.wan_bandwidth_mbps) * 1e6,
+      wan_latency_s=float(net.wan_latency_s))
+
+
+def iteration_time(net: NetworkModel, up_bits: np.ndarray, down_bits: np.ndarray) -> np.ndarray:
+  """Seconds of one intra-DC iteration per DC, float64 [D].
+
+  Args:
+    net: the network model.
+    up_bits: float [D], bits of all the DC's workers' uplink payloads.
+    down_bits: float [D], bits the PS sends to all its workers.
+  """
+  return (net.compute_s + (np.asarray(up_bits) + np.asarray(down_bits)) / net.lan_bps
+          + 2 * net.lan_latency_s)
+
+
+def round_comm_time(net: NetworkModel, payload_bits: np.ndarray,
+                    present: np.ndarray | None = None) -> np.ndarray:
+  """Seconds of inter-DC communication per DC for one round, float64 [D].
+
+  Args:
+    net: the network model.
+    payload_bits: float [D], bits of each DC's pseudo-gradient payload (0 for an
+      absent DC).
+    present: bool [D], DCs taking part (default: all).
+
+  Returns:
+    C_d = max(egress, ingress) / wan_bps + 2 * wan_latency_s for present DCs; 0 for
+    absent ones.
+  """
+  bits = np.asarray(payload_bits, dtype=np.float64)
+  present = np.ones(bits.shape, bool) if present is None else np.asarray(present, bool)
+  bits = np.where(present, bits, 0.0)
+  peers = present.sum() - 1
+  egress = bits * peers
+  ingress = bits.sum() - bits
+  c = np.maximum(egress, ingress) / net.wan_bps + 2 * net.wan_latency_s
+  return np.where(present & (peers > 0), c, 0.0)
+
+
+def link_bytes(payload_bits: np.ndarray, present: np.ndarray | None = None) -> float:
+  """Total bytes put on the WAN in one round (each payload goes to D_present - 1 peers)."""
+  bits = np.asarray(payload_bits, dtype=np.float64)
+  present = np.ones(bits.shape, bool) if present is None else np.asarray(present, bool)
+  peers = max(int(present.sum()) - 1, 0)
+  return float(np.where(present, bits, 0.0).sum() * peers / 8)
+
+
+class Clock(NamedTuple):
+  """Simulated wall clock. Arrays float64 [D], seconds."""
+  time_s: np.ndarray   # each DC's clock
+  idle_s: np.ndarray   # each DC's accumulated waiting time
+
+  @property
+  def now(self) -> float:
+    """Simulated wall-clock of the whole system: the slowest DC's clock (seconds)."""
+    return float(np.max(self.time_s))
+
+
+def new_clock(num_dcs: int) -> Clock:
+  return Clock(np.zeros(num_dcs), np.zeros(num_dcs))
+
+
+def advance_iteration(clock: Clock, dt: np.ndarray, active: Sequence[bool]) -> Clock:
+  """Charges each active DC one iteration of ``dt[d]`` seconds; inactive DCs stand still."""
+  return Clock(clock.time_s + np.where(np.asarray(active, bool), dt, 0.0), clock.idle_s)
+
+
+def advance_round(clock: Clock, comm_s: np.ndarray) -> Clock:
+  """Ends a round: every DC finishes its communication, then all wait for the slowest.
+
+  Returns a clock where every DC reads T = max_d(time_d + C_d); each DC's idle time
+  grows by T - (time_d + C_d).
+  """
+  done = clock.time_s + comm_s
+  t = float(np.max(done))
+  return Clock(np.full_like(done, t), clock.idle_s + (t - done))

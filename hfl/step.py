@@ -1,0 +1,295 @@
+"""The shard_map'd intra-DC iteration and inter-DC round (DESIGN 4.1, 4.2, 4.3).
+
+One compiled program per (do_round) value; the training loop's indicator decides,
+per iteration, whether the iteration ends with an inter-DC round.
+
+Intra-DC iteration, on every worker (d, w) of the ('dc', 'worker') mesh:
+  1. g = grad of the worker's loss at the DC model x_d (genuinely per worker: the
+     parameters are cast to 'worker'-varying before differentiation).
+  2. uplink with error feedback: p = g + e_up; payload = C_up(p); e_up <- p - D(payload).
+  3. PS aggregation over 'worker': linear payloads (identity, casts) are scaled by
+     1/W and all-reduced; every other payload is all-gathered, each decoded, then
+     averaged — never an average of encoded values.
+  4. PS downlink with its own error feedback: q = agg + e_ps; d = C_down(q);
+     e_ps <- q - D(d). The PS runs replicated on every worker of the DC (SPMD), so
+     every worker holds the same downlink gradient.
+  5. every worker applies the same optax update with the downlink gradient; DCs
+     whose ``active`` flag is off (semi-synchronous masking) keep their state.
+
+Inter-DC round (after the iteration, when ``do_round``):
+  6. pseudo-gradient Δ_d = x_global - x_d, compressed for the WAN with a per-DC
+     residual, all-gathered over 'dc', decoded, combined with per-DC weights
+     (FedAvg n_d/n over present DCs, or FedNova's rescaled weights).
+  7. the outer optimizer (optax) applies Σ_d s_d Δ̂_d to x_global; every DC restarts
+     from the new x_global.
+
+Bits on every link are computed inside the step from the payloads handed to the
+collectives (``Compressor.wire_bits``) and returned per DC.
+"""
+
+from typing import Any, Callable, NamedTuple, Sequence
+
+import jax
+import jax.numpy as jnp
+import optax
+from jax.sharding import Mesh, PartitionSpec as P
+
+from hfl import mesh as mesh_lib
+from hfl.compress import base
+
+DC, WORKER = mesh_lib.DC, mesh_lib.WORKER
+
+
+class TrainState(NamedTuple):
+  """Training state. D = num DCs, W = workers per DC; ``...`` = the leaf's shape."""
+  params: Any         # per-DC model x_d, leaves f32[D, ...], sharded P('dc')
+  opt_state: Any      # inner optax state on the workers, leaves [D, ...], P('dc')
+  global_params: Any  # x_global after the last round, leaves f32[...], replicated
+  outer_state: Any    # outer optax state, replicated
+  up_residual: Any    # worker error feedback e_up, leaves f32[D, W, ...], P('dc', 'worker')
+  up_state: Any       # uplink compressor states, list per leaf, leading [D, W]
+  down_residual: Any  # PS error feedback e_ps, leaves f32[D, ...], P('dc')
+  down_state: Any     # downlink compressor states, list per leaf, leading [D]
+  wan_residual: Any   # pseudo-gradient error feedback, leaves f32[D, ...], P('dc')
+  wan_state: Any      # WAN compressor states, list per leaf, leading [D]
+  local_steps: jax.Array  # int32[D], local steps since the last round
+  step: jax.Array     # int32[], iterations done
+  key: jax.Array      # uint32[2], PRNG key for stochastic compressors
+
+
+class Compressors(NamedTuple):
+  """Per-leaf compressors (lists aligned with ``jax.tree.leaves(params)``)."""
+  up: Sequence[base.Compressor]
+  down: Sequence[base.Compressor]
+  wan: Sequence[base.Compressor]
+  up_gamma: float = 1.0   # error-feedback memory decay γ on the uplink (CO3: p = g + γ e)
+
+
+def state_specs(state_like: TrainState) -> TrainState:
+  """PartitionSpecs of every TrainState field (a prefix tree of the state)."""
+  return TrainState(
+      params=P(DC), opt_state=P(DC), global_params=P(), outer_state=P(),
+      up_residual=P(DC, WORKER), up_state=P(DC, WORKER), down_residual=P(DC),
+      down_state=P(DC), wan_residual=P(DC), wan_state=P(DC), local_steps=P(DC),
+      step=P(), key=P())
+
+
+def _stack(tree, lead):
+  return jax.tree.map(lambda x: jnp.broadcast_to(x, tuple(lead) + x.shape), tree)
+
+
+def init_state(params, optimizer: optax.GradientTransformation,
+               outer: optax.GradientTransformation, comps: Compressors,
+               num_dcs: int, workers_per_dc: int, key) -> TrainState:
+  """Builds the initial state from one set of global parameters (all DCs start equal).
+
+  Pure; call under ``jax.jit(..., out_shardings=...)`` to allocate it sharded.
+  """
+  d, w = num_dcs, workers_per_dc
+  zeros = jax.tree.map(jnp.zeros_like, params)
+  return TrainState(
+      params=_stack(params, (d,)),
+      opt_state=_stack(optimizer.init(params), (d,)),
+      global_params=params,
+      outer_state=outer.init(params),
+      up_residual=_stack(zeros, (d, w)),
+      up_state=_stack([c.init() for c in comps.up], (d, w)),
+      down_residual=_stack(zeros, (d,)),
+      down_state=_stack([c.init() for c in comps.down], (d,)),
+      wan_residual=_stack(zeros, (d,)),
+      wan_state=_stack([c.init() for c in comps.wan], (d,)),
+      local_steps=jnp.zeros((d,), jnp.int32),
+      step=jnp.zeros((), jnp.int32),
+      key=key)
+
+
+# --------------------------------------------------------------------------------
+# Error feedback and aggregation on one leaf.
+# --------------------------------------------------------------------------------
+
+def ef_encode(c: base.Compressor, x, residual, state, key, gamma=1.0):
+  """Error-feedback encode: p = x + γ e; payload = C(p); e <- p - D(payload).
+
+  Returns (payload, new_residual f32[shape], new_state).
+  """
+  p = x.astype(jnp.float32) + gamma * residual
+  payload, state = c.encode(p, state, key)
+  return payload, p - c.decode(payload), state
+
+
+def aggregate(c: base.Compressor, payload, axis: str, axis_size: int, weights=None):
+  """Decoded weighted sum of the payloads of every member of mesh axis ``axis``.
+
+  Args:
+    c: the leaf's compressor.
+    payload: this member's payload.
+    axis: mesh axis name.
+    axis_size: members on the axis.
+    weights: optional f32[axis_size] weights; default the mean (1 / axis_size).
+
+  Returns:
+    f32[shape], identical on every member of the axis. Linear payloads are scaled
+    by their weight in f32, cast back to the payload dtype (so many fp16 payloads
+    cannot overflow) and all-reduced; others are all-gathered and each decoded.
+  """
+  if weights is None:
+    weights = jnp.full((axis_size,), 1.0 / axis_size, jnp.float32)
+  if c.linear:
+    wi = weights[jax.lax.axis_index(axis)]
+    scaled = jax.tree.map(lambda v: (v.astype(jnp.float32) * wi).astype(v.dtype), payload)
+    return c.decode(jax.lax.psum(scaled, axis))
+  gathered = jax.lax.all_gather(payload, axis, to='invarying')
+  decoded = jax.vmap(c.decode)(gathered)
+  return jnp.tensordot(weights, decoded, axes=1)
+
+
+# --------------------------------------------------------------------------------
+# The step.
+# --------------------------------------------------------------------------------
+
+def make_step(apply_fn: Callable, optimizer: optax.GradientTransformation,
+              outer: optax.GradientTransformation, comps: Compressors, mesh: Mesh,
+              state_like: TrainState) -> Callable:
+  """Builds ``step(state, batch, active, weights, do_round) -> (state, metrics)``.
+
+  Args:
+    apply_fn: ``apply_fn(params, images) -> logits`` for ONE model.
+    optimizer: the inner optax optimizer, applied on the workers.
+    outer: the outer optax optimizer, applied to the pseudo-gradient.
+    comps: per-leaf compressors.
+    mesh: the ('dc', 'worker') mesh.
+    state_like: a TrainState (or its eval_shape) to read the tree structure.
+
+  The returned function takes
+    state: TrainState sharded by :func:`state_specs`.
+    batch: (images f32[D, W, B, H, W', C], labels int32[D, W, B]), sharded P('dc', 'worker').
+    active: bool[D], DCs that run this iteration (semi-sync masking).
+    weights: f32[D], per-DC aggregation weights for this round's pseudo-gradients
+      (0 for an absent DC); ignored unless ``do_round``.
+    do_round: static bool, end the iteration with an inter-DC round.
+  and returns the new state and float32[D] metrics: ``loss`` (DC-mean train loss),
+  ``up_bits`` (all the DC's workers' uplink payloads), ``down_bits`` (PS downlink
+  to all workers), ``wan_bits`` (the DC's pseudo-gradient payload, 0 without a round).
+  """
+  num_w = mesh.shape[WORKER]
+  num_d = mesh.shape[DC]
+  treedef = jax.tree.structure(state_like.params)
+
+  def loss_fn(params, images, labels):
+    logits = apply_fn(params, images)
+    return optax.softmax_cross_entropy_with_integer_labels(logits, labels).mean()
+
+  def body(state: TrainState, images, labels, active, weights, do_round):
+    sq1 = lambda t: jax.tree.map(lambda x: x[0], t)
+    sq2 = lambda t: jax.tree.map(lambda x: x[0, 0], t)
+    params, opt_state = sq1(state.params), sq1(state.opt_state)
+    dc = jax.lax.axis_index(DC)
+    wk = jax.lax.axis_index(WORKER)
+    is_active = active[0]
+    step_key = jax.random.fold_in(state.key, state.step)
+    dc_key = jax.random.fold_in(step_key, dc)
+    wk_key = jax.random.fold_in(dc_key, num_d + wk)
+
+    # 1. Per-worker gradient.
+    p_var = jax.lax.pcast(params, WORKER, to='varying')
+    loss, grads = jax.value_and_grad(loss_fn)(p_var, images[0, 0], labels[0, 0])
+
+    # 2-4. Uplink with EF, PS aggregation, PS downlink with EF, leaf by leaf.
+    g_leaves = treedef.flatten_up_to(grads)
+    up_res = treedef.flatten_up_to(sq2(state.up_residual))
+    down_res = treedef.flatten_up_to(sq1(state.down_residual))
+    up_st, down_st = sq2(state.up_state), sq1(state.down_state)
+    new_up_res, new_up_st, new_down_res, new_down_st, down_g = [], [], [], [], []
+    up_bits = jnp.float32(0)
+    down_bits = jnp.float32(0)
+    for i, g in enumerate(g_leaves):
+      cu, cd = comps.up[i], comps.down[i]
+      payload, e, st = ef_encode(cu, g, up_res[i], up_st[i],
+                                 jax.random.fold_in(wk_key, i), comps.up_gamma)
+      up_bits += cu.wire_bits(payload)
+      agg = aggregate(cu, payload, WORKER, num_w)
+      dpay, de, dst = ef_encode(cd, agg, down_res[i], down_st[i],
+                                jax.random.fold_in(dc_key, i))
+      down_bits += cd.wire_bits(dpay)
+      new_up_res.append(e)
+      new_up_st.append(st)
+      new_down_res.append(de)
+      new_down_st.append(dst)
+      down_g.append(cd.decode(dpay))
+    down_g = treedef.unflatten(down_g)
+
+    # 5. The same optimizer update on every worker of the DC.
+    updates, new_opt = optimizer.update(down_g, opt_state, params)
+    new_params = optax.apply_updates(params, updates)
+
+    keep = lambda new, old: jax.tree.map(lambda a, b: jnp.where(is_active, a, b), new, old)
+    new_params = keep(new_params, params)
+    new_opt = keep(new_opt, opt_state)
+    up_residual = keep(treedef.unflatten(new_up_res), treedef.unflatten(up_res))
+    up_state = keep(new_up_st, up_st)
+    down_residual = keep(treedef.unflatten(new_down_res), treedef.unflatten(down_res))
+    down_state = keep(new_down_st, down_st)
+    local_steps = state.local_steps + is_active.astype(jnp.int32)
+
+    up_bits_dc = jax.lax.psum(up_bits, WORKER) * is_active
+    down_bits_dc = down_bits * num_w * is_active
+    loss_dc = jax.lax.pmean(loss, WORKER)
+
+    global_params, outer_state = state.global_params, state.outer_state
+    wan_residual, wan_state = sq1(state.wan_residual), sq1(state.wan_state)
+    wan_bits = jnp.float32(0)
+    if do_round:
+      # 6. Pseudo-gradient, WAN compression with EF, all-gather over 'dc'.
+      present = weights[dc] > 0
+      x_leaves = treedef.flatten_up_to(new_params)
+      x0_leaves = treedef.flatten_up_to(global_params)
+      r_leaves = treedef.flatten_up_to(wan_residual)
+      new_r, new_st, delta = [], [], []
+      for i, (x, x0) in enumerate(zip(x_leaves, x0_leaves)):
+        cw = comps.wan[i]
+        payload, e, st = ef_encode(cw, x0 - x, r_leaves[i], wan_state[i],
+                                   jax.random.fold_in(dc_key, 1000 + i))
+        wan_bits += cw.wire_bits(payload)
+        gathered = jax.lax.all_gather(payload, DC, to='invarying')
+        delta.append(jnp.tensordot(weights, jax.vmap(cw.decode)(gathered), axes=1))
+        new_r.append(jnp.where(present, e, r_leaves[i]))
+        new_st.append(jax.tree.map(lambda a, b: jnp.where(present, a, b), st, wan_state[i]))
+      wan_bits = wan_bits * present
+      wan_residual, wan_state = treedef.unflatten(new_r), new_st
+      # 7. Outer optimizer on the aggregated pseudo-gradient.
+      delta = treedef.unflatten(delta)
+      outer_updates, outer_state = outer.update(delta, outer_state, global_params)
+      global_params = optax.apply_updates(global_params, outer_updates)
+      new_params = global_params
+      local_steps = jnp.zeros_like(local_steps)
+
+    ex1 = lambda t: jax.tree.map(lambda x: x[None], t)
+    ex2 = lambda t: jax.tree.map(lambda x: x[None, None], t)
+    new_state = TrainState(
+        params=ex1(new_params), opt_state=ex1(new_opt), global_params=global_params,
+        outer_state=outer_state, up_residual=ex2(up_residual), up_state=ex2(up_state),
+        down_residual=ex1(down_residual), down_state=ex1(down_state),
+        wan_residual=ex1(wan_residual), wan_state=ex1(wan_state),
+        local_steps=local_steps, step=state.step + 1, key=state.key)
+    metrics = dict(loss=loss_dc[None], up_bits=up_bits_dc[None],
+                   down_bits=down_bits_dc[None], wan_bits=wan_bits[None])
+    return new_state, metrics
+
+  specs = state_specs(state_like)
+  metric_specs = dict(loss=P(DC), up_bits=P(DC), down_bits=P(DC), wan_bits=P(DC))
+
+  def build(do_round):
+    f = jax.shard_map(
+        lambda s, x, y, a, w: body(s, x, y, a, w, do_round), mesh=mesh,
+        in_specs=(specs, P(DC, WORKER), P(DC, WORKER), P(DC), P()),
+        out_specs=(specs, metric_specs))
+    return jax.jit(f, donate_argnums=(0,))
+
+  compiled = {False: build(False), True: build(True)}
+
+  def step(state, batch, active, weights, do_round: bool):
+    images, labels = batch
+    return compiled[bool(do_round)](state, images, labels, active, weights)
+
+  step.jitted = compiled
+  return step

@@ -1,0 +1,474 @@
+"""Sweep launcher: a grid of config overrides, one training job per point.
+
+A sweep file is a Python file with ``get_sweep()`` returning ``(base, grid)``:
+
+* ``base``: path of a config file (``'configs/default.py'``, optionally
+  ``'path:arg'``) or an ``ml_collections.ConfigDict`` (written to
+  ``ROOT/base_config.py`` so the jobs can load it);
+* ``grid``: a dict ``{dotted_key: [values...]}`` expanded as a cartesian
+  product (in key order), or a list of such dicts whose expansions are
+  concatenated (duplicates dropped). A *list* is a list of options; any other
+  value (including a tuple) is one fixed value.
+
+Each point gets a deterministic workdir ``ROOT/<name>``, where ``<name>`` is
+built from its overrides in sorted key order, e.g.
+``compression.uplink.name=topk__seed=0__sync.strategy=periodic``. A workdir
+with ``summary.json`` is done and skipped; one without it (never started, or
+interrupted) is (re)run — the training job resumes from its own checkpoints.
+Each job runs as::
+
+  python main.py --config=BASE --workdir=ROOT/<name> --config.KEY=VALUE ...
+
+sequentially, or ``--parallel N`` at a time, with its output appended to
+``ROOT/<name>/train.log``. At the end ``hfl.report`` is written to
+``ROOT/report`` for all finished runs.
+
+CLI::
+
+  python -m hfl.sweep --sweep=configs/sweeps/example.py --root=/tmp/sweep \
+      [--dry_run] [--max_runs N] [--parallel N] [--no_report]
+"""
+
+import argparse
+import concurrent.futures
+import hashlib
+import importlib.util
+import itertools
+import json
+import logging
+import os
+import re
+import subprocess
+import sys
+from typing import Any, Callable, Mapping, NamedTuple, Sequence
+
+REPO_ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+SUMMARY = 'summary.json'
+LOG_FILE = 'train.log'
+REPORT_DIR = 'report'
+MANIFEST = 'sweep.json'
+BASE_CONFIG_FILE = 'base_config.py'
+_MAX_NAME = 200
+_UNSAFE = re.compile(r'[^A-Za-z0-9._=,+-]')
+
+
+class RunSpec(NamedTuple):
+  """One point of the sweep.
+
+  Attributes:
+    name: deterministic workdir name (from the overrides).
+    workdir: absolute workdir path.
+    overrides: dotted config key -> value, sorted by key.
+    command: argv of the training job.
+  """
+  name: str
+  workdir: str
+  overrides: dict
+  command: list
+
+
+# A runner executes one run and returns its exit status (None counts as 0).
+# A run succeeded iff it left ``summary.json`` in its workdir.
+Runner = Callable[[RunSpec], Any]
+
+
+class SweepResult(NamedTuple):
+  """What a sweep invocation did.
+
+  Attributes:
+    runs: every point of the grid.
+    skipped: names already done before this invocation.
+    ran: names executed now that finished (wrote summary.json).
+    failed: names executed now that did not finish.
+    not_run: names left pending (``max_runs`` or ``dry_run``).
+    report: files written by the report (name -> path), or None.
+  """
+  runs: list
+  skipped: list
+  ran: list
+  failed: list
+  not_run: list
+  report: dict | None
+
+
+def load_sweep(path: str) -> tuple[Any, Any]:
+  """Imports a sweep file and returns ``get_sweep()``.
+
+  Args:
+    path: path of a Python file defining ``get_sweep()``.
+
+  Returns:
+    ``(base, grid)``.
+
+  Raises:
+    FileNotFoundError: if the file does not exist.
+    AttributeError: if it defines no ``get_sweep``.
+  """
+  if not os.path.isfile(path):
+    raise FileNotFoundError(f'sweep file not found: {path}')
+  spec = importlib.util.spec_from_file_location('_hfl_sweep_file', path)
+  module = importlib.util.module_from_spec(spec)
+  spec.loader.exec_module(module)
+  if not hasattr(module, 'get_sweep'):
+    raise AttributeError(f'{path} defines no get_sweep()')
+  base, grid = module.get_sweep()
+  return base, grid
+
+
+def expand_grid(grid: Mapping[str, Any] | Sequence[Mapping[str, Any]] | None
+                ) -> list[dict]:
+  """Expands a grid into a list of override dicts.
+
+  Args:
+    grid: dict key -> list of options (or one fixed value), expanded as a
+      cartesian product in key order; or a list of such dicts, concatenated;
+      or None/empty for the single base run.
+
+  Returns:
+    List of dicts ``{dotted_key: value}`` without duplicates, in grid order.
+
+  Raises:
+    TypeError: on a grid of another type.
+  """
+  if not grid:
+    return [{}]
+  if isinstance(grid, Mapping):
+    keys = list(grid)
+    options = [v if isinstance(v, list) else [v] for v in grid.values()]
+    points = [dict(zip(keys, combo)) for combo in itertools.product(*options)]
+  elif isinstance(grid, (list, tuple)):
+    points = [p for sub in grid for p in expand_grid(sub)]
+  else:
+    raise TypeError(f'grid must be a dict or a list of dicts, got {type(grid)}')
+  seen, out = set(), []
+  for p in points:
+    key = _canonical(p)
+    if key not in seen:
+      seen.add(key)
+      out.append(p)
+  return out
+
+
+def _canonical(overrides: Mapping[str, Any]) -> str:
+  return json.dumps({k: overrides[k] for k in sorted(overrides)},
+                    sort_keys=True, default=repr)
+
+
+def _name_value(v: Any) -> str:
+  if isinstance(v, (list, tuple)):
+    return ','.join(_name_value(x) for x in v)
+  if isinstance(v, float):
+    return repr(v)
+  return str(v)
+
+
+def run_name(overrides: Mapping[str, Any]) -> str:
+  """Deterministic, filesystem-safe workdir name of a set of overrides.
+
+  Keys are sorted, so the name does not depend on the grid's key order. When
+  the readable form had to be altered (unsafe characters, more than 200
+  characters), an 8-hex-digit hash of the overrides is appended so that
+  distinct overrides never share a name.
+
+  Args:
+    overrides: dotted config key -> value.
+
+  Returns:
+    E.g. ``'seed=0__sync.strategy=periodic'``; ``'base'`` for no overrides.
+  """
+  if not overrides:
+    return 'base'
+  raw = '__'.join(f'{k}={_name_value(overrides[k])}' for k in sorted(overrides))
+  safe = _UNSAFE.sub('-', raw)
+  if safe == raw and len(raw) <= _MAX_NAME:
+    return raw
+  digest = hashlib.sha1(_canonical(overrides).encode()).hexdigest()[:8]
+  return f'{safe[:_MAX_NAME]}-{digest}'
+
+
+def flag_value(v: Any) -> str:
+  """A value as ml_collections' ``--config.KEY=VALUE`` parses it."""
+  if isinstance(v, (list, tuple)):
+    return repr(tuple(v))
+  if isinstance(v, str):
+    return v
+  return repr(v) if isinstance(v, float) else str(v)
+
+
+def run_status(workdir: str) -> str:
+  """``'done'`` (summary.json), ``'partial'`` (workdir exists) or ``'pending'``."""
+  if os.path.exists(os.path.join(workdir, SUMMARY)):
+    return 'done'
+  return 'partial' if os.path.isdir(workdir) else 'pending'
+
+
+def resolve_base(base: Any, root: str, write: bool = True) -> str:
+  """The ``--config=`` argument for a base config.
+
+  Args:
+    base: config path (``'path'`` or ``'path:arg'``; relative paths are tried
+      against the current directory, then the repository root) or a
+      ConfigDict (written to ``ROOT/base_config.py``).
+    root: sweep root.
+    write: write ``base_config.py`` for a ConfigDict base (False: only return
+      its path, for dry runs).
+
+  Returns:
+    The value of ``--config``.
+
+  Raises:
+    FileNotFoundError: if a config path does not exist.
+  """
+  if not isinstance(base, str):
+    path = os.path.join(os.path.abspath(root), BASE_CONFIG_FILE)
+    if write:
+      os.makedirs(root, exist_ok=True)
+      with open(path, 'w', encoding='utf-8') as f:
+        f.write(_config_module_text(base))
+    return path
+  path, sep, arg = base.partition(':')
+  for candidate in (path, os.path.join(REPO_ROOT, path)):
+    if os.path.isfile(candidate):
+      return os.path.abspath(candidate) + sep + arg
+  raise FileNotFoundError(f'base config not found: {path}')
+
+
+def _config_module_text(config: Any) -> str:
+  """Source of a config file that rebuilds ``config`` (tuples preserved)."""
+  d = config.to_dict() if hasattr(config, 'to_dict') else dict(config)
+
+  def encode(x):
+    if isinstance(x, tuple):
+      return {'__tuple__': [encode(v) for v in x]}
+    if isinstance(x, list):
+      return [encode(v) for v in x]
+    if isinstance(x, Mapping):
+      return {k: encode(v) for k, v in x.items()}
+    return x
+
+  payload = json.dumps(encode(d), indent=1, sort_keys=True, default=repr)
+  return (
+      '"""Base config of this sweep, written by hfl.sweep (do not edit)."""\n\n'
+      'import json\n\nimport ml_collections\n\n'
+      f"_CONFIG = json.loads(r'''{payload}''')\n\n\n"
+      'def _decode(x):\n'
+      '  if isinstance(x, dict) and set(x) == {\'__tuple__\'}:\n'
+      '    return tuple(_decode(v) for v in x[\'__tuple__\'])\n'
+      '  if isinstance(x, dict):\n'
+      '    return {k: _decode(v) for k, v in x.items()}\n'
+      '  if isinstance(x, list):\n'
+      '    return [_decode(v) for v in x]\n'
+      '  return x\n\n\n'
+      'def get_config(arg=None):\n'
+      '  del arg\n'
+      '  return ml_collections.ConfigDict(_decode(_CONFIG))\n')
+
+
+def make_runs(config_arg: str, grid: Any, root: str,
+              python: str = sys.executable,
+              main_py: str = os.path.join(REPO_ROOT, 'main.py')
+              ) -> list[RunSpec]:
+  """The RunSpecs of a grid.
+
+  Args:
+    config_arg: value of ``--config`` (see :func:`resolve_base`).
+    grid: the sweep grid (see :func:`expand_grid`).
+    root: sweep root directory.
+    python: interpreter for the jobs.
+    main_py: the training entry point.
+
+  Returns:
+    One RunSpec per grid point, in grid order.
+
+  Raises:
+    ValueError: if two grid points map to the same workdir name.
+  """
+  runs, names = [], set()
+  for overrides in expand_grid(grid):
+    name = run_name(overrides)
+    if name in names:
+      raise ValueError(f'two grid points share the workdir name {name!r}')
+    names.add(name)
+    ordered = {k: overrides[k] for k in sorted(overrides)}
+    workdir = os.path.join(os.path.abspath(root), name)
+    command = [python, main_py, f'--config={config_arg}',
+               f'--workdir={workdir}']
+    command += [f'--config.{k}={flag_value(v)}' for k, v in ordered.items()]
+    runs.append(RunSpec(name, workdir, ordered, command))
+  return runs
+
+
+def subprocess_runner(spec: RunSpec) -> int:
+  """Runs the training job, appending its output to ``WORKDIR/train.log``.
+
+  Args:
+    spec: the run.
+
+  Returns:
+    The job's exit status.
+  """
+  os.makedirs(spec.workdir, exist_ok=True)
+  with open(os.path.join(spec.workdir, LOG_FILE), 'ab') as log:
+    log.write(('$ ' + ' '.join(spec.command) + '\n').encode())
+    log.flush()
+    return subprocess.run(spec.command, cwd=REPO_ROOT, stdout=log,
+                          stderr=subprocess.STDOUT, check=False).returncode
+
+
+def _execute(spec: RunSpec, runner: Runner) -> bool:
+  """Runs one spec; True iff it left summary.json. Never raises."""
+  logging.info('running %s', spec.name)
+  try:
+    rc = runner(spec)
+  except Exception:  # pylint: disable=broad-except
+    logging.exception('run %s raised', spec.name)
+    return False
+  done = run_status(spec.workdir) == 'done'
+  if not done:
+    logging.error('run %s did not finish (exit status %s, no %s)', spec.name,
+                  rc, SUMMARY)
+  elif rc not in (None, 0):
+    logging.warning('run %s wrote %s but exited with %s', spec.name, SUMMARY,
+                    rc)
+  return done
+
+
+def _label_keys(grid: Any) -> list[str] | None:
+  """Grid keys that vary (not ``seed``): strategy/compressors first, then grid order."""
+  from hfl.report import tables  # pylint: disable=g-import-not-at-top
+  points = expand_grid(grid)
+  keys = list(dict.fromkeys(k for p in points for k in p))
+  keys = [k for k in keys if k != 'seed' and
+          len({repr(p.get(k)) for p in points}) > 1]
+  preferred = [k for k in tables.DEFAULT_LABEL_KEYS if k in keys]
+  return (preferred + [k for k in keys if k not in preferred]) or None
+
+
+def _write_manifest(root: str, config_arg: str, runs: Sequence[RunSpec]):
+  manifest = {
+      'config': config_arg,
+      'runs': [{'name': r.name, 'workdir': r.workdir, 'overrides': r.overrides,
+                'command': r.command} for r in runs],
+  }
+  with open(os.path.join(root, MANIFEST), 'w', encoding='utf-8') as f:
+    json.dump(manifest, f, indent=1, default=repr)
+
+
+def run_sweep(base: Any, grid: Any, root: str, *,
+              runner: Runner | None = None,
+              dry_run: bool = False,
+              max_runs: int | None = None,
+              parallel: int = 1,
+              report: bool = True,
+              python: str = sys.executable,
+              main_py: str = os.path.join(REPO_ROOT, 'main.py'),
+              out: Callable[[str], None] = print) -> SweepResult:
+  """Runs the unfinished points of a sweep, then writes the report.
+
+  Args:
+    base: base config path or ConfigDict (see :func:`resolve_base`).
+    grid: overrides grid (see :func:`expand_grid`).
+    root: sweep root; run ``NAME`` uses ``ROOT/NAME``.
+    runner: executes one RunSpec (default :func:`subprocess_runner`); a run
+      counts as finished iff its workdir then holds summary.json. Exceptions
+      are logged and the run counts as failed.
+    dry_run: only print the grid (status, name, command); run nothing and
+      write nothing.
+    max_runs: run at most this many unfinished points now (grid order).
+    parallel: number of runs executed at the same time.
+    report: write ``hfl.report`` for all finished runs to ``ROOT/report``.
+    python: interpreter for the jobs.
+    main_py: training entry point.
+    out: where the dry-run listing and the final summary line go.
+
+  Returns:
+    A :class:`SweepResult`.
+  """
+  runner = runner or subprocess_runner
+  config_arg = resolve_base(base, root, write=not dry_run)
+  runs = make_runs(config_arg, grid, root, python=python, main_py=main_py)
+  status = {r.name: run_status(r.workdir) for r in runs}
+  skipped = [r.name for r in runs if status[r.name] == 'done']
+  todo = [r for r in runs if status[r.name] != 'done']
+  if max_runs is not None:
+    todo, rest = todo[:max_runs], todo[max_runs:]
+  else:
+    rest = []
+
+  if dry_run:
+    out(f'{len(runs)} runs ({len(skipped)} done, {len(todo) + len(rest)} to '
+        f'run{f", {len(todo)} with --max_runs" if max_runs is not None else ""})'
+        f' under {os.path.abspath(root)}')
+    for r in runs:
+      out(f'[{status[r.name]:7s}] {r.name}\n    {" ".join(r.command)}')
+    return SweepResult(runs, skipped, [], [], [r.name for r in todo + rest],
+                       None)
+
+  os.makedirs(root, exist_ok=True)
+  _write_manifest(root, config_arg, runs)
+  ran, failed = [], []
+  if parallel <= 1:
+    for r in todo:
+      (ran if _execute(r, runner) else failed).append(r.name)
+  else:
+    with concurrent.futures.ThreadPoolExecutor(max_workers=parallel) as pool:
+      results = list(pool.map(lambda r: _execute(r, runner), todo))
+    for r, ok in zip(todo, results):
+      (ran if ok else failed).append(r.name)
+
+  written = None
+  finished = [r.workdir for r in runs if run_status(r.workdir) == 'done']
+  if report and finished:
+    from hfl import report as report_lib  # pylint: disable=g-import-not-at-top
+    label_by = _label_keys(grid)
+    written = report_lib.write_report(
+        finished, os.path.join(root, REPORT_DIR), label_by=label_by)
+  elif report:
+    logging.warning('no finished runs; no report written')
+  out(f'sweep {os.path.abspath(root)}: {len(runs)} runs, {len(skipped)} '
+      f'skipped (done), {len(ran)} finished now, {len(failed)} failed, '
+      f'{len(rest)} left by --max_runs'
+      + (f'; report in {os.path.join(root, REPORT_DIR)}' if written else ''))
+  if failed:
+    out('failed: ' + ', '.join(failed))
+  return SweepResult(runs, skipped, ran, failed, [r.name for r in rest],
+                     written)
+
+
+def parse_args(argv: Sequence[str] | None = None) -> argparse.Namespace:
+  """Parses the command line."""
+  p = argparse.ArgumentParser(prog='python -m hfl.sweep',
+                              description='Run a grid of hfl experiments.')
+  p.add_argument('--sweep', required=True,
+                 help='sweep file with get_sweep() -> (base, grid)')
+  p.add_argument('--root', required=True, help='sweep root directory')
+  p.add_argument('--dry_run', '--dry-run', action='store_true',
+                 help='list the grid and commands; run nothing')
+  p.add_argument('--max_runs', '--max-runs', type=int, default=None,
+                 help='run at most N unfinished points')
+  p.add_argument('--parallel', type=int, default=1,
+                 help='runs executed at the same time')
+  p.add_argument('--no_report', '--no-report', dest='report',
+                 action='store_false', help='skip the final report')
+  p.add_argument('--python', default=sys.executable,
+                 help='interpreter for the training jobs')
+  return p.parse_args(argv)
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+  """CLI entry point; exit status 1 if a run failed, 2 on a bad sweep."""
+  args = parse_args(argv)
+  logging.basicConfig(level=logging.INFO, format='%(levelname)s %(message)s')
+  try:
+    base, grid = load_sweep(args.sweep)
+    result = run_sweep(base, grid, args.root, dry_run=args.dry_run,
+                       max_runs=args.max_runs, parallel=args.parallel,
+                       report=args.report, python=args.python)
+  except (FileNotFoundError, AttributeError, TypeError, ValueError) as e:
+    print(f'error: {e}', file=sys.stderr)
+    return 2
+  return 1 if result.failed else 0
+
+
+if __name__ == '__main__':
+  sys.exit(main())

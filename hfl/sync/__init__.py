@@ -1,0 +1,50 @@
+"""Synchronisation strategies across datacenters (DESIGN 4.1, 4.3).
+
+Modules:
+  frequency:   K_d frequency optimisation (closed form + exact search), round time.
+  schedule:    per-round K schedules: sync, periodic, semi_sync (+ progress-aware),
+               adacomm; JSON-serialisable state.
+  aggregation: inter-DC weights: FedAvg (renormalised over present DCs), FedNova
+               (JAX, jit-compatible).
+  outer:       outer optimizers on the pseudo-gradient (avg, sgd, DiLoCo nesterov).
+  faults:      the ``sync.faults`` outage spec -> ``present(round) -> bool [D]``.
+
+How the training loop uses them, per inter-DC round r::
+
+    plan = schedule.plan(state)                  # plan.k_d: int [D]
+    mask = faults_present(r)                     # bool [D]
+    # run max(plan.k_d) SPMD intra-DC iterations; DC d stops updating after
+    # plan.k_d[d] (masked); the clock charges DC d plan.k_d[d] * t_d + C_d.
+    p = fedavg_weights(n_d, mask)                # f32 [D], 0 where absent
+    scale = aggregation_scale(cfg.sync.aggregation, p, plan.k_d)
+    delta = sum_d scale_d (x_prev - x_d)         # psum over 'dc'
+    x_new, outer_state = apply_outer(tx, x_prev, delta, outer_state)
+    # every DC (absent ones too) restarts from x_new
+    plan, state = schedule.next_round(state, train_loss_r)
+"""
+
+from hfl.sync.aggregation import aggregation_scale
+from hfl.sync.aggregation import AGGREGATIONS
+from hfl.sync.aggregation import fedavg_scale
+from hfl.sync.aggregation import fedavg_weights
+from hfl.sync.aggregation import fednova_scale
+from hfl.sync.aggregation import weighted_sum
+from hfl.sync.faults import make_present_fn
+from hfl.sync.faults import Outage
+from hfl.sync.faults import parse_faults
+from hfl.sync.faults import present_mask
+from hfl.sync.frequency import optimal_k
+from hfl.sync.frequency import optimal_k_exact
+from hfl.sync.frequency import round_time
+from hfl.sync.frequency import target_round_time
+from hfl.sync.outer import apply_outer
+from hfl.sync.outer import make_outer
+from hfl.sync.outer import OUTER_OPTIMIZERS
+from hfl.sync.schedule import from_config as schedule_from_config
+from hfl.sync.schedule import make_schedule
+from hfl.sync.schedule import RoundPlan
+from hfl.sync.schedule import Schedule
+from hfl.sync.schedule import ScheduleState
+from hfl.sync.schedule import state_from_json
+from hfl.sync.schedule import state_to_json
+from hfl.sync.schedule import STRATEGIES

@@ -1,0 +1,150 @@
+"""Simulated datacenter outages: the ``sync.faults`` spec.
+
+Syntax. ``sync.faults`` is a comma-separated list of ``dc:round`` or
+``dc:first-last`` entries; DC ids and round indices are 0-based integers, ranges
+are inclusive, whitespace is ignored, and the empty string means no outages.
+Entries may overlap (their union is taken). Example::
+
+    '1:10-12,2:5'   # DC 1 misses rounds 10, 11, 12; DC 2 misses round 5
+
+A *round* is one inter-DC round, counted from 0 by the training loop (the round
+whose aggregation produces the (r+1)-th global model is round r).
+
+Semantics of an absent DC ``d`` in round ``r``:
+
+- its local work in round r is discarded: it does not contribute to the
+  inter-DC aggregate (weight 0), and the weights of the present DCs are
+  renormalised to sum to 1 (:func:`hfl.sync.aggregation.fedavg_weights` with
+  ``present``);
+- at the end of round r it restarts from the new global model, like every DC;
+  discarded work should leave no trace, so the loop should also roll back the
+  DC's per-round state (inner optimizer state, error-feedback residuals) to
+  its start-of-round values;
+- it sends nothing on the WAN in round r (count no inter-DC bytes for it) and
+  the round time should be the max over present DCs only.
+
+A spec that makes every DC absent in some round is rejected: there would be
+nothing to aggregate.
+
+How the training loop uses it: build ``present = make_present_fn(
+config.sync.faults, config.mesh.num_dcs)`` once; at each round r pass
+``present(r)`` (bool [D]) into the jitted round, where it masks the aggregation
+weights. Host-side numpy; pure.
+"""
+
+import re
+from typing import Callable, NamedTuple
+
+import numpy as np
+
+_ENTRY = re.compile(r'^([0-9]+):([0-9]+)(?:-([0-9]+))?$')
+
+
+class Outage(NamedTuple):
+  """DC ``dc`` is absent in rounds ``first..last`` (inclusive, 0-based)."""
+  dc: int
+  first: int
+  last: int
+
+
+def parse_faults(spec: str, num_dcs: int) -> tuple[Outage, ...]:
+  """Parses a ``sync.faults`` string into outages.
+
+  Args:
+    spec: e.g. ``'1:10-12,2:5'`` (see the module docstring); '' for none.
+    num_dcs: number of DCs D (``mesh.num_dcs``), >= 1.
+
+  Returns:
+    The outages, in the order written.
+
+  Raises:
+    ValueError: naming ``sync.faults`` if the string is malformed, a DC id is
+      outside ``[0, num_dcs)``, a range is reversed, or some round would have
+      every DC absent; or naming ``mesh.num_dcs`` if ``num_dcs < 1``.
+  """
+  if isinstance(num_dcs, bool) or not isinstance(num_dcs, (int, np.integer)):
+    raise ValueError(f'mesh.num_dcs must be an integer, got {num_dcs!r}.')
+  if num_dcs < 1:
+    raise ValueError(f'mesh.num_dcs must be >= 1, got {num_dcs}.')
+  if not isinstance(spec, str):
+    raise ValueError(
+        f'sync.faults must be a string like "1:10-12,2:5", got {spec!r}.')
+  text = re.sub(r'\s+', '', spec)
+  if not text:
+    return ()
+  outages = []
+  for entry in text.split(','):
+    m = _ENTRY.match(entry)
+    if m is None:
+      raise ValueError(
+          f'sync.faults: malformed entry {entry!r} in {spec!r}; expected '
+          '"dc:round" or "dc:first-last" with non-negative integers, e.g. '
+          '"1:10-12,2:5".')
+    dc, first = int(m.group(1)), int(m.group(2))
+    last = int(m.group(3)) if m.group(3) is not None else first
+    if dc >= num_dcs:
+      raise ValueError(
+          f'sync.faults: DC id {dc} in {entry!r} is out of range; DC ids are '
+          f'0..{num_dcs - 1} (mesh.num_dcs = {num_dcs}).')
+    if last < first:
+      raise ValueError(
+          f'sync.faults: reversed round range in {entry!r} ({first} > {last}).')
+    outages.append(Outage(dc, first, last))
+  # If some round has every DC absent, the earliest such round is the start
+  # of one of the outages, so it suffices to check those starts.
+  for r in sorted({o.first for o in outages}):
+    absent = {o.dc for o in outages if o.first <= r <= o.last}
+    if len(absent) == num_dcs:
+      raise ValueError(
+          f'sync.faults: every DC is absent in round {r} ({spec!r}); at least '
+          'one DC must be present in every round.')
+  return tuple(outages)
+
+
+def present_mask(outages: tuple[Outage, ...], num_dcs: int,
+                 round_index: int) -> np.ndarray:
+  """Which DCs take part in a round.
+
+  Args:
+    outages: from :func:`parse_faults`.
+    num_dcs: number of DCs D.
+    round_index: 0-based inter-DC round index, >= 0.
+
+  Returns:
+    bool [D], True where the DC is present.
+
+  Raises:
+    ValueError: if ``round_index`` is not a non-negative integer.
+  """
+  if (isinstance(round_index, bool)
+      or not isinstance(round_index, (int, np.integer)) or round_index < 0):
+    raise ValueError(
+        f'round index must be a non-negative integer, got {round_index!r}.')
+  mask = np.ones((num_dcs,), dtype=bool)
+  for o in outages:
+    if o.first <= round_index <= o.last:
+      mask[o.dc] = False
+  return mask
+
+
+def make_present_fn(spec: str, num_dcs: int) -> Callable[[int], np.ndarray]:
+  """Parses ``sync.faults`` and returns ``present(round) -> bool [D]``.
+
+  Args:
+    spec: the ``sync.faults`` string.
+    num_dcs: number of DCs D (``mesh.num_dcs``).
+
+  Returns:
+    A pure function of the 0-based round index returning a fresh bool [D]
+    array (True = present); at least one entry is always True.
+
+  Raises:
+    ValueError: as :func:`parse_faults` (at construction), and from the
+      returned function for a negative or non-integer round.
+  """
+  outages = parse_faults(spec, num_dcs)
+
+  def present(round_index: int) -> np.ndarray:
+    return present_mask(outages, num_dcs, round_index)
+
+  return present

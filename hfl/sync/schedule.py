@@ -1,0 +1,318 @@
+"""Per-round K schedules of the sync strategies (DESIGN 4.1, 4.3).
+
+A :class:`Schedule` is a NamedTuple of pure functions over a small, JSON-
+serialisable :class:`ScheduleState`, in the style of optax. It decides, for each
+inter-DC round, how many intra-DC iterations ``k_d`` each DC runs.
+
+Strategies (``sync.strategy``):
+
+- ``'sync'``: ``k_d = 1`` for all DCs (synchronous hierarchical PS baseline;
+  ``sync.k`` is ignored and ``K_base`` starts at 1).
+- ``'periodic'``: ``k_d = K_base`` for all DCs, ``K_base`` starting at ``sync.k``.
+- ``'semi_sync'``: ``k_d = optimal_k(t, c, K_base, K_max)``
+  (:mod:`hfl.sync.frequency`): the slowest DC runs ``K_base`` iterations and the
+  faster ones fill the same round time.
+- ``'adacomm'``: AdaComm (Wang & Joshi, "Adaptive Communication Strategies to
+  Achieve the Best Error-Runtime Trade-off in Local-Update SGD", SysML 2019),
+  which *lowers* K as the loss falls::
+
+      tau_l = ceil( sqrt(F(x_l) / F(x_0)) * tau_0 ),   clipped to [1, K_max]
+
+  with ``tau_0 = sync.k``, ``F(x_0)`` the first observed train loss and
+  ``F(x_l)`` the latest one; ``k_d = tau_l`` for all DCs. Simplification: the
+  paper re-evaluates tau every fixed wall-clock interval T_0; here it is
+  re-evaluated after every round. Requires positive losses.
+
+Progress-aware adjustment (``sync.progress_aware``, for 'sync', 'periodic' and
+'semi_sync'; DESIGN 4.3, the seed thesis): raise K_base as training plateaus.
+The schedule keeps the train losses observed since K_base last changed. Once it
+holds ``W + 1`` of them (``W = sync.progress_window``), with ``L_old`` the oldest
+of the last ``W + 1`` and ``L_new`` the latest, the relative improvement is::
+
+    rel = (L_old - L_new) / max(|L_old|, 1e-12)
+
+and if ``rel < sync.progress_threshold``::
+
+    K_base <- min(K_max, max(K_base + 1, floor(K_base * sync.progress_factor)))
+
+after which the history is cleared, so the next decision waits ``W + 1`` rounds
+at the new K_base (losses measured under the old K are not reused). K_base never
+exceeds ``sync.k_max`` and never decreases.
+
+Non-finite losses (NaN/inf) carry no information and are ignored (the round
+counter still advances); ``None`` means "no loss measured this round".
+
+Training-loop contract (deterministic, so a resumed run reproduces the
+schedule; the schedule depends only on its state and the observed losses)::
+
+    sched = from_config(config.sync, num_dcs, t=t_d, c=c_d)   # t, c: semi_sync
+    state = sched.init()              # or: state_from_json(checkpointed_text)
+    plan = sched.plan(state)          # RoundPlan for the round about to start
+    for each round:
+      # run max(plan.k_d) SPMD iterations; DC d's updates are masked after
+      # its plan.k_d[d]-th iteration; the clock charges DC d k_d[d] * t_d.
+      plan, state = sched.next_round(state, train_loss_of_that_round)
+      # checkpoint state_to_json(state); on resume: plan = sched.plan(state)
+
+``t``/``c`` are fixed when the schedule is built; if the network model changes
+(e.g. another WAN compressor), build a new schedule and keep the same state.
+Host-side Python/numpy; no JAX.
+"""
+
+import json
+import math
+from typing import Callable, NamedTuple, Optional, Sequence
+
+import numpy as np
+
+from hfl.sync import frequency
+
+STRATEGIES = ('sync', 'periodic', 'semi_sync', 'adacomm')
+
+_STATE_VERSION = 1
+
+
+class ScheduleState(NamedTuple):
+  """State of a K schedule; plain Python values, JSON-serialisable.
+
+  Attributes:
+    round: number of rounds completed (losses passed to ``next_round``).
+    k_base: current K_base (AdaComm: current tau), int in [1, K_max].
+    history: finite train losses observed since ``k_base`` last changed
+      (progress-aware only; at most ``progress_window + 1``, oldest first).
+    loss0: AdaComm's F(x_0), the first finite train loss observed; None before.
+  """
+  round: int
+  k_base: int
+  history: tuple[float, ...]
+  loss0: Optional[float]
+
+
+class RoundPlan(NamedTuple):
+  """What one inter-DC round runs.
+
+  Attributes:
+    k_d: int64 [D], intra-DC iterations of each DC in the round (>= 1).
+    k_base: the K_base the plan was derived from (int).
+  """
+  k_d: np.ndarray
+  k_base: int
+
+
+class Schedule(NamedTuple):
+  """A K schedule: pure functions over :class:`ScheduleState`.
+
+  Attributes:
+    strategy: the ``sync.strategy`` name.
+    init: ``() -> ScheduleState``.
+    plan: ``(state) -> RoundPlan`` for the round about to start.
+    next_round: ``(state, train_loss: float | None) -> (RoundPlan, state)``:
+      records the loss of the round just finished and returns the plan of the
+      next round with the new state.
+  """
+  strategy: str
+  init: Callable[[], ScheduleState]
+  plan: Callable[[ScheduleState], RoundPlan]
+  next_round: Callable[[ScheduleState, Optional[float]],
+                       tuple[RoundPlan, ScheduleState]]
+
+
+def state_to_json(state: ScheduleState) -> str:
+  """Serialises a state to a JSON string (floats round-trip exactly).
+
+  Args:
+    state: a :class:`ScheduleState`.
+
+  Returns:
+    A JSON object string.
+  """
+  return json.dumps({
+      'version': _STATE_VERSION,
+      'round': int(state.round),
+      'k_base': int(state.k_base),
+      'history': [float(x) for x in state.history],
+      'loss0': None if state.loss0 is None else float(state.loss0),
+  })
+
+
+def state_from_json(text: str) -> ScheduleState:
+  """Inverse of :func:`state_to_json`.
+
+  Args:
+    text: a JSON string written by :func:`state_to_json`.
+
+  Returns:
+    The :class:`ScheduleState`.
+
+  Raises:
+    ValueError: if the text is not a valid schedule state.
+  """
+  try:
+    d = json.loads(text)
+    if d.get('version') != _STATE_VERSION:
+      raise ValueError(f'unsupported version {d.get("version")!r}')
+    state = ScheduleState(
+        round=int(d['round']), k_base=int(d['k_base']),
+        history=tuple(float(x) for x in d['history']),
+        loss0=None if d['loss0'] is None else float(d['loss0']))
+  except (TypeError, KeyError, AttributeError, json.JSONDecodeError) as e:
+    raise ValueError(f'Not a schedule state: {text!r} ({e}).') from e
+  if state.round < 0 or state.k_base < 1:
+    raise ValueError(f'Not a schedule state: {text!r}.')
+  return state
+
+
+def _raise_k(k: int, factor: float, k_max: int) -> int:
+  """Progress-aware increase: ``min(k_max, max(k + 1, floor(k * factor)))``."""
+  return min(k_max, max(k + 1, int(math.floor(k * factor + 1e-9))))
+
+
+def make_schedule(strategy: str,
+                  num_dcs: int,
+                  k: int,
+                  k_max: int,
+                  *,
+                  t: Optional[Sequence[float]] = None,
+                  c: Optional[Sequence[float]] = None,
+                  progress_aware: bool = False,
+                  progress_window: int = 3,
+                  progress_threshold: float = 0.01,
+                  progress_factor: float = 2.0) -> Schedule:
+  """Builds the K schedule of a sync strategy.
+
+  Args:
+    strategy: ``sync.strategy``: 'sync', 'periodic', 'semi_sync' or 'adacomm'.
+    num_dcs: number of DCs D (``mesh.num_dcs``), >= 1.
+    k: ``sync.k``: initial K_base (AdaComm: tau_0), >= 1. Ignored by 'sync'.
+    k_max: ``sync.k_max``: upper bound of every K_d, >= k (>= 1 for 'sync').
+    t: float [D], seconds per intra-DC iteration of each DC; required by
+      'semi_sync', ignored otherwise.
+    c: float [D], seconds of inter-DC communication per round of each DC;
+      required by 'semi_sync', ignored otherwise.
+    progress_aware: ``sync.progress_aware``; not allowed with 'adacomm'.
+    progress_window: ``sync.progress_window`` (rounds), >= 1.
+    progress_threshold: ``sync.progress_threshold``, finite (relative loss
+      improvement below which K_base is raised).
+    progress_factor: ``sync.progress_factor``, finite and > 1.
+
+  Returns:
+    A :class:`Schedule`.
+
+  Raises:
+    ValueError: naming the offending config field (``sync.strategy``,
+      ``sync.k``, ``sync.k_max``, ``sync.progress_*``, ``mesh.num_dcs``,
+      ``network.*`` for bad/missing t and c).
+  """
+  if strategy not in STRATEGIES:
+    raise ValueError(
+        f'sync.strategy must be one of {STRATEGIES}, got {strategy!r}.')
+  if isinstance(num_dcs, bool) or not isinstance(num_dcs, (int, np.integer)):
+    raise ValueError(f'mesh.num_dcs must be an integer, got {num_dcs!r}.')
+  num_dcs = int(num_dcs)
+  if num_dcs < 1:
+    raise ValueError(f'mesh.num_dcs must be >= 1, got {num_dcs}.')
+  k0, k_max = frequency.check_k(1 if strategy == 'sync' else k, k_max)
+  if strategy == 'semi_sync':
+    if t is None or c is None:
+      raise ValueError(
+          'sync.strategy="semi_sync" needs per-DC iteration times t and '
+          'inter-DC times c from the network model (network.*).')
+    t_arr, c_arr = frequency.check_times(t, c)
+    if t_arr.shape != (num_dcs,):
+      raise ValueError(
+          f't and c must have one entry per DC (mesh.num_dcs = {num_dcs}; '
+          f'check network.dc_speed), got {t_arr.shape[0]}.')
+  progress_aware = bool(progress_aware)
+  if progress_aware:
+    if strategy == 'adacomm':
+      raise ValueError(
+          'sync.progress_aware must be False with sync.strategy="adacomm" '
+          '(AdaComm sets K itself, in the opposite direction).')
+    if (isinstance(progress_window, bool)
+        or not isinstance(progress_window, (int, np.integer))
+        or progress_window < 1):
+      raise ValueError(
+          f'sync.progress_window must be an integer >= 1, got '
+          f'{progress_window!r}.')
+    if not math.isfinite(float(progress_threshold)):
+      raise ValueError(
+          f'sync.progress_threshold must be finite, got {progress_threshold!r}.')
+    if not math.isfinite(float(progress_factor)) or progress_factor <= 1.0:
+      raise ValueError(
+          f'sync.progress_factor must be finite and > 1, got '
+          f'{progress_factor!r}.')
+  window = int(progress_window)
+  threshold = float(progress_threshold)
+  factor = float(progress_factor)
+
+  def init() -> ScheduleState:
+    return ScheduleState(round=0, k_base=k0, history=(), loss0=None)
+
+  def plan(state: ScheduleState) -> RoundPlan:
+    kb = int(state.k_base)
+    if not 1 <= kb <= k_max:
+      raise ValueError(
+          f'Schedule state has K_base = {kb} outside [1, sync.k_max = {k_max}] '
+          '(restored from a run with another sync.k_max?).')
+    if strategy == 'semi_sync':
+      k_d = frequency.optimal_k(t_arr, c_arr, kb, k_max)
+    else:
+      k_d = np.full((num_dcs,), kb, dtype=np.int64)
+    return RoundPlan(k_d=k_d, k_base=kb)
+
+  def next_round(state: ScheduleState, train_loss: Optional[float]
+                 ) -> tuple[RoundPlan, ScheduleState]:
+    loss = None if train_loss is None else float(train_loss)
+    if loss is not None and not math.isfinite(loss):
+      loss = None
+    kb, history, loss0 = int(state.k_base), tuple(state.history), state.loss0
+    if strategy == 'adacomm' and loss is not None:
+      if loss0 is None:
+        if loss <= 0:
+          raise ValueError(
+              'sync.strategy="adacomm" needs a positive train loss for '
+              f'F(x_0), got {loss}.')
+        loss0 = loss
+      tau = math.ceil(math.sqrt(max(loss, 0.0) / loss0) * k0 - 1e-9)
+      kb = min(k_max, max(1, tau))
+    elif progress_aware and loss is not None:
+      history = (history + (loss,))[-(window + 1):]
+      if len(history) == window + 1 and kb < k_max:
+        old, new = history[0], history[-1]
+        rel = (old - new) / max(abs(old), 1e-12)
+        if rel < threshold:
+          kb = _raise_k(kb, factor, k_max)
+          history = ()
+    new_state = ScheduleState(round=int(state.round) + 1, k_base=kb,
+                              history=history, loss0=loss0)
+    return plan(new_state), new_state
+
+  return Schedule(strategy=strategy, init=init, plan=plan,
+                  next_round=next_round)
+
+
+def from_config(sync_config, num_dcs: int,
+                t: Optional[Sequence[float]] = None,
+                c: Optional[Sequence[float]] = None) -> Schedule:
+  """Builds the schedule from the ``config.sync`` ConfigDict.
+
+  Args:
+    sync_config: ``config.sync`` (fields strategy, k, k_max, progress_aware,
+      progress_window, progress_threshold, progress_factor).
+    num_dcs: ``config.mesh.num_dcs``.
+    t: float [D] seconds per intra-DC iteration (semi_sync).
+    c: float [D] seconds of inter-DC communication per round (semi_sync).
+
+  Returns:
+    A :class:`Schedule`.
+
+  Raises:
+    ValueError: as :func:`make_schedule`.
+  """
+  return make_schedule(
+      sync_config.strategy, num_dcs, sync_config.k, sync_config.k_max,
+      t=t, c=c,
+      progress_aware=sync_config.progress_aware,
+      progress_window=sync_config.progress_window,
+      progress_threshold=sync_config.progress_threshold,
+      progress_factor=sync_config.progress_factor)

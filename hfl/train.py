@@ -1,0 +1,414 @@
+"""The training loop: indicator, rounds, evaluation, logging, checkpoints.
+
+``train_and_evaluate(config, workdir)`` runs one experiment end to end and returns
+its summary (the dict written to WORKDIR/summary.json, DESIGN 3).
+"""
+
+import dataclasses
+import json
+import os
+import time
+from typing import Any
+
+import jax
+import jax.numpy as jnp
+import ml_collections
+import numpy as np
+import optax
+from absl import logging
+from jax.sharding import NamedSharding, PartitionSpec as P
+
+from hfl import checkpoint as ckpt_lib
+from hfl import config as config_lib
+from hfl import data as data_lib
+from hfl import mesh as mesh_lib
+from hfl import metrics as metrics_lib
+from hfl import models
+from hfl import network
+from hfl import optim
+from hfl import step as step_lib
+from hfl.compress import base as compress_base
+from hfl.compress import policy
+from hfl.sync import aggregation, faults, outer as outer_lib, schedule as schedule_lib
+
+# Fields that may change between a run and its resumption (they do not change what
+# is computed up to the restored step).
+RESUMABLE_FIELDS = ('train.num_steps', 'train.eval_every', 'train.checkpoint_every',
+                    'train.log_every', 'train.target_accuracy')
+
+
+@dataclasses.dataclass
+class Setup:
+  """Everything built from the config before compilation."""
+  config: ml_collections.ConfigDict
+  dataset: data_lib.Dataset
+  partition: data_lib.Partition
+  mesh: Any
+  model: Any
+  params_shape: Any
+  optimizer: optax.GradientTransformation
+  outer: optax.GradientTransformation
+  comps: step_lib.Compressors
+  net: network.NetworkModel
+  schedule: schedule_lib.Schedule
+  present_fn: Any
+  dc_weights: np.ndarray  # float64 [D], n_d / n
+
+
+# ------------------------------------------------------------------------------
+# Setup: everything that can fail on bad input, before anything is compiled or
+# written.
+# ------------------------------------------------------------------------------
+
+def build_compressors(config, params_shape) -> step_lib.Compressors:
+  """Per-leaf uplink, downlink and WAN compressors (policy of DESIGN 4.2)."""
+  c = config.compression
+  up = policy.build(c.uplink, params_shape, c.small_threshold, c.small, field='compression.uplink')
+  down = policy.build(c.downlink, params_shape, c.small_threshold, c.small,
+                      field='compression.downlink')
+  # The pseudo-gradient is compressed leaf by leaf with the same size policy.
+  wan = policy.build(c.wan, params_shape, c.small_threshold, c.small, field='compression.wan')
+  gamma = float(c.uplink.get('gamma', 1.0)) if 'gamma' in c.uplink else 1.0
+  return step_lib.Compressors(up, down, wan, up_gamma=gamma)
+
+
+def static_bits(comps, params_shape) -> tuple[float, float, float]:
+  """Bits per worker uplink, per downlink and per WAN payload, from payload shapes."""
+  leaves = jax.tree.leaves(params_shape)
+
+  def bits(cs):
+    total = 0.0
+    for c, leaf in zip(cs, leaves):
+      x = jax.ShapeDtypeStruct(leaf.shape, jnp.float32)
+      out = jax.eval_shape(c.encode, x, c.init(), jax.random.PRNGKey(0))
+      total += float(compress_base.payload_bits(out[0]))
+    return total
+  return bits(comps.up), bits(comps.down), bits(comps.wan)
+
+
+def setup(config: ml_collections.ConfigDict) -> Setup:
+  """Validates the config and builds data, mesh, model, compressors and schedule.
+
+  Raises:
+    ValueError / FileNotFoundError: bad config or data, naming the field.
+  """
+  config_lib.validate(config)
+  d, w = config.mesh.num_dcs, config.mesh.workers_per_dc
+  net = network.from_config(config.network, d)
+  present_fn = faults.make_present_fn(config.sync.faults, d)
+  outer = outer_lib.make_outer(config.sync.outer.name, config.sync.outer.learning_rate,
+                               config.sync.outer.momentum)
+  optimizer = optim.make_optimizer(config.optimizer)
+  mesh = mesh_lib.make_mesh(d, w)
+  dataset = data_lib.load(config.dataset.name, config.dataset.data_dir)
+  part = data_lib.partition(dataset.train_labels, d, w, config.dataset.partition,
+                            float(config.dataset.dirichlet_alpha), config.seed,
+                            min_size=config.train.batch_size)
+  data_lib.check_batch_size(part, config.train.batch_size)
+  model = models.get_model(config.model.name, dataset.num_classes)
+  params_shape = jax.eval_shape(
+      lambda: model.init(jax.random.PRNGKey(0), jnp.zeros((1,) + dataset.train_images.shape[1:]))
+      ['params'])
+  comps = build_compressors(config, params_shape)
+  up, down, wan = static_bits(comps, params_shape)
+  t_d = network.iteration_time(net, np.full(d, up * w), np.full(d, down * w))
+  c_d = network.round_comm_time(net, np.full(d, wan))
+  schedule = schedule_lib.from_config(config.sync, d, t=t_d, c=c_d)
+  sizes = np.asarray(part.dc_sizes, np.float64)
+  return Setup(config, dataset, part, mesh, model, params_shape, optimizer, outer, comps, net,
+               schedule, present_fn, sizes / sizes.sum())
+
+
+def _check_workdir_config(workdir: str, config) -> None:
+  """Refuses to resume a workdir that was started with a different config."""
+  path = os.path.join(workdir, 'config.json')
+  if not os.path.exists(path):
+    return
+  with open(path) as f:
+    old = json.load(f)
+  new = json.loads(config.to_json())
+  diffs = []
+
+  def walk(a, b, prefix):
+    for key in sorted(set(a) | set(b)):
+      name = f'{prefix}{key}'
+      va, vb = a.get(key), b.get(key)
+      if isinstance(va, dict) and isinstance(vb, dict):
+        walk(va, vb, name + '.')
+      elif va != vb and name not in RESUMABLE_FIELDS:
+        diffs.append(f'{name}: {va!r} -> {vb!r}')
+  walk(old, new, '')
+  if diffs:
+    raise ValueError(
+        f'--workdir={workdir} holds a run with a different config ({"; ".join(diffs)}); '
+        'use a new workdir, or the same config to resume.')
+
+
+# ------------------------------------------------------------------------------
+# Evaluation.
+# ------------------------------------------------------------------------------
+
+def make_eval(model, mesh, images: np.ndarray, labels: np.ndarray, batch_size: int):
+  """Returns ``evaluate(params) -> (accuracy, loss)`` on the whole test set.
+
+  The test set is padded to a multiple of the device count and sharded over all
+  devices once; padded entries are masked out.
+  """
+  n_dev = mesh.devices.size
+  chunk = max(n_dev, (batch_size // n_dev) * n_dev)
+  n = len(labels)
+  total = -(-n // chunk) * chunk
+  pad = total - n
+  x = np.concatenate([images, np.zeros((pad,) + images.shape[1:], images.dtype)])
+  y = np.concatenate([labels, np.zeros((pad,), labels.dtype)])
+  mask = np.concatenate([np.ones(n, np.float32), np.zeros(pad, np.float32)])
+  sh = NamedSharding(mesh, P(None, (mesh_lib.DC, mesh_lib.WORKER)))
+  put = lambda a: jax.device_put(a.reshape((total // chunk, chunk) + a.shape[1:]), sh)
+  x, y, mask = put(x), put(y), put(mask)
+
+  @jax.jit
+  def run(params):
+    def body(carry, batch):
+      xb, yb, mb = batch
+      logits = model.apply({'params': params}, xb)
+      loss = optax.softmax_cross_entropy_with_integer_labels(logits, yb)
+      correct = (jnp.argmax(logits, -1) == yb).astype(jnp.float32)
+      return (carry[0] + jnp.sum(correct * mb), carry[1] + jnp.sum(loss * mb)), None
+    (c, l), _ = jax.lax.scan(body, (jnp.float32(0), jnp.float32(0)), (x, y, mask))
+    return c / n, l / n
+
+  def evaluate(params):
+    acc, loss = run(params)
+    return float(acc), float(loss)
+  return evaluate
+
+
+def interpolate_crossing(prev, cur, target: float, key: str):
+  """Linear interpolation of ``key`` where test accuracy crosses ``target``."""
+  if prev is None or cur['test_accuracy'] <= prev['test_accuracy']:
+    return float(cur[key])
+  frac = (target - prev['test_accuracy']) / (cur['test_accuracy'] - prev['test_accuracy'])
+  frac = min(max(frac, 0.0), 1.0)
+  return float(prev[key] + frac * (cur[key] - prev[key]))
+
+
+# ------------------------------------------------------------------------------
+# The loop.
+# ------------------------------------------------------------------------------
+
+def _fmt_bytes(b: float) -> str:
+  for unit in ('B', 'KB', 'MB', 'GB', 'TB'):
+    if abs(b) < 1000:
+      return f'{b:.1f}{unit}'
+    b /= 1000
+  return f'{b:.1f}PB'
+
+
+def train_and_evaluate(config: ml_collections.ConfigDict, workdir: str) -> dict:
+  """Runs (or resumes) one experiment and returns its summary.
+
+  Args:
+    config: the experiment config (see configs/default.py).
+    workdir: output directory; an existing run there is resumed from its latest
+      checkpoint (the config must match, except RESUMABLE_FIELDS).
+
+  Returns:
+    The summary dict (DESIGN 3), also written to WORKDIR/summary.json.
+
+  Raises:
+    ValueError / FileNotFoundError: bad config or data, before anything is compiled
+      or written.
+  """
+  wall0 = time.time()
+  s = setup(config)
+  _check_workdir_config(workdir, config)
+  cfg = s.config
+  d, w = cfg.mesh.num_dcs, cfg.mesh.workers_per_dc
+  mesh = s.mesh
+  writer = metrics_lib.is_writer()
+  logging.info('Compression policy (uplink):\n%s', policy.describe(s.comps.up, s.params_shape))
+  if cfg.compression.downlink.name != 'identity' or cfg.compression.small != 'float32':
+    logging.info('Compression policy (downlink):\n%s',
+                 policy.describe(s.comps.down, s.params_shape))
+  if cfg.compression.wan.name != 'identity':
+    logging.info('Compression policy (WAN):\n%s', policy.describe(s.comps.wan, s.params_shape))
+
+  # --- State: shapes first, then restore or initialise directly sharded. -------
+  apply_fn = lambda p, x: s.model.apply({'params': p}, x)
+  key = jax.random.PRNGKey(cfg.seed)
+  sample = jnp.zeros((1,) + s.dataset.train_images.shape[1:], jnp.float32)
+
+  def init_fn():
+    params = s.model.init(key, sample)['params']
+    return step_lib.init_state(params, s.optimizer, s.outer, s.comps, d, w,
+                               jax.random.fold_in(key, 1))
+  state_shape = jax.eval_shape(init_fn)
+  specs = step_lib.state_specs(state_shape)
+  shardings = jax.tree.map(
+      lambda spec, sub: jax.tree.map(lambda _: NamedSharding(mesh, spec), sub),
+      specs, state_shape, is_leaf=lambda x: isinstance(x, P))
+  step_fn = step_lib.make_step(apply_fn, s.optimizer, s.outer, s.comps, mesh, state_shape)
+  evaluate = make_eval(s.model, mesh, s.dataset.test_images, s.dataset.test_labels,
+                       cfg.train.eval_batch_size)
+
+  if writer:
+    os.makedirs(workdir, exist_ok=True)
+  mngr = ckpt_lib.manager(workdir)
+  restored = ckpt_lib.restore_latest(mngr, ckpt_lib.abstract(state_shape, shardings))
+  if restored is None:
+    state = jax.jit(init_fn, out_shardings=shardings)()
+    host = dict(step=0, round=0, clock_s=[0.0] * d, idle_s=[0.0] * d,
+                bytes=dict(intra_up=0.0, intra_down=0.0, inter_dc=0.0),
+                schedule=schedule_lib.state_to_json(s.schedule.init()),
+                best_test_accuracy=None, time_to_target_s=None, rounds_to_target=None,
+                wall_time_s=0.0, last_eval=None, round_loss=[])
+    if writer:
+      metrics_lib.write_json(os.path.join(workdir, 'config.json'), json.loads(cfg.to_json()))
+  else:
+    _, state, host = restored
+    logging.info('Resumed from %s at step %d (round %d).', workdir, host['step'], host['round'])
+  wall_offset = float(host['wall_time_s'])
+  mw = metrics_lib.MetricsWriter(workdir, resume_step=host['step'])
+
+  sched_state = schedule_lib.state_from_json(host['schedule'])
+  plan = s.schedule.plan(sched_state)
+  clock = network.Clock(np.asarray(host['clock_s']), np.asarray(host['idle_s']))
+  totals = {k: float(v) for k, v in host['bytes'].items()}
+  step = int(host['step'])
+  rnd = int(host['round'])
+  num_steps = cfg.train.num_steps
+  target = float(cfg.train.target_accuracy)
+  round_loss = list(host['round_loss'])
+  last_eval = host['last_eval']
+  dc_sh = NamedSharding(mesh, P(mesh_lib.DC))
+  batch_sh = NamedSharding(mesh, P(mesh_lib.DC, mesh_lib.WORKER))
+  rep_sh = NamedSharding(mesh, P())
+  images, labels = s.dataset.train_images, s.dataset.train_labels
+  it_in_round = 0
+  loss_sum, loss_n = 0.0, 0
+  t_log = time.time()
+  step_log = step
+
+  def do_eval():
+    nonlocal last_eval
+    acc, tloss = evaluate(state.global_params)
+    rec = dict(step=step, round=rnd, test_accuracy=acc, test_loss=tloss,
+               train_loss=(float(np.mean(round_loss)) if round_loss else None),
+               bytes=dict(totals), sim_time_s=clock.now,
+               wall_time_s=wall_offset + time.time() - wall0, k=int(plan.k_base),
+               k_d=[int(k) for k in plan.k_d], idle_s=[float(x) for x in clock.idle_s])
+    if host['best_test_accuracy'] is None or acc > host['best_test_accuracy']:
+      host['best_test_accuracy'] = acc
+    if host['time_to_target_s'] is None and acc >= target:
+      host['time_to_target_s'] = interpolate_crossing(last_eval, rec, target, 'sim_time_s')
+      host['rounds_to_target'] = interpolate_crossing(last_eval, rec, target, 'round')
+    mw.write(rec)
+    last_eval = {k: rec[k] for k in ('test_accuracy', 'sim_time_s', 'round')}
+    round_loss.clear()
+    return rec
+
+  def save_host():
+    host.update(step=step, round=rnd, clock_s=clock.time_s.tolist(),
+                idle_s=clock.idle_s.tolist(), bytes=dict(totals),
+                schedule=schedule_lib.state_to_json(sched_state),
+                wall_time_s=wall_offset + time.time() - wall0, last_eval=last_eval,
+                round_loss=list(round_loss))
+    return host
+
+  while step < num_steps:
+    # ---- Indicator: where in the round are we, and does this iteration end it?
+    kmax = int(np.max(plan.k_d))
+    active = it_in_round < plan.k_d
+    last = step + 1 == num_steps
+    do_round = it_in_round + 1 >= kmax or last
+    present = s.present_fn(rnd) if do_round else np.ones(d, bool)
+    weights = np.zeros(d, np.float32)
+    if do_round:
+      local = np.where(active, np.minimum(plan.k_d, it_in_round + 1), plan.k_d)
+      p = jnp.asarray(s.dc_weights * present, jnp.float32)
+      p = p / jnp.sum(p)
+      weights = np.asarray(aggregation.aggregation_scale(cfg.sync.aggregation, p,
+                                                         jnp.asarray(local, jnp.float32)))
+    idx = data_lib.batch_indices(s.partition, cfg.train.batch_size, step, cfg.seed)
+    batch = (jax.device_put(images[idx], batch_sh), jax.device_put(labels[idx], batch_sh))
+    state, m = step_fn(state, batch, jax.device_put(active, dc_sh),
+                       jax.device_put(weights, rep_sh), do_round)
+    m = jax.tree.map(np.asarray, jax.block_until_ready(m))
+
+    # ---- Accounting and the simulated clock.
+    totals['intra_up'] += float(np.sum(m['up_bits'], dtype=np.float64)) / 8
+    totals['intra_down'] += float(np.sum(m['down_bits'], dtype=np.float64)) / 8
+    clock = network.advance_iteration(
+        clock, network.iteration_time(s.net, m['up_bits'], m['down_bits']), active)
+    loss_sum += float(np.dot(s.dc_weights, m['loss']))
+    loss_n += 1
+    step += 1
+    it_in_round += 1
+    if do_round:
+      wan_bits = m['wan_bits'].astype(np.float64)
+      totals['inter_dc'] += network.link_bytes(wan_bits, present)
+      clock = network.advance_round(clock, network.round_comm_time(s.net, wan_bits, present))
+      rnd += 1
+      it_in_round = 0
+      round_loss.append(loss_sum / loss_n)
+      plan, sched_state = s.schedule.next_round(sched_state, loss_sum / loss_n)
+      loss_sum, loss_n = 0.0, 0
+      if rnd % cfg.train.eval_every == 0 or step == num_steps:
+        rec = do_eval()
+        logging.info('eval step %d round %d: test_accuracy %.4f test_loss %.4f', step, rnd,
+                     rec['test_accuracy'], rec['test_loss'])
+      every = cfg.train.checkpoint_every
+      if step == num_steps or (every and rnd % every == 0):
+        ckpt_lib.save(mngr, step, state, save_host())
+    if step % cfg.train.log_every == 0 or step == num_steps:
+      now = time.time()
+      rate = (step - step_log) / max(now - t_log, 1e-9)
+      t_log, step_log = now, step
+      logging.info(
+          'step %d/%d round %d K=%s loss %.4f acc %s sim %.1fs bytes up %s down %s wan %s '
+          '| %.1f steps/s ETA %.0fs', step, num_steps, rnd, plan.k_base,
+          float(np.dot(s.dc_weights, m['loss'])),
+          f'{last_eval["test_accuracy"]:.4f}' if last_eval else '-', clock.now,
+          _fmt_bytes(totals['intra_up']), _fmt_bytes(totals['intra_down']),
+          _fmt_bytes(totals['inter_dc']), rate, (num_steps - step) / max(rate, 1e-9))
+
+  # ---- Summary. ---------------------------------------------------------------
+  records = metrics_lib.read_jsonl(mw.path)
+  final = records[-1] if records else do_eval()
+  summary = dict(
+      final_test_accuracy=final['test_accuracy'],
+      best_test_accuracy=host['best_test_accuracy'],
+      final_test_loss=final['test_loss'],
+      inter_dc_rounds=rnd, intra_dc_iterations=step, bytes=dict(totals),
+      sim_time_s=clock.now, idle_s=[float(x) for x in clock.idle_s],
+      wall_time_s=wall_offset + time.time() - wall0,
+      time_to_target_s=host['time_to_target_s'], rounds_to_target=host['rounds_to_target'],
+      target_accuracy=target, config=json.loads(cfg.to_json()))
+  mw.close()
+  mngr.close()
+  if writer:
+    metrics_lib.write_json(os.path.join(workdir, 'summary.json'), summary)
+    print_results(summary)
+  return summary
+
+
+def print_results(summary: dict) -> None:
+  """Prints the short results table at the end of a run."""
+  b = summary['bytes']
+  rows = [
+      ('final test accuracy', f'{summary["final_test_accuracy"]:.4f}'),
+      ('best test accuracy', f'{summary["best_test_accuracy"]:.4f}'),
+      ('inter-DC rounds', str(summary['inter_dc_rounds'])),
+      ('intra-DC iterations', str(summary['intra_dc_iterations'])),
+      ('bytes intra-DC up', _fmt_bytes(b['intra_up'])),
+      ('bytes intra-DC down', _fmt_bytes(b['intra_down'])),
+      ('bytes inter-DC', _fmt_bytes(b['inter_dc'])),
+      ('simulated time', f'{summary["sim_time_s"]:.1f} s'),
+      ('wall time', f'{summary["wall_time_s"]:.1f} s'),
+      (f'time to {summary["target_accuracy"]:.0%}',
+       'never' if summary['time_to_target_s'] is None else f'{summary["time_to_target_s"]:.1f} s'),
+      (f'rounds to {summary["target_accuracy"]:.0%}',
+       'never' if summary['rounds_to_target'] is None else f'{summary["rounds_to_target"]:.1f}'),
+  ]
+  width = max(len(r[0]) for r in rows)
+  print('\n'.join(f'{k:<{width}}  {v}' for k, v in rows), flush=True)

@@ -1,0 +1,475 @@
+"""Tests of hfl.report (tables, plots, CLI) and hfl.sweep on hand-made workdirs."""
+
+import csv
+import importlib.util
+import json
+import math
+import os
+import sys
+
+import ml_collections
+import pytest
+
+from hfl import report
+from hfl import sweep
+from hfl.report import __main__ as report_cli
+from hfl.report import plots
+from hfl.report import tables
+
+REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+PNG_MAGIC = b'\x89PNG\r\n\x1a\n'
+
+
+def _default_config() -> ml_collections.ConfigDict:
+  spec = importlib.util.spec_from_file_location(
+      '_default_cfg', os.path.join(REPO, 'configs', 'default.py'))
+  module = importlib.util.module_from_spec(spec)
+  spec.loader.exec_module(module)
+  return module.get_config()
+
+
+def _config(**overrides) -> dict:
+  """Resolved config (as JSON would store it) with dotted-key overrides."""
+  cfg = _default_config()
+  cfg.update_from_flattened_dict(overrides)
+  return json.loads(cfg.to_json())
+
+
+def _write_run(workdir, config, evals, summary=None, config_json=False):
+  """Writes a workdir.
+
+  Args:
+    workdir: path.
+    config: resolved config dict.
+    evals: list of (round, acc, sim_time_s, (intra_up, intra_down, inter_dc)).
+    summary: summary.json overrides; None writes no summary.json.
+    config_json: also write config.json (and leave config out of summary).
+  """
+  os.makedirs(workdir, exist_ok=True)
+  with open(os.path.join(workdir, 'metrics.jsonl'), 'w') as f:
+    for i, (rnd, acc, t, (up, down, inter)) in enumerate(evals):
+      f.write(json.dumps({
+          'step': 4 * rnd, 'round': rnd, 'test_accuracy': acc,
+          'test_loss': 1.0 - acc, 'train_loss': 1.0 - acc,
+          'bytes': {'intra_up': up, 'intra_down': down, 'inter_dc': inter},
+          'sim_time_s': t, 'wall_time_s': 2.0 * (i + 1), 'k': 4}) + '\n')
+  if config_json:
+    with open(os.path.join(workdir, 'config.json'), 'w') as f:
+      json.dump(config, f)
+  if summary is not None:
+    rnd, _, t, (up, down, inter) = evals[-1]
+    s = {
+        'final_test_accuracy': evals[-1][1],
+        'best_test_accuracy': max(e[1] for e in evals),
+        'inter_dc_rounds': rnd, 'intra_dc_iterations': 4 * rnd,
+        'bytes': {'intra_up': up, 'intra_down': down, 'inter_dc': inter},
+        'sim_time_s': t, 'wall_time_s': 2.0 * len(evals),
+        # Deliberately not the interpolated values: the report recomputes.
+        'time_to_target_s': 999.0, 'rounds_to_target': 999,
+    }
+    if not config_json:
+      s['config'] = config
+    s.update(summary)
+    with open(os.path.join(workdir, 'summary.json'), 'w') as f:
+      json.dump(s, f)
+  return workdir
+
+
+MB = 10**6
+
+
+def _bytes(r, up, down, inter):
+  return (up * r * MB, down * r * MB, inter * r * MB)
+
+
+@pytest.fixture
+def runs(tmp_path):
+  """Four workdirs: periodic/identity x 2 seeds, periodic/topk, sync/identity."""
+  a0 = _write_run(tmp_path / 'a0', _config(**{'sync.strategy': 'periodic',
+                                              'seed': 0}),
+                  [(1, 0.50, 10.0, _bytes(1, 100, 100, 50)),
+                   (2, 0.80, 20.0, _bytes(2, 100, 100, 50)),
+                   (3, 0.90, 30.0, _bytes(3, 100, 100, 50))], summary={})
+  a1 = _write_run(tmp_path / 'a1', _config(**{'sync.strategy': 'periodic',
+                                              'seed': 1}),
+                  [(1, 0.60, 10.0, _bytes(1, 100, 100, 50)),
+                   (2, 0.85, 20.0, _bytes(2, 100, 100, 50)),
+                   (3, 0.95, 30.0, _bytes(3, 100, 100, 50))], summary={})
+  b = _write_run(tmp_path / 'b', _config(**{'sync.strategy': 'periodic',
+                                            'compression.uplink.name': 'topk'}),
+                 [(1, 0.40, 10.0, _bytes(1, 10, 20, 50)),
+                  (2, 0.60, 20.0, _bytes(2, 10, 20, 50)),
+                  (3, 0.70, 30.0, _bytes(3, 10, 20, 50))], summary={},
+                 config_json=True)
+  c = _write_run(tmp_path / 'c', _config(**{'sync.strategy': 'sync'}),
+                 [(4, 0.90, 5.0, _bytes(4, 100, 100, 50)),
+                  (8, 0.92, 9.0, _bytes(8, 100, 100, 50))], summary={})
+  return [str(a0), str(a1), str(b), str(c)]
+
+
+# ---------------------------------------------------------------------------
+# time_to_target
+
+
+def _m(acc, t, rnd=None):
+  return {'test_accuracy': acc, 'sim_time_s': t, 'round': rnd,
+          'bytes': {'intra_up': t, 'intra_down': 2 * t, 'inter_dc': 0}}
+
+
+def test_time_to_target_interpolates_between_bracketing_evals():
+  metrics = [_m(0.5, 10, 1), _m(0.8, 20, 2), _m(0.9, 30, 3), _m(0.95, 40, 4)]
+  # 0.88 lies between 0.8 (t=20) and 0.9 (t=30): 20 + 0.08 / 0.1 * 10 = 28.
+  assert report.time_to_target(metrics, 0.88, 'sim_time_s') == pytest.approx(28)
+  assert report.time_to_target(metrics, 0.88, 'round') == pytest.approx(2.8)
+  assert report.time_to_target(metrics, 0.88, 'bytes.total') == pytest.approx(84)
+  # Exactly on an evaluation.
+  assert report.time_to_target(metrics, 0.9, 'sim_time_s') == pytest.approx(30)
+
+
+def test_time_to_target_edge_cases():
+  metrics = [_m(0.5, 10), _m(0.8, 20)]
+  assert report.time_to_target(metrics, 0.88, 'sim_time_s') is None
+  assert report.time_to_target([], 0.88, 'sim_time_s') is None
+  # Already above target at the first evaluation: its x, no extrapolation.
+  assert report.time_to_target([_m(0.9, 7)], 0.88, 'sim_time_s') == 7
+  # First crossing counts even if accuracy drops again later.
+  dip = [_m(0.5, 10), _m(0.9, 20), _m(0.7, 30), _m(0.95, 40)]
+  assert report.time_to_target(dip, 0.88, 'sim_time_s') == pytest.approx(19.5)
+  # Non-finite accuracy is skipped; bracketing uses finite neighbours.
+  nan = [_m(0.5, 10), _m(math.nan, 15), _m(1.0, 20)]
+  assert report.time_to_target(nan, 0.75, 'sim_time_s') == pytest.approx(15)
+  # Missing x key.
+  assert report.time_to_target(metrics, 0.5, 'nope') is None
+
+
+# ---------------------------------------------------------------------------
+# load_run
+
+
+def test_load_run_reads_workdir(runs):
+  r = report.load_run(runs[0])
+  assert isinstance(r, report.RunRecord)
+  assert r.finished and r.name == 'a0'
+  assert r.config['sync']['strategy'] == 'periodic'
+  assert [m['step'] for m in r.metrics] == [4, 8, 12]
+  # Config from config.json when summary has none.
+  assert report.load_run(runs[2]).config['compression']['uplink']['name'] == 'topk'
+
+
+def test_load_run_tolerates_resume_duplicates_and_torn_line(tmp_path):
+  d = tmp_path / 'w'
+  d.mkdir()
+  lines = [{'step': 4, 'test_accuracy': 0.1}, {'step': 8, 'test_accuracy': 0.2},
+           {'step': 8, 'test_accuracy': 0.3}, {'step': 12, 'test_accuracy': 0.4}]
+  text = ''.join(json.dumps(x) + '\n' for x in lines) + '{"step": 16, "te'
+  (d / 'metrics.jsonl').write_text(text)
+  r = report.load_run(str(d))
+  assert not r.finished and r.config == {} and r.summary == {}
+  assert [(m['step'], m['test_accuracy']) for m in r.metrics] == [
+      (4, 0.1), (8, 0.3), (12, 0.4)]
+  with pytest.raises(FileNotFoundError):
+    report.load_run(str(tmp_path / 'missing'))
+
+
+# ---------------------------------------------------------------------------
+# Tables
+
+
+def _rows(runs, **kw):
+  return report.build_rows([report.load_run(d) for d in runs], 0.88, **kw)
+
+
+def test_rows_group_seeds_and_match_hand_computed_values(runs):
+  rows = _rows(runs, label_by=['sync.strategy', 'compression.uplink.name'])
+  assert [r.label for r in rows] == [
+      'periodic, up=identity', 'periodic, up=topk', 'sync, up=identity']
+  a, b, c = rows
+  assert len(a.runs) == 2 and a.seeds == [0, 1]
+  # Seeds: final 0.90, 0.95; time to target 28 (seed 0), 23 (seed 1).
+  assert a.final_acc.mean == pytest.approx(0.925)
+  assert a.final_acc.std == pytest.approx(math.sqrt(2 * 0.025**2))
+  assert a.time_to_target_s.mean == pytest.approx(25.5)
+  assert a.time_to_target_s.std == pytest.approx(math.sqrt(12.5))
+  assert a.rounds_to_target.mean == pytest.approx(2.55)
+  assert a.time_to_target_s.n == 2
+  assert a.bytes['intra_up'].mean == 300 * MB
+  assert a.bytes['total'].mean == 750 * MB
+  # Never reached.
+  assert b.time_to_target_s.mean is None and b.rounds_to_target.n == 0
+  # Reached at the first evaluation; single run has no std.
+  assert c.time_to_target_s.mean == 5.0 and c.time_to_target_s.std is None
+  assert c.rounds_to_target.mean == 4.0
+  # Compression vs closest identity run (periodic for b, itself for c).
+  assert b.baseline == 'periodic, up=identity'
+  assert b.compression_ratio == pytest.approx(1 - 240 / 750)
+  assert b.compression_factor == pytest.approx(750 / 240)
+  assert c.baseline == 'sync, up=identity'
+  assert c.compression_ratio == pytest.approx(0.0)
+  assert a.compression_factor == pytest.approx(1.0)
+
+
+def test_explicit_baseline_and_auto_labels(runs):
+  rows = _rows(runs, baseline='sync, up=identity')
+  assert [r.label for r in rows] == [
+      'periodic, up=identity', 'periodic, up=topk', 'sync, up=identity']
+  # sync run totals 8 * 250 MB = 2000 MB.
+  assert rows[1].compression_ratio == pytest.approx(1 - 240 / 2000)
+  with pytest.raises(ValueError, match='not a label'):
+    _rows(runs, baseline='nope')
+
+
+def test_markdown_and_csv(runs, tmp_path):
+  out = tmp_path / 'out'
+  written = report.write_report(runs, str(out), target=0.88)
+  md = (out / 'results.md').read_text()
+  assert written['results.md'] == str(out / 'results.md')
+  lines = {l.split(' | ')[0].lstrip('| '): l for l in md.splitlines()
+           if l.startswith('| ')}
+  assert '92.50 ± 3.54' in lines['periodic, up=identity']
+  assert '25.5 s ± 3.5 s' in lines['periodic, up=identity']
+  assert '300.00 MB' in lines['periodic, up=identity']
+  assert 'never' in lines['periodic, up=topk']
+  assert '68.0% (3.1×)' in lines['periodic, up=topk']
+  assert 'linear' in md and 'interpolation' in md
+  with open(out / 'results.csv') as f:
+    recs = {r['label']: r for r in csv.DictReader(f)}
+  a = recs['periodic, up=identity']
+  assert a['n_runs'] == '2' and a['seeds'] == '0;1'
+  assert float(a['time_to_target_s_mean']) == pytest.approx(25.5)
+  assert float(a['bytes_inter_dc_mean']) == 150 * MB
+  b = recs['periodic, up=topk']
+  assert b['time_to_target_s_mean'] == 'never'
+  assert b['rounds_to_target_mean'] == 'never'
+  assert b['n_reached_target'] == '0'
+  assert float(b['compression_ratio']) == pytest.approx(0.68)
+  assert recs['sync, up=identity']['final_test_accuracy_std'] == ''
+
+
+def test_partial_seed_success_is_reported(tmp_path):
+  cfg0, cfg1 = _config(seed=0), _config(seed=1)
+  d0 = _write_run(tmp_path / 's0', cfg0, [(1, 0.5, 1.0, (1, 1, 1)),
+                                          (2, 0.9, 3.0, (2, 2, 2))], summary={})
+  d1 = _write_run(tmp_path / 's1', cfg1, [(1, 0.5, 1.0, (1, 1, 1)),
+                                          (2, 0.6, 3.0, (2, 2, 2))], summary={})
+  rows = _rows([str(d0), str(d1)])
+  assert len(rows) == 1 and rows[0].time_to_target_s.n == 1
+  md = tables.to_markdown(rows, 0.88)
+  assert '(1/2 reached)' in md
+
+
+def test_unfinished_run_falls_back_to_metrics(tmp_path):
+  d = _write_run(tmp_path / 'u', _config(), [(1, 0.5, 1.0, (10, 20, 30)),
+                                             (2, 0.7, 2.0, (20, 40, 60))],
+                 summary=None, config_json=True)
+  (row,) = _rows([str(d)])
+  assert row.final_acc.mean == 0.7 and row.best_acc.mean == 0.7
+  assert row.bytes['total'].mean == 120 and row.inter_dc_rounds.mean == 2
+
+
+def test_human_units():
+  assert tables.human_bytes(999) == '999 B'
+  assert tables.human_bytes(1.5e6) == '1.50 MB'
+  assert tables.human_bytes(2e12) == '2.00 TB'
+  assert tables.human_seconds(30) == '30.0 s'
+  assert tables.human_seconds(600) == '10.0 min'
+  assert tables.human_seconds(36000) == '10.00 h'
+
+
+# ---------------------------------------------------------------------------
+# Plots and CLI
+
+
+def test_plots_are_written(runs, tmp_path):
+  rows = _rows(runs)
+  paths = plots.write_plots(rows, str(tmp_path / 'p'), target=0.88)
+  assert sorted(os.path.basename(p) for p in paths) == sorted(
+      a.filename for a in plots.AXES)
+  for p in paths:
+    with open(p, 'rb') as f:
+      data = f.read()
+    assert data.startswith(PNG_MAGIC) and len(data) > 5000
+
+
+def test_mean_curve_interpolates_common_range():
+  import numpy as np
+  x, y, sd = plots.mean_curve([(np.array([0., 2.]), np.array([0., 1.])),
+                               (np.array([1., 3.]), np.array([1., 1.]))])
+  np.testing.assert_allclose(x, [1., 2.])
+  np.testing.assert_allclose(y, [0.75, 1.0])
+  assert sd is not None and sd[1] == 0
+
+
+def test_cli(runs, tmp_path, capsys):
+  out = tmp_path / 'cli'
+  rc = report_cli.main([*runs, '--out', str(out), '--target', '0.85',
+                        '--label-by', 'sync.strategy,compression.uplink.name'])
+  assert rc == 0
+  assert (out / 'results.md').exists() and (out / 'results.csv').exists()
+  assert (out / 'accuracy_vs_bytes.png').stat().st_size > 0
+  assert 'results.md' in capsys.readouterr().out
+  with open(out / 'results.csv') as f:
+    rec = next(csv.DictReader(f))
+  # Target 0.85: seed 0 at 20 + 0.05/0.1*10 = 25, seed 1 at 20.
+  assert float(rec['time_to_target_s_mean']) == pytest.approx(22.5)
+  assert report_cli.main([str(tmp_path / 'nope'), '--out', str(out)]) == 2
+
+
+# ---------------------------------------------------------------------------
+# Sweep
+
+
+GRID = {'sync.strategy': ['sync', 'periodic'],
+        'compression.uplink.name': ['identity', 'topk'],
+        'seed': [0, 1]}
+
+
+def fake_curve(overrides, n=20):
+  """A plausible training curve for a config (used by the fake runner)."""
+  strategy = overrides.get('sync.strategy', 'periodic')
+  comp = overrides.get('compression.uplink.name', 'identity')
+  seed = overrides.get('seed', 0)
+  k = 1 if strategy == 'sync' else 4
+  per_round_s = k * 0.05 + 0.02 + (0.01 if comp == 'identity' else 0.001)
+  up = 400_000 if comp == 'identity' else 8_000
+  evals = []
+  for i in range(1, n + 1):
+    rnd = i * 25
+    steps = rnd * k
+    acc = 0.92 - 0.5 * math.exp(-steps / (300 if comp == 'identity' else 380))
+    acc -= 0.004 * seed
+    evals.append((rnd, acc, rnd * per_round_s,
+                  (steps * 8 * up, steps * 8 * up, rnd * 2 * 400_000)))
+  return evals
+
+
+class FakeRunner:
+  """Writes a workdir like main.py; crashes on the names in ``crash``."""
+
+  def __init__(self, crash=(), interrupt=()):
+    self.calls = []
+    self.crash, self.interrupt = set(crash), set(interrupt)
+
+  def __call__(self, spec):
+    self.calls.append(spec.name)
+    assert spec.command[2].startswith('--config=')
+    assert f'--workdir={spec.workdir}' in spec.command
+    if spec.name in self.crash:
+      raise RuntimeError('boom')
+    evals = fake_curve(spec.overrides)
+    if spec.name in self.interrupt:  # Metrics so far, no summary.
+      _write_run(spec.workdir, _config(**spec.overrides), evals[:3])
+      return 1
+    _write_run(spec.workdir, _config(**spec.overrides), evals, summary={})
+    return 0
+
+
+def test_run_names_are_deterministic():
+  a = sweep.run_name({'seed': 0, 'sync.strategy': 'sync'})
+  assert a == sweep.run_name({'sync.strategy': 'sync', 'seed': 0})
+  assert a == 'seed=0__sync.strategy=sync'
+  assert sweep.run_name({}) == 'base'
+  odd = sweep.run_name({'sync.faults': '1:10-12'})
+  assert '/' not in odd and ':' not in odd
+  assert odd != sweep.run_name({'sync.faults': '1-10-12'})
+  assert len(sweep.run_name({'x': 'y' * 500})) < 255
+  r1 = sweep.make_runs('c.py', GRID, '/r')
+  r2 = sweep.make_runs('c.py', GRID, '/r')
+  assert [r.name for r in r1] == [r.name for r in r2] and len(r1) == 8
+  assert len({r.name for r in r1}) == 8
+  assert '--config.compression.uplink.name=topk' in r1[2].command
+
+
+def test_expand_grid():
+  assert sweep.expand_grid(None) == [{}]
+  pts = sweep.expand_grid({'a': [1, 2], 'b': 'x', 'c': (1.0, 0.5)})
+  assert pts == [{'a': 1, 'b': 'x', 'c': (1.0, 0.5)},
+                 {'a': 2, 'b': 'x', 'c': (1.0, 0.5)}]
+  pts = sweep.expand_grid([{'a': [1, 2]}, {'a': [2, 3]}])
+  assert pts == [{'a': 1}, {'a': 2}, {'a': 3}]
+  assert sweep.flag_value((1.0, 0.5)) == '(1.0, 0.5)'
+  assert sweep.flag_value(True) == 'True'
+
+
+def test_sweep_resumes_only_unfinished_runs(tmp_path):
+  root = str(tmp_path / 'sweep')
+  names = [r.name for r in sweep.make_runs('x', GRID, root)]
+  crash, interrupt = names[1], names[5]
+  runner = FakeRunner(crash=[crash], interrupt=[interrupt])
+  res = sweep.run_sweep('configs/default.py', GRID, root, runner=runner,
+                        out=lambda s: None)
+  assert len(runner.calls) == 8
+  assert sorted(res.failed) == sorted([crash, interrupt])
+  assert len(res.ran) == 6 and res.skipped == []
+  assert os.path.exists(os.path.join(root, 'report', 'results.md'))
+  assert os.path.exists(os.path.join(root, 'sweep.json'))
+
+  runner2 = FakeRunner()
+  res2 = sweep.run_sweep('configs/default.py', GRID, root, runner=runner2,
+                         out=lambda s: None)
+  assert runner2.calls == [crash, interrupt]
+  assert len(res2.skipped) == 6 and res2.failed == []
+  with open(os.path.join(root, 'report', 'results.csv')) as f:
+    recs = list(csv.DictReader(f))
+  assert len(recs) == 4 and all(r['n_runs'] == '2' for r in recs)
+  assert {r['label'] for r in recs} == {
+      'sync, up=identity', 'sync, up=topk', 'periodic, up=identity',
+      'periodic, up=topk'}
+
+  runner3 = FakeRunner()
+  res3 = sweep.run_sweep('configs/default.py', GRID, root, runner=runner3,
+                         out=lambda s: None)
+  assert runner3.calls == [] and len(res3.skipped) == 8
+
+
+def test_sweep_max_runs_and_parallel(tmp_path):
+  root = str(tmp_path / 's')
+  runner = FakeRunner()
+  res = sweep.run_sweep('configs/default.py', GRID, root, runner=runner,
+                        max_runs=3, report=False, out=lambda s: None)
+  assert len(runner.calls) == 3 and len(res.not_run) == 5
+  res = sweep.run_sweep('configs/default.py', GRID, root, runner=runner,
+                        parallel=3, report=False, out=lambda s: None)
+  assert len(runner.calls) == 8 and len(res.ran) == 5
+
+
+def test_dry_run_lists_grid_and_runs_nothing(tmp_path):
+  root = tmp_path / 'dry'
+  lines = []
+  runner = FakeRunner()
+  res = sweep.run_sweep('configs/default.py', GRID, str(root), runner=runner,
+                        dry_run=True, out=lines.append)
+  assert runner.calls == [] and not root.exists()
+  text = '\n'.join(lines)
+  assert text.startswith('8 runs')
+  for r in res.runs:
+    assert r.name in text and ' '.join(r.command) in text
+  assert len(res.not_run) == 8
+
+
+def test_sweep_cli_dry_run_with_example(tmp_path, capsys):
+  rc = sweep.main(['--sweep', os.path.join(REPO, 'configs/sweeps/example.py'),
+                   '--root', str(tmp_path / 'ex'), '--dry_run'])
+  assert rc == 0
+  out = capsys.readouterr().out
+  assert out.startswith('12 runs') and out.count('[pending]') == 12
+  assert sweep.main(['--sweep', str(tmp_path / 'nope.py'),
+                     '--root', str(tmp_path)]) == 2
+
+
+def test_configdict_base_is_written_and_loads(tmp_path):
+  cfg = _default_config()
+  root = tmp_path / 'cd'
+  arg = sweep.resolve_base(cfg, str(root))
+  spec = importlib.util.spec_from_file_location('_written', arg)
+  module = importlib.util.module_from_spec(spec)
+  spec.loader.exec_module(module)
+  back = module.get_config()
+  assert back.network.dc_speed == (1.0, 1.0)
+  assert back.to_dict() == cfg.to_dict()
+
+
+def test_subprocess_runner_logs_and_returns_status(tmp_path):
+  spec = sweep.RunSpec('r', str(tmp_path / 'r'), {},
+                       [sys.executable, '-c', 'print("hello")'])
+  assert sweep.subprocess_runner(spec) == 0
+  assert 'hello' in (tmp_path / 'r' / 'train.log').read_text()
