@@ -17,17 +17,35 @@ _CONFIG = config_flags.DEFINE_config_file('config', None, 'Experiment config fil
                                           lock_config=True)
 _WORKDIR = flags.DEFINE_string('workdir', None, 'Directory for checkpoints, metrics and summary.')
 flags.mark_flags_as_required(['config', 'workdir'])
+# Multi-process runs (docs/multihost.md); unset: $HFL_COORDINATOR etc., else a
+# cluster JAX detects (SLURM, TPU pod), else one process.
+_COORDINATOR = flags.DEFINE_string('coordinator_address', None,
+                                   'host:port of process 0 for a multi-process run.')
+_NUM_PROCESSES = flags.DEFINE_integer('num_processes', None, 'Processes in the run.')
+_PROCESS_ID = flags.DEFINE_integer('process_id', None, "This process's id in [0, num_processes).")
+_INIT_TIMEOUT = flags.DEFINE_integer('init_timeout_s', None,
+                                     'Bound on distributed start-up, seconds (default 120).')
 
 
 def main(argv):
   if len(argv) > 1:
     raise app.UsageError(f'Unexpected arguments: {argv[1:]}')
   config = _CONFIG.value
-  # The CPU device count must be set before anything touches the JAX backend.
+  # Distributed start-up and the CPU device count come before anything touches
+  # the JAX backend.
+  from hfl import distributed  # pylint: disable=g-import-not-at-top
   from hfl import mesh  # pylint: disable=g-import-not-at-top
-  mesh.configure_cpu_devices(config.mesh.num_dcs * config.mesh.workers_per_dc)
+  try:
+    info = distributed.maybe_initialize(_COORDINATOR.value, _NUM_PROCESSES.value,
+                                        _PROCESS_ID.value, timeout_s=_INIT_TIMEOUT.value)
+    mesh.configure_cpu_devices(distributed.cpu_devices_per_process(
+        config.mesh.num_dcs * config.mesh.workers_per_dc, info))
+  except (ValueError, distributed.DistributedInitError) as e:
+    print(f'error: {e}', file=sys.stderr)
+    sys.exit(2)
   from hfl import train  # pylint: disable=g-import-not-at-top
-  logging.set_verbosity(logging.INFO)
+  # Progress lines from process 0 only; warnings and errors from every process.
+  logging.set_verbosity(logging.INFO if info.process_id == 0 else logging.WARNING)
   try:
     train.train_and_evaluate(config, _WORKDIR.value)
   except (ValueError, FileNotFoundError) as e:

@@ -21,13 +21,13 @@ from jax.sharding import NamedSharding, PartitionSpec as P
 from hfl import checkpoint as ckpt_lib
 from hfl import config as config_lib
 from hfl import data as data_lib
+from hfl import distributed
 from hfl import mesh as mesh_lib
 from hfl import metrics as metrics_lib
 from hfl import models
 from hfl import network
 from hfl import optim
 from hfl import step as step_lib
-from hfl.compress import base as compress_base
 from hfl.compress import policy
 from hfl.sync import aggregation, faults, outer as outer_lib, schedule as schedule_lib
 
@@ -72,18 +72,16 @@ def build_compressors(config, params_shape) -> step_lib.Compressors:
   return step_lib.Compressors(up, down, wan, up_gamma=gamma)
 
 
-def static_bits(comps, params_shape) -> tuple[float, float, float]:
-  """Bits per worker uplink, per downlink and per WAN payload, from payload shapes."""
-  leaves = jax.tree.leaves(params_shape)
+def static_bits(comps: step_lib.Compressors) -> tuple[float, float, float]:
+  """Bits of one worker's uplink, one downlink and one WAN payload, from payload shapes."""
+  return tuple(sum(policy.static_bits(c) for c in cs)
+               for cs in (comps.up, comps.down, comps.wan))
 
-  def bits(cs):
-    total = 0.0
-    for c, leaf in zip(cs, leaves):
-      x = jax.ShapeDtypeStruct(leaf.shape, jnp.float32)
-      out = jax.eval_shape(c.encode, x, c.init(), jax.random.PRNGKey(0))
-      total += float(compress_base.payload_bits(out[0]))
-    return total
-  return bits(comps.up), bits(comps.down), bits(comps.wan)
+
+def _min_shard(config, n: int) -> int | None:
+  """Smallest worker shard to ask of the partitioner: one full batch, when possible."""
+  b = config.train.batch_size
+  return b if b * config.mesh.num_dcs * config.mesh.workers_per_dc <= n else None
 
 
 def setup(config: ml_collections.ConfigDict) -> Setup:
@@ -103,14 +101,14 @@ def setup(config: ml_collections.ConfigDict) -> Setup:
   dataset = data_lib.load(config.dataset.name, config.dataset.data_dir)
   part = data_lib.partition(dataset.train_labels, d, w, config.dataset.partition,
                             float(config.dataset.dirichlet_alpha), config.seed,
-                            min_size=config.train.batch_size)
+                            min_size=_min_shard(config, len(dataset.train_labels)))
   data_lib.check_batch_size(part, config.train.batch_size)
   model = models.get_model(config.model.name, dataset.num_classes)
   params_shape = jax.eval_shape(
       lambda: model.init(jax.random.PRNGKey(0), jnp.zeros((1,) + dataset.train_images.shape[1:]))
       ['params'])
   comps = build_compressors(config, params_shape)
-  up, down, wan = static_bits(comps, params_shape)
+  up, down, wan = static_bits(comps)
   t_d = network.iteration_time(net, np.full(d, up * w), np.full(d, down * w))
   c_d = network.round_comm_time(net, np.full(d, wan))
   schedule = schedule_lib.from_config(config.sync, d, t=t_d, c=c_d)
@@ -163,11 +161,12 @@ def make_eval(model, mesh, images: np.ndarray, labels: np.ndarray, batch_size: i
   y = np.concatenate([labels, np.zeros((pad,), labels.dtype)])
   mask = np.concatenate([np.ones(n, np.float32), np.zeros(pad, np.float32)])
   sh = NamedSharding(mesh, P(None, (mesh_lib.DC, mesh_lib.WORKER)))
-  put = lambda a: jax.device_put(a.reshape((total // chunk, chunk) + a.shape[1:]), sh)
+  # Each process transfers only its own devices' blocks (hfl.distributed).
+  put = lambda a: distributed.put_global(a.reshape((total // chunk, chunk) + a.shape[1:]), sh)
   x, y, mask = put(x), put(y), put(mask)
 
   @jax.jit
-  def run(params):
+  def run(params, x, y, mask):  # arguments, not closures: they span all processes
     def body(carry, batch):
       xb, yb, mb = batch
       logits = model.apply({'params': params}, xb)
@@ -178,7 +177,7 @@ def make_eval(model, mesh, images: np.ndarray, labels: np.ndarray, batch_size: i
     return c / n, l / n
 
   def evaluate(params):
-    acc, loss = run(params)
+    acc, loss = run(params, x, y, mask)
     return float(acc), float(loss)
   return evaluate
 
@@ -330,10 +329,12 @@ def train_and_evaluate(config: ml_collections.ConfigDict, workdir: str) -> dict:
       weights = np.asarray(aggregation.aggregation_scale(cfg.sync.aggregation, p,
                                                          jnp.asarray(local, jnp.float32)))
     idx = data_lib.batch_indices(s.partition, cfg.train.batch_size, step, cfg.seed)
-    batch = (jax.device_put(images[idx], batch_sh), jax.device_put(labels[idx], batch_sh))
-    state, m = step_fn(state, batch, jax.device_put(active, dc_sh),
-                       jax.device_put(weights, rep_sh), do_round)
-    m = jax.tree.map(np.asarray, jax.block_until_ready(m))
+    # Each process gathers only the rows of its own (dc, worker) devices.
+    batch = (distributed.put_rows(images, idx, batch_sh),
+             distributed.put_rows(labels, idx, batch_sh))
+    state, m = step_fn(state, batch, distributed.put_global(active, dc_sh),
+                       distributed.put_global(weights, rep_sh), do_round)
+    m = distributed.to_host(jax.block_until_ready(m))  # all DCs' metrics on every process
 
     # ---- Accounting and the simulated clock.
     totals['intra_up'] += float(np.sum(m['up_bits'], dtype=np.float64)) / 8

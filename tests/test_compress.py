@@ -354,7 +354,7 @@ def test_aggregate_decodes_each_payload():
   gathered = jax.tree.map(lambda *a: jnp.stack(a), *payloads)
   got = jax.jit(lambda g: C.aggregate(c, g, w))(gathered)
   want = np.mean([np.mean(np.abs(x)) * np.where(x >= 0, 1, -1) for x in xs], 0)
-  np.testing.assert_allclose(np.asarray(got), want, rtol=1e-6)
+  np.testing.assert_allclose(np.asarray(got), want, rtol=1e-6, atol=1e-6)
 
 
 @pytest.mark.parametrize('w', [3, 8, 64, 512])
@@ -370,7 +370,8 @@ def test_fp16_sum_does_not_overflow(w):
   assert summed['values'].dtype == jnp.float16
   mean = np.asarray(c.decode(summed))
   assert np.all(np.isfinite(mean))
-  np.testing.assert_allclose(mean, x, rtol=0.3 if w > 64 else 0.02)
+  # only the headroom of fp16_sum_bound is lost: (1 + 2^-11)^(W - 1) - 1 <~ W * 2^-11
+  np.testing.assert_allclose(mean, x, rtol=w * 2.0**-11 + 0.01)
   # the unscaled sum would overflow
   assert not np.all(np.isfinite(np.asarray(
       C.sum_payloads(jax.tree.map(lambda a: jnp.stack([a] * w), c.encode(
@@ -381,7 +382,8 @@ def test_fp16_psum_over_devices():
   n = jax.device_count()
   mesh = jax.make_mesh((n,), ('worker',))
   c = C.cast((4,), jnp.float16)
-  x = jnp.full((n, 4), 65504.0)
+  x = jax.device_put(jnp.full((n, 4), 65504.0),
+                     jax.sharding.NamedSharding(mesh, jax.P('worker')))
 
   def f(v):
     p, _ = C.encode_for_sum(c, v[0], (), KEY, n)
@@ -520,7 +522,8 @@ def test_dgc_clip_and_warmup():
   z = dgc.clip_local({'a': jnp.zeros(3)}, 1.0, 4)
   assert np.all(np.asarray(z['a']) == 0)
   ds = [dgc.warmup_density(s, 0.001, 400) for s in (0, 100, 200, 300, 400, 10_000)]
-  np.testing.assert_allclose(ds, [0.25, 0.0625, 0.015625, 0.00390625, 0.001, 0.001])
+  want = [0.25 * 0.004**(i / 4) for i in range(5)] + [0.001]  # ~25, 6.25, 1.6, 0.4, 0.1 %
+  np.testing.assert_allclose(ds, want, rtol=1e-12)
   assert dgc.warmup_density(5, 0.01, 0) == 0.01
   with pytest.raises(ValueError, match='final_density'):
     dgc.warmup_density(0, 0.0, 10)

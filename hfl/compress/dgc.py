@@ -140,7 +140,8 @@ def warmup_density(step: int, final_density: float, warmup_steps: int,
   """Exponential density warm-up (Lin et al. 2018, Sec. 3.3).
 
   density = initial * (final / initial) ** (stage / num_stages), constant within a
-  stage; with the defaults and final 0.001: 0.25, 0.0625, 0.015625, 0.0039, 0.001.
+  stage; with the defaults and final 0.001: 0.25, 0.0629, 0.0158, 0.0040, 0.001
+  (the paper's 25%, 6.25%, 1.5625%, 0.4%, 0.1%, up to its rounding).
 
   Args:
     step: optimizer step (host int).

@@ -1,0 +1,79 @@
+"""Communication accounting: bits on every link, and their check against the HLO.
+
+The step (hfl.step) counts, per DC and iteration, the bits of the payloads it hands
+to collectives (``Compressor.wire_bits``): ``up_bits`` (all the DC's workers'
+uplink payloads), ``down_bits`` (PS downlink x workers) and ``wan_bits`` (the DC's
+pseudo-gradient payload). The training loop turns them into bytes per link:
+
+  intra_up   = sum over DCs of up_bits / 8
+  intra_down = sum over DCs of down_bits / 8
+  inter_dc   = sum over present DCs of wan_bits * (D_present - 1) / 8
+               (each DC's payload reaches every other DC; hfl.network)
+
+:func:`collective_bytes` reads the same quantities back from the lowered program
+(StableHLO keeps the dtypes written in the program; compiled XLA:CPU HLO upcasts
+bf16 collectives to f32), grouped by mesh axis through the replica groups, so a
+test can check that the counted bytes are the bytes the collectives move.
+"""
+
+import json
+import re
+from collections import defaultdict
+
+import numpy as np
+
+_DTYPE_BITS = {'f64': 64, 'f32': 32, 'bf16': 16, 'f16': 16, 'f8E5M2': 8, 'f8E4M3FN': 8,
+               'i64': 64, 'ui64': 64, 'i32': 32, 'ui32': 32, 'i16': 16, 'ui16': 16,
+               'i8': 8, 'ui8': 8, 'i1': 8}
+_OP = re.compile(
+    r'"stablehlo\.(all_reduce|all_gather|reduce_scatter|all_to_all|collective_permute)"')
+_GROUPS = re.compile(r'replica_groups = dense<(\[\[[^>]*\]\])>')
+_SIG = re.compile(r': \(([^()]*)\) -> ')
+_TENSOR = re.compile(r'tensor<((?:\d+x)*)([a-zA-Z0-9]+)>')
+
+
+def tensor_bits(type_str: str) -> int:
+  """Bits of a StableHLO tensor type such as ``tensor<3x4xbf16>``."""
+  m = _TENSOR.fullmatch(type_str.strip())
+  if not m:
+    raise ValueError(f'not a tensor type: {type_str!r}')
+  dims = [int(x) for x in m.group(1).split('x') if x]
+  return int(np.prod(dims, dtype=np.int64)) * _DTYPE_BITS[m.group(2)]
+
+
+def _axis_of(groups: list, mesh_devices: np.ndarray, axis_names) -> str:
+  """Which mesh axis a replica-group list reduces over."""
+  ids = np.vectorize(lambda d: d.id)(mesh_devices)
+  for i, name in enumerate(axis_names):
+    moved = np.moveaxis(ids, i, -1).reshape(-1, ids.shape[i])
+    if sorted(map(sorted, moved.tolist())) == sorted(map(sorted, groups)):
+      return name
+  return 'other'
+
+
+def collective_bytes(hlo_text: str, mesh) -> dict:
+  """Operand bytes of every collective in a lowered StableHLO module, by mesh axis.
+
+  Args:
+    hlo_text: ``jax.jit(f).lower(...).as_text()``.
+    mesh: the Mesh the program runs on (to map replica groups to axis names).
+
+  Returns:
+    dict: axis name -> list of (op name, operand bytes per device, operand shape),
+    one entry per collective operand, in program order.
+  """
+  out = defaultdict(list)
+  lines = hlo_text.splitlines()
+  for i, line in enumerate(lines):
+    m = _OP.search(line)
+    if not m:
+      continue
+    groups = json.loads(_GROUPS.search(line).group(1))
+    axis = _axis_of(groups, mesh.devices, mesh.axis_names)
+    j = i
+    if line.rstrip().endswith('({'):  # a reduction region: the signature closes it
+      j = next(k for k in range(i + 1, len(lines)) if lines[k].lstrip().startswith('}) :'))
+    sig = _SIG.findall(lines[j])[-1]
+    for t in re.findall(r'tensor<[^>]*>', sig):
+      out[axis].append((m.group(1), tensor_bits(t) // 8, t))
+  return dict(out)

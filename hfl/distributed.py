@@ -1,0 +1,389 @@
+"""Multi-process runs: ``jax.distributed`` start-up and global arrays from local data.
+
+One hfl run is one SPMD program. On one host it is one process that owns every
+device; on a GPU cluster, a TPU pod or multi-slice, or the local multi-process
+launcher (``launch/local_multiprocess.py``) it is N processes, each owning the
+devices of its host (or of its share of the host's CPU), joined by JAX's own
+distributed runtime (``jax.distributed.initialize``). Nothing here is
+home-made: the coordinator, the heartbeats, and the collectives (NCCL, ICI/DCN,
+or gloo on CPU) are JAX's.
+
+Start-up (:func:`maybe_initialize`, called by ``main.py`` before anything
+touches the JAX backend) decides whether the run is multi-process, in order:
+
+  1. explicit settings: ``--coordinator_address/--num_processes/--process_id``
+     on ``main.py``, else the environment variables ``HFL_COORDINATOR``,
+     ``HFL_NUM_PROCESSES``, ``HFL_PROCESS_ID``;
+  2. a cluster JAX detects by itself with more than one process (SLURM with
+     ``SLURM_NTASKS > 1``, Open MPI, Cloud TPU pods and multi-slice): JAX's
+     cluster detection fills in the coordinator, process count and id;
+  3. otherwise a single process (no coordinator, the original behaviour).
+
+Start-up is bounded: ``initialization_timeout`` (seconds) is passed to JAX, and
+a watchdog turns JAX's own abort after a missing process or an unreachable
+coordinator (a C++ ``DEADLINE_EXCEEDED`` stack trace) into one clear line and
+exit status :data:`INIT_FAILED_EXIT_CODE`.
+
+Data (:func:`put_global`, :func:`put_rows`): every process holds the host
+data (numpy) and transfers to its devices only the blocks those devices own
+under the array's sharding, through ``jax.make_array_from_callback``; with one
+process this is exactly ``jax.device_put`` of the whole array (same bytes, same
+sharding). Metrics sharded over ``'dc'`` are gathered back to every process
+with :func:`to_host`.
+"""
+
+import dataclasses
+import os
+import socket
+import sys
+import threading
+import time
+from typing import Any, Callable, Mapping, Optional
+
+import numpy as np
+
+# Exit status of a process whose distributed start-up failed or timed out.
+INIT_FAILED_EXIT_CODE = 75
+
+# Default bound on start-up, seconds. Long enough for a cluster whose hosts
+# start within a minute of each other; short enough that a missing process is
+# reported before a CI job's timeout.
+DEFAULT_TIMEOUT_S = 120
+
+# Environment variables read when the flags are not given.
+ENV_COORDINATOR = 'HFL_COORDINATOR'
+ENV_NUM_PROCESSES = 'HFL_NUM_PROCESSES'
+ENV_PROCESS_ID = 'HFL_PROCESS_ID'
+ENV_TIMEOUT = 'HFL_INIT_TIMEOUT_S'
+ENV_HEARTBEAT = 'HFL_HEARTBEAT_TIMEOUT_S'
+
+
+@dataclasses.dataclass(frozen=True)
+class ProcessInfo:
+  """How this process takes part in the run.
+
+  Attributes:
+    num_processes: processes in the run (1: single process, no coordinator).
+    process_id: this process's index in [0, num_processes).
+    coordinator_address: 'host:port' of process 0's coordinator, or None when
+      JAX detected the cluster itself or the run is single-process.
+    source: where the settings came from: 'single', 'flags', 'env' or the name
+      of the cluster JAX detected (e.g. 'SlurmCluster').
+  """
+  num_processes: int
+  process_id: int
+  coordinator_address: Optional[str]
+  source: str
+
+  @property
+  def multi_process(self) -> bool:
+    return self.num_processes > 1
+
+
+class DistributedInitError(RuntimeError):
+  """The multi-process settings are inconsistent or start-up failed."""
+
+
+def _parse_int(value, name: str) -> Optional[int]:
+  if value is None or value == '':
+    return None
+  try:
+    return int(value)
+  except (TypeError, ValueError):
+    raise DistributedInitError(f'{name}={value!r} must be an integer.') from None
+
+
+def resolve(coordinator_address: Optional[str] = None,
+            num_processes: Optional[int] = None,
+            process_id: Optional[int] = None,
+            environ: Optional[Mapping[str, str]] = None) -> Optional[ProcessInfo]:
+  """Resolves explicit multi-process settings from flags, then the environment.
+
+  Args:
+    coordinator_address: 'host:port' of process 0 (flag), or None.
+    num_processes: number of processes (flag), or None.
+    process_id: this process's id (flag), or None.
+    environ: the environment (default ``os.environ``).
+
+  Returns:
+    A ProcessInfo when settings were given explicitly (flags win over the
+    environment, field by field), or None when none were (then a cluster JAX
+    detects, or a single process).
+
+  Raises:
+    DistributedInitError: some but not all of the three settings are given,
+      num_processes < 1, process_id outside [0, num_processes), or the
+      address is not 'host:port' with a port in [1, 65535].
+  """
+  env = os.environ if environ is None else environ
+  source = 'flags'
+  if coordinator_address is None and num_processes is None and process_id is None:
+    source = 'env'
+  addr = coordinator_address if coordinator_address else env.get(ENV_COORDINATOR) or None
+  n = num_processes if num_processes is not None else _parse_int(
+      env.get(ENV_NUM_PROCESSES), ENV_NUM_PROCESSES)
+  pid = process_id if process_id is not None else _parse_int(
+      env.get(ENV_PROCESS_ID), ENV_PROCESS_ID)
+  given = {'coordinator_address': addr, 'num_processes': n, 'process_id': pid}
+  if all(v is None for v in given.values()):
+    return None
+  if n == 1 and addr is None:
+    # A single process may be stated without a coordinator.
+    return ProcessInfo(1, pid or 0, None, source)
+  missing = [k for k, v in given.items() if v is None]
+  if missing:
+    raise DistributedInitError(
+        f'multi-process settings are incomplete: {", ".join(missing)} missing '
+        f'(given: {", ".join(f"{k}={v!r}" for k, v in given.items() if v is not None)}). '
+        f'Set all three of --coordinator_address/--num_processes/--process_id '
+        f'(or {ENV_COORDINATOR}/{ENV_NUM_PROCESSES}/{ENV_PROCESS_ID}), or none.')
+  if n < 1:
+    raise DistributedInitError(f'num_processes={n} must be >= 1.')
+  if not 0 <= pid < n:
+    raise DistributedInitError(f'process_id={pid} must be in [0, num_processes={n}).')
+  host, sep, port = addr.rpartition(':')
+  if not sep or not host or not port.isdigit() or not 1 <= int(port) <= 65535:
+    raise DistributedInitError(
+        f'coordinator_address={addr!r} must be host:port (e.g. 10.0.0.1:1234), the '
+        'address of process 0 and a free port on it.')
+  return ProcessInfo(n, pid, addr, source)
+
+
+def detect_cluster() -> Optional[ProcessInfo]:
+  """Asks JAX's own cluster detection for a multi-process cluster.
+
+  Uses the environments JAX knows (SLURM, Open MPI, Cloud TPU pods and
+  multi-slice, Kubernetes) through ``jax._src.clusters`` — the same code
+  ``jax.distributed.initialize()`` runs without arguments — only to learn the
+  process count, so that a single-task SLURM job or a single TPU VM stays a
+  plain single-process run.
+
+  Returns:
+    ProcessInfo(source=<cluster class name>) when a cluster with more than one
+    process is detected, else None.
+  """
+  try:
+    from jax._src import clusters  # pylint: disable=g-import-not-at-top
+    envs = [e for e in clusters.ClusterEnv._cluster_types  # pylint: disable=protected-access
+            if not getattr(e, 'opt_in_only_method', False)]
+  except (ImportError, AttributeError):  # JAX moved its internals: fall back.
+    envs = []
+  for env in envs:
+    try:
+      if not env.is_env_present():
+        continue
+      n = int(env.get_process_count())
+      pid = int(env.get_process_id())
+    except Exception:  # pylint: disable=broad-except
+      continue  # A half-present environment (e.g. metadata server down).
+    if n > 1:
+      return ProcessInfo(n, pid, None, env.__name__)
+    return None
+  return None
+
+
+def _wait_for_coordinator(address: str, deadline: float) -> bool:
+  """Polls a TCP connect to ``address`` until it succeeds or ``deadline`` passes."""
+  host, _, port = address.rpartition(':')
+  host = host.strip('[]')
+  while True:
+    try:
+      with socket.create_connection((host, int(port)), timeout=2):
+        return True
+    except OSError:
+      if time.monotonic() >= deadline:
+        return False
+      time.sleep(0.25)
+
+
+def _fail(message: str) -> None:
+  """Prints one clear line to stderr and exits the process immediately."""
+  sys.stderr.write(f'error: {message}\n')
+  sys.stderr.flush()
+  sys.stdout.flush()
+  os._exit(INIT_FAILED_EXIT_CODE)  # pylint: disable=protected-access
+
+
+def maybe_initialize(coordinator_address: Optional[str] = None,
+                     num_processes: Optional[int] = None,
+                     process_id: Optional[int] = None,
+                     timeout_s: Optional[int] = None,
+                     heartbeat_timeout_s: Optional[int] = None,
+                     auto_detect: bool = True,
+                     initialize_fn: Optional[Callable[..., Any]] = None) -> ProcessInfo:
+  """Starts JAX's distributed runtime when the run is multi-process.
+
+  Must run before anything touches the JAX backend (first array,
+  ``jax.devices()``); ``main.py`` calls it first. On CPU it also selects the
+  gloo collectives (``jax_cpu_collectives_implementation``), so that
+  collectives cross processes.
+
+  Args:
+    coordinator_address: 'host:port' of process 0 (``--coordinator_address``).
+    num_processes: processes in the run (``--num_processes``).
+    process_id: this process's id (``--process_id``).
+    timeout_s: start-up bound in seconds (default ``$HFL_INIT_TIMEOUT_S`` or
+      :data:`DEFAULT_TIMEOUT_S`): how long process 0 waits for every process to
+      register, and others for the coordinator.
+    heartbeat_timeout_s: seconds without a heartbeat after which JAX declares
+      a process dead and stops the others (default ``$HFL_HEARTBEAT_TIMEOUT_S``
+      or JAX's 100).
+    auto_detect: ask JAX's cluster detection when nothing is set explicitly.
+    initialize_fn: for tests; defaults to ``jax.distributed.initialize``.
+
+  Returns:
+    The ProcessInfo of this process (num_processes == 1: nothing started).
+
+  Raises:
+    DistributedInitError: inconsistent settings (see :func:`resolve`), or
+      ``jax.distributed.initialize`` raised (e.g. the backend had already
+      started).
+
+  A coordinator that cannot be reached or a process that never registers
+  within ``timeout_s`` ends this process with a one-line error on stderr and
+  exit status :data:`INIT_FAILED_EXIT_CODE` (JAX aborts the process in C++ in
+  that case, so no Python exception can be raised).
+  """
+  info = resolve(coordinator_address, num_processes, process_id)
+  if info is None and auto_detect:
+    info = detect_cluster()
+  if info is None or not (info.multi_process or info.coordinator_address):
+    # An explicit coordinator with one process still starts the runtime (then
+    # even a single process uses the cross-process collectives, as N would).
+    return info or ProcessInfo(1, 0, None, 'single')
+
+  import jax  # pylint: disable=g-import-not-at-top
+  if timeout_s is None:
+    timeout_s = _parse_int(os.environ.get(ENV_TIMEOUT), ENV_TIMEOUT) or DEFAULT_TIMEOUT_S
+  if heartbeat_timeout_s is None:
+    heartbeat_timeout_s = _parse_int(os.environ.get(ENV_HEARTBEAT), ENV_HEARTBEAT)
+  if timeout_s < 1:
+    raise DistributedInitError(f'initialization timeout {timeout_s} s must be >= 1.')
+  # gloo is the default in current JAX; set it explicitly so an older default
+  # (no cross-process CPU collectives) cannot silently deadlock.
+  try:
+    jax.config.update('jax_cpu_collectives_implementation', 'gloo')
+  except (AttributeError, ValueError):
+    pass
+
+  who = (f'process {info.process_id} of {info.num_processes}'
+         if info.coordinator_address else f'a {info.source} process')
+  where = info.coordinator_address or 'the coordinator chosen by JAX'
+  deadline = time.monotonic() + timeout_s
+  if info.coordinator_address and info.process_id != 0:
+    if not _wait_for_coordinator(info.coordinator_address, deadline):
+      _fail(f'{who}: coordinator {where} unreachable for {timeout_s} s (is process 0 '
+            'running, and is the address/port right and open?).')
+  # JAX aborts the process (SIGABRT, C++ stack trace) when start-up exceeds its
+  # timeout; report it ourselves, a little earlier, in words.
+  done = threading.Event()
+
+  def watchdog():
+    if not done.wait(max(deadline - time.monotonic(), 1.0)):
+      _fail(f'{who}: distributed start-up did not complete within {timeout_s} s '
+            f'(coordinator {where}): a process is missing or failed to start, or the '
+            'coordinator is unreachable. Start all processes with the same '
+            'coordinator address and process count, each with its own process id.')
+
+  thread = threading.Thread(target=watchdog, name='hfl-init-watchdog', daemon=True)
+  thread.start()
+  kwargs = dict(initialization_timeout=int(timeout_s) + 30)
+  if heartbeat_timeout_s:
+    kwargs['heartbeat_timeout_seconds'] = int(heartbeat_timeout_s)
+  if info.coordinator_address:
+    kwargs.update(coordinator_address=info.coordinator_address,
+                  num_processes=info.num_processes, process_id=info.process_id)
+  init = initialize_fn or jax.distributed.initialize
+  try:
+    init(**kwargs)
+  except Exception as e:  # pylint: disable=broad-except
+    raise DistributedInitError(
+        f'{who}: jax.distributed.initialize failed: {e}. It must run before any JAX '
+        'operation (main.py calls it first).') from e
+  finally:
+    done.set()
+  return info
+
+
+def cpu_devices_per_process(total_devices: int, info: ProcessInfo) -> int:
+  """Simulated CPU devices each process should create for a mesh of ``total_devices``.
+
+  Raises:
+    ValueError: ``total_devices`` is not a multiple of the process count (names
+      the mesh fields).
+  """
+  if total_devices % info.num_processes:
+    raise ValueError(
+        f'mesh.num_dcs * mesh.workers_per_dc = {total_devices} devices cannot be split '
+        f'evenly over {info.num_processes} processes; choose a process count that '
+        'divides it (e.g. one process per DC).')
+  return total_devices // info.num_processes
+
+
+# ------------------------------------------------------------------------------
+# Global arrays from process-local data.
+# ------------------------------------------------------------------------------
+
+def put_global(host: np.ndarray, sharding) -> Any:
+  """Places a host array held (identically) by every process onto ``sharding``.
+
+  Each process transfers only the blocks of its own (addressable) devices. With
+  one process the result equals ``jax.device_put(host, sharding)`` bitwise.
+
+  Args:
+    host: numpy array of the global shape.
+    sharding: a jax.sharding.Sharding over the global mesh.
+
+  Returns:
+    A global jax.Array of ``host.shape`` and ``host.dtype``.
+  """
+  import jax  # pylint: disable=g-import-not-at-top
+  host = np.asarray(host)
+  return jax.make_array_from_callback(host.shape, sharding, lambda index: host[index])
+
+
+def put_rows(source: np.ndarray, idx: np.ndarray, sharding) -> Any:
+  """Builds the global array ``source[idx]`` gathering only this process's rows.
+
+  The training batch is ``images[idx]`` with ``idx`` int [D, W, B]: a process
+  whose devices hold the mesh positions (d, w) gathers only ``idx[d, w]`` —
+  the rows of its own DCs/workers — and never materialises the others.
+
+  Args:
+    source: numpy [N, ...] (e.g. all training images, or labels).
+    idx: int array [*lead] of row indices into ``source``; the same on every
+      process (it is a pure function of the partition, step and seed).
+    sharding: sharding of the result, of rank ``idx.ndim + source.ndim - 1``.
+
+  Returns:
+    A global jax.Array of shape ``idx.shape + source.shape[1:]``; with one
+    process bitwise equal to ``jax.device_put(source[idx], sharding)``.
+  """
+  import jax  # pylint: disable=g-import-not-at-top
+  idx = np.asarray(idx)
+  lead = idx.ndim
+  shape = idx.shape + tuple(source.shape[1:])
+
+  def block(index):
+    rows = source[idx[index[:lead]]]
+    return rows[(slice(None),) * lead + tuple(index[lead:])]
+  return jax.make_array_from_callback(shape, sharding, block)
+
+
+def to_host(tree):
+  """Numpy copies of a pytree of jax.Arrays, complete on every process.
+
+  Arrays that this process cannot address in full (e.g. per-DC metrics sharded
+  over ``'dc'`` when DCs live on different hosts) are all-gathered across
+  processes; others are copied directly (bitwise the same as ``np.asarray``).
+  """
+  import jax  # pylint: disable=g-import-not-at-top
+
+  def one(x):
+    if isinstance(x, jax.Array) and not x.is_fully_addressable:
+      if x.is_fully_replicated:
+        return np.asarray(x.addressable_data(0))
+      from jax.experimental import multihost_utils  # pylint: disable=g-import-not-at-top
+      return np.asarray(multihost_utils.process_allgather(x, tiled=True))
+    return np.asarray(x)
+  return jax.tree.map(one, tree)

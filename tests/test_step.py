@@ -1,0 +1,161 @@
+"""The shard_map'd step against independent single-device references."""
+
+import chex
+import jax
+import jax.numpy as jnp
+import numpy as np
+import optax
+import pytest
+from jax.sharding import NamedSharding, PartitionSpec as P
+
+from hfl import accounting, mesh as mesh_lib, models, step as step_lib
+from hfl.compress import base
+
+D, W, B = 2, 4, 4
+LR = 0.1
+
+
+def _setup(comp_up=None, comp_wan=None, optimizer=None, outer=None, model='mlp'):
+  mesh = mesh_lib.make_mesh(D, W)
+  net = models.get_model(model, 10)
+  params = net.init(jax.random.PRNGKey(0), jnp.zeros((1, 8, 8, 1)))['params']
+  leaves = jax.tree.leaves(params)
+  comp_up = comp_up or base.identity
+  comp_wan = comp_wan or base.identity
+  comps = step_lib.Compressors([comp_up(l.shape) for l in leaves],
+                               [base.identity(l.shape) for l in leaves],
+                               [comp_wan(l.shape) for l in leaves])
+  optimizer = optimizer or optax.sgd(LR)
+  outer = outer or optax.sgd(1.0)
+  params = jax.tree.map(np.array, params)
+  state = step_lib.init_state(params, optimizer, outer, comps, D, W, jax.random.PRNGKey(1))
+  specs = step_lib.state_specs(state)
+  shard = jax.tree.map(lambda sp, sub: jax.tree.map(lambda _: NamedSharding(mesh, sp), sub),
+                       specs, state, is_leaf=lambda x: isinstance(x, P))
+  state = jax.device_put(state, shard)
+  apply_fn = lambda p, x: net.apply({'params': p}, x)
+  fn = step_lib.make_step(apply_fn, optimizer, outer, comps, mesh, state)
+  # The step donates its state: keep a host copy of the initial parameters.
+  return mesh, jax.tree.map(np.array, params), apply_fn, state, fn
+
+
+def _batches(n, seed=0):
+  rng = np.random.default_rng(seed)
+  x = rng.normal(size=(n, D, W, B, 8, 8, 1)).astype(np.float32)
+  y = rng.integers(0, 10, size=(n, D, W, B)).astype(np.int32)
+  return x, y
+
+
+def _put(mesh, x, *spec):
+  return jax.device_put(x, NamedSharding(mesh, P(*spec)))
+
+
+def _run(mesh, fn, state, xs, ys, active, weights, rounds):
+  for t in range(len(xs)):
+    state, m = fn(state, (_put(mesh, xs[t], 'dc', 'worker'), _put(mesh, ys[t], 'dc', 'worker')),
+                  _put(mesh, np.asarray(active[t]), 'dc'),
+                  _put(mesh, np.asarray(weights, np.float32)), rounds[t])
+    jax.block_until_ready(state)
+  return state, m
+
+
+def _loss(apply_fn, p, x, y):
+  return optax.softmax_cross_entropy_with_integer_labels(apply_fn(p, x), y).mean()
+
+
+def test_k1_iid_equals_single_device_sgd_on_global_batch():
+  mesh, params, apply_fn, state, fn = _setup()
+  xs, ys = _batches(3)
+  state, _ = _run(mesh, fn, state, xs, ys, [[True, True]] * 3, [0.5, 0.5], [True] * 3)
+  ref = params
+  for t in range(3):
+    g = jax.grad(_loss, argnums=1)(apply_fn, ref, xs[t].reshape((-1, 8, 8, 1)),
+                                   ys[t].reshape(-1))
+    ref = jax.tree.map(lambda p, gg: p - LR * gg, ref, g)
+  chex.assert_trees_all_close(state.global_params, ref, atol=1e-5, rtol=1e-5)
+  for d in range(D):
+    chex.assert_trees_all_close(jax.tree.map(lambda x: x[d], state.params), ref, atol=1e-5)
+
+
+def test_gradients_are_per_worker():
+  """One local iteration: x_d - lr * mean_w grad(batch_{d,w}) — not W times that, not a DC-wide grad."""
+  mesh, params, apply_fn, state, fn = _setup()
+  xs, ys = _batches(1, seed=3)
+  state, _ = _run(mesh, fn, state, xs, ys, [[True, True]], [0.5, 0.5], [False])
+  for d in range(D):
+    grads = [jax.grad(_loss, argnums=1)(apply_fn, params, xs[0, d, w], ys[0, d, w])
+             for w in range(W)]
+    mean_g = jax.tree.map(lambda *g: sum(g) / W, *grads)
+    ref = jax.tree.map(lambda p, g: p - LR * g, params, mean_g)
+    chex.assert_trees_all_close(jax.tree.map(lambda x: x[d], state.params), ref, atol=1e-5)
+  # Not trivially equal: different workers' gradients differ.
+  g0 = jax.grad(_loss, argnums=1)(apply_fn, params, xs[0, 0, 0], ys[0, 0, 0])
+  g1 = jax.grad(_loss, argnums=1)(apply_fn, params, xs[0, 0, 1], ys[0, 0, 1])
+  assert not np.allclose(g0['Dense_0']['kernel'], g1['Dense_0']['kernel'])
+
+
+def test_periodic_equals_local_sgd_then_weighted_average():
+  k, rounds = 3, 2
+  weights = np.array([0.3, 0.7], np.float32)
+  mesh, params, apply_fn, state, fn = _setup()
+  xs, ys = _batches(k * rounds, seed=5)
+  flags = [(t + 1) % k == 0 for t in range(k * rounds)]
+  state, _ = _run(mesh, fn, state, xs, ys, [[True, True]] * len(xs), weights, flags)
+  x_global = params
+  for r in range(rounds):
+    finals = []
+    for d in range(D):
+      x = x_global
+      for t in range(r * k, (r + 1) * k):
+        gs = [jax.grad(_loss, argnums=1)(apply_fn, x, xs[t, d, w], ys[t, d, w]) for w in range(W)]
+        x = jax.tree.map(lambda p, *g: p - LR * sum(g) / W, x, *gs)
+      finals.append(x)
+    x_global = jax.tree.map(lambda *xd: sum(float(weights[d]) * xd[d] for d in range(D)), *finals)
+  chex.assert_trees_all_close(state.global_params, x_global, atol=2e-5, rtol=2e-5)
+
+
+def test_inactive_dc_does_not_change_and_counts_no_bytes():
+  mesh, params, apply_fn, state, fn = _setup()
+  xs, ys = _batches(2, seed=7)
+  state, m = _run(mesh, fn, state, xs, ys, [[True, False], [True, False]], [0.5, 0.5],
+                  [False, False])
+  chex.assert_trees_all_equal(jax.tree.map(lambda x: x[1], state.params), params)
+  assert not np.allclose(state.params['Dense_0']['kernel'][0], params['Dense_0']['kernel'])
+  np.testing.assert_array_equal(np.asarray(state.local_steps), [2, 0])
+  assert float(m['up_bits'][1]) == 0 and float(m['up_bits'][0]) > 0
+
+
+def test_absent_dc_gets_zero_weight_and_rejoins_from_global_model():
+  mesh, params, apply_fn, state, fn = _setup()
+  xs, ys = _batches(1, seed=9)
+  state, m = _run(mesh, fn, state, xs, ys, [[True, True]], [1.0, 0.0], [True])
+  # The global model is DC 0's local result alone; DC 1 restarts from it.
+  g = [jax.grad(_loss, argnums=1)(apply_fn, params, xs[0, 0, w], ys[0, 0, w]) for w in range(W)]
+  ref = jax.tree.map(lambda p, *gg: p - LR * sum(gg) / W, params, *g)
+  chex.assert_trees_all_close(state.global_params, ref, atol=1e-5)
+  chex.assert_trees_all_close(jax.tree.map(lambda x: x[1], state.params), ref, atol=1e-5)
+  assert float(m['wan_bits'][1]) == 0 and float(m['wan_bits'][0]) > 0
+
+
+@pytest.mark.parametrize('up,wan', [(base.identity, base.identity),
+                                    (lambda s: base.cast(s, jnp.bfloat16),
+                                     lambda s: base.cast(s, jnp.float16))])
+def test_counted_bytes_equal_hlo_collectives(up, wan):
+  mesh, params, apply_fn, state, fn = _setup(comp_up=up, comp_wan=wan)
+  xs, ys = _batches(1)
+  args = (state, _put(mesh, xs[0], 'dc', 'worker'), _put(mesh, ys[0], 'dc', 'worker'),
+          _put(mesh, np.array([True, True]), 'dc'), _put(mesh, np.array([.5, .5], np.float32)))
+  text = fn.jitted[True].lower(*args).as_text()
+  coll = accounting.collective_bytes(text, mesh)
+  # The step's own metrics (loss, bit counts) are rank-0 all-reduces: not payload.
+  worker_payload = sum(b for _, b, t in coll['worker'] if t.count('x') > 0)
+  dc_payload = sum(b for _, b, t in coll['dc'] if t.count('x') > 0)
+  _, m = fn(*args[:1], args[1:3], *args[3:], True)
+  # up_bits is the sum over the DC's W workers of the per-device operand bits.
+  assert float(m['up_bits'][0]) / 8 == W * worker_payload
+  assert float(m['wan_bits'][0]) / 8 == dc_payload
+  n = sum(l.size for l in jax.tree.leaves(params))
+  bytes_per_entry = 4 if up is base.identity else 2
+  assert worker_payload == n * bytes_per_entry
+  dtypes = {t.split('x')[-1] for _, _, t in coll['dc'] if t.count('x') > 0}
+  assert dtypes == ({'f32>'} if wan is base.identity else {'f16>'})

@@ -1,0 +1,196 @@
+"""End-to-end training: outputs, exact resume, and clear errors on bad input."""
+
+import gzip
+import json
+import os
+import subprocess
+import sys
+
+import numpy as np
+import orbax.checkpoint as ocp
+import pytest
+
+from configs import smoke
+from hfl import data as data_lib
+from hfl import train
+
+REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+
+
+def write_idx(path, arr):
+  """Writes an IDX file (gzip) for a uint8 array."""
+  header = bytes([0, 0, 0x08, arr.ndim]) + b''.join(
+      int(n).to_bytes(4, 'big') for n in arr.shape)
+  with gzip.open(path, 'wb') as f:
+    f.write(header + arr.astype(np.uint8).tobytes())
+
+
+def make_fake_fashion_mnist(root, n_train=640, n_test=160, seed=0):
+  """A learnable 10-class stand-in in Fashion-MNIST's IDX layout (28x28 grey)."""
+  rng = np.random.default_rng(seed)
+  protos = rng.integers(0, 255, size=(10, 28, 28))
+  for split, n in (('train', n_train), ('t10k', n_test)):
+    labels = rng.integers(0, 10, size=n)
+    images = np.clip(protos[labels] * 0.6 + rng.normal(0, 40, size=(n, 28, 28)), 0, 255)
+    write_idx(os.path.join(root, f'{split}-images-idx3-ubyte.gz'), images)
+    write_idx(os.path.join(root, f'{split}-labels-idx1-ubyte.gz'), labels)
+  return str(root)
+
+
+@pytest.fixture(scope='module')
+def fake_data(tmp_path_factory):
+  return make_fake_fashion_mnist(tmp_path_factory.mktemp('fmnist'))
+
+
+def smoke_config(data_dir, **overrides):
+  c = smoke.get_config()
+  c.dataset.data_dir = data_dir
+  for key, value in overrides.items():
+    obj = c
+    *parents, leaf = key.split('.')
+    for p in parents:
+      obj = obj[p]
+    obj[leaf] = value
+  return c
+
+
+def final_state(workdir):
+  ckpts = os.path.join(workdir, 'checkpoints')
+  last = max(int(x) for x in os.listdir(ckpts) if x.isdigit())
+  return last, ocp.PyTreeCheckpointer().restore(os.path.join(ckpts, str(last), 'state'))
+
+
+def test_smoke_run_writes_outputs(fake_data, tmp_path):
+  workdir = str(tmp_path / 'run')
+  summary = train.train_and_evaluate(smoke_config(fake_data), workdir)
+  with open(os.path.join(workdir, 'summary.json')) as f:
+    on_disk = json.load(f)
+  for key in ('final_test_accuracy', 'best_test_accuracy', 'inter_dc_rounds',
+              'intra_dc_iterations', 'bytes', 'sim_time_s', 'wall_time_s', 'time_to_target_s',
+              'rounds_to_target', 'config'):
+    assert key in on_disk, key
+  assert set(on_disk['bytes']) == {'intra_up', 'intra_down', 'inter_dc'}
+  assert on_disk['intra_dc_iterations'] == 12 and on_disk['inter_dc_rounds'] == 6
+  assert 0 <= on_disk['final_test_accuracy'] <= 1
+  assert on_disk['final_test_accuracy'] > 0.3  # learnable data: well above chance (0.1)
+  records = [json.loads(l) for l in open(os.path.join(workdir, 'metrics.jsonl'))]
+  assert [r['round'] for r in records] == [1, 2, 3, 4, 5, 6]
+  for key in ('step', 'round', 'test_accuracy', 'test_loss', 'train_loss', 'bytes',
+              'sim_time_s', 'wall_time_s'):
+    assert key in records[0]
+  # Byte totals: uncompressed f32 model, 8 workers up and down per iteration, and each
+  # of the 2 DCs sends its pseudo-gradient to the other once per round.
+  n = sum(np.prod(x.shape) for x in __import__('jax').tree.leaves(final_state(workdir)[1]['global_params']))
+  assert summary['bytes']['intra_up'] == 12 * 8 * n * 4
+  assert summary['bytes']['intra_down'] == 12 * 8 * n * 4
+  assert summary['bytes']['inter_dc'] == 6 * 2 * n * 4
+  assert summary['sim_time_s'] > 0
+  assert os.path.isdir(os.path.join(workdir, 'tb'))
+
+
+def test_interrupted_run_resumes_bitwise(fake_data, tmp_path, monkeypatch):
+  ref_dir, cut_dir = str(tmp_path / 'ref'), str(tmp_path / 'cut')
+  cfg = dict(**{'optimizer.name': 'momentum', 'sync.k': 3, 'train.num_steps': 12})
+  train.train_and_evaluate(smoke_config(fake_data, **cfg), ref_dir)
+
+  real = data_lib.batch_indices
+
+  def crash_at_step_8(part, batch_size, step, seed):
+    if step == 8:
+      raise KeyboardInterrupt('simulated crash')
+    return real(part, batch_size, step, seed)
+  monkeypatch.setattr(data_lib, 'batch_indices', crash_at_step_8)
+  with pytest.raises(KeyboardInterrupt):
+    train.train_and_evaluate(smoke_config(fake_data, **cfg), cut_dir)
+  assert not os.path.exists(os.path.join(cut_dir, 'summary.json'))
+  monkeypatch.setattr(data_lib, 'batch_indices', real)
+  summary = train.train_and_evaluate(smoke_config(fake_data, **cfg), cut_dir)
+
+  step_a, a = final_state(ref_dir)
+  step_b, b = final_state(cut_dir)
+  assert step_a == step_b == 12
+  import jax  # pylint: disable=g-import-not-at-top
+  for x, y in zip(jax.tree.leaves(a), jax.tree.leaves(b)):
+    np.testing.assert_array_equal(np.asarray(x), np.asarray(y))
+  ref = json.load(open(os.path.join(ref_dir, 'summary.json')))
+  for key in ('final_test_accuracy', 'bytes', 'sim_time_s', 'inter_dc_rounds'):
+    assert summary[key] == ref[key], key
+  steps = [json.loads(l)['step'] for l in open(os.path.join(cut_dir, 'metrics.jsonl'))]
+  assert steps == sorted(set(steps))  # each evaluation exactly once
+
+
+BAD = [
+    ({'mesh.num_dcs': 3}, 'mesh.num_dcs'),
+    ({'sync.k': 0}, 'sync.k'),
+    ({'sync.strategy': 'gossip'}, 'sync.strategy'),
+    ({'dataset.name': 'imagenet_foo'}, 'imagenet_foo'),
+    ({'model.name': 'vgg'}, 'model.name'),
+    ({'network.wan_bandwidth_mbps': -1.0}, 'network.wan_bandwidth_mbps'),
+    ({'network.dc_speed': (1.0,)}, 'network.dc_speed'),
+    ({'train.batch_size': 100000}, 'train.batch_size'),
+    ({'dataset.data_dir': '/nonexistent/fmnist'}, 'dataset.data_dir'),
+    ({'dataset.dirichlet_alpha': 0.0}, 'dataset.dirichlet_alpha'),
+    ({'train.target_accuracy': 88.0}, 'train.target_accuracy'),
+    ({'optimizer.learning_rate': -0.1}, 'optimizer.learning_rate'),
+]
+
+
+@pytest.mark.parametrize('overrides,field', BAD, ids=[b[1] for b in BAD])
+def test_bad_config_fails_before_compilation_naming_the_field(fake_data, tmp_path, overrides,
+                                                              field, monkeypatch):
+  import jax  # pylint: disable=g-import-not-at-top
+  def no_compile(*a, **k):
+    raise AssertionError('compiled before validating the config')
+  monkeypatch.setattr(jax, 'jit', no_compile)
+  with pytest.raises((ValueError, FileNotFoundError)) as e:
+    train.train_and_evaluate(smoke_config(fake_data, **overrides), str(tmp_path / 'w'))
+  assert field in str(e.value)
+  assert not os.path.exists(tmp_path / 'w')
+
+
+def test_corrupt_data_file_names_the_file(fake_data, tmp_path):
+  bad = tmp_path / 'bad'
+  bad.mkdir()
+  for name in os.listdir(fake_data):
+    data = open(os.path.join(fake_data, name), 'rb').read()
+    if name.startswith('train-images'):
+      data = data[:len(data) // 3]
+    (bad / name).write_bytes(data)
+  with pytest.raises(ValueError) as e:
+    train.train_and_evaluate(smoke_config(str(bad)), str(tmp_path / 'w'))
+  assert 'train-images' in str(e.value) and 'dataset.data_dir' in str(e.value)
+
+
+def test_failing_rerun_leaves_existing_workdir_intact(fake_data, tmp_path):
+  workdir = str(tmp_path / 'run')
+  train.train_and_evaluate(smoke_config(fake_data, **{'train.num_steps': 4}), workdir)
+
+  def snapshot():
+    out = {}
+    for root, _, files in os.walk(workdir):
+      for f in files:
+        p = os.path.join(root, f)
+        out[p] = open(p, 'rb').read()
+    return out
+  before = snapshot()
+  for overrides in ({'sync.k': 0}, {'sync.k': 3}, {'dataset.data_dir': '/nonexistent'}):
+    with pytest.raises((ValueError, FileNotFoundError)) as e:
+      train.train_and_evaluate(smoke_config(fake_data, **overrides), workdir)
+    assert 'sync.k' in str(e.value) or 'dataset.data_dir' in str(e.value)
+  assert snapshot() == before
+
+
+def test_main_cli_runs_and_rejects_bad_flags(fake_data, tmp_path):
+  env = dict(os.environ, JAX_PLATFORMS='cpu')
+  base = [sys.executable, os.path.join(REPO, 'main.py'),
+          f'--config={os.path.join(REPO, "configs/smoke.py")}',
+          f'--config.dataset.data_dir={fake_data}', '--config.train.num_steps=4']
+  ok = subprocess.run(base + [f'--workdir={tmp_path / "cli"}'], env=env, capture_output=True,
+                      text=True, timeout=300, cwd=REPO)
+  assert ok.returncode == 0, ok.stderr[-3000:]
+  assert os.path.exists(tmp_path / 'cli' / 'summary.json')
+  assert 'final test accuracy' in ok.stdout
+  bad = subprocess.run(base + [f'--workdir={tmp_path / "bad"}', '--config.sync.k=0'], env=env,
+                       capture_output=True, text=True, timeout=300, cwd=REPO)
+  assert bad.returncode == 2
+  assert 'sync.k=0 must be >= 1' in bad.stderr
