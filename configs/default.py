@@ -34,7 +34,7 @@ def get_config(arg: str | None = None) -> ml_collections.ConfigDict:
   c.optimizer.weight_decay = 0.0
 
   c.train = ml_collections.ConfigDict()
-  c.train.num_steps = 1000           # intra-DC iterations of the fastest DC
+  c.train.num_steps = 800            # intra-DC iterations of the fastest DC
   c.train.batch_size = 32            # per worker
   c.train.eval_every = 25            # inter-DC rounds between evaluations
   c.train.checkpoint_every = 50      # inter-DC rounds between checkpoints (0: only at the end)

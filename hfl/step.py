@@ -31,11 +31,13 @@ from typing import Any, Callable, NamedTuple, Sequence
 
 import jax
 import jax.numpy as jnp
+import numpy as np
 import optax
 from jax.sharding import Mesh, PartitionSpec as P
 
 from hfl import mesh as mesh_lib
 from hfl.compress import base
+from hfl.compress import ef
 
 DC, WORKER = mesh_lib.DC, mesh_lib.WORKER
 
@@ -104,43 +106,114 @@ def init_state(params, optimizer: optax.GradientTransformation,
 
 
 # --------------------------------------------------------------------------------
-# Error feedback and aggregation on one leaf.
+# One leaf crossing one link: error feedback, encode, collective, decode.
 # --------------------------------------------------------------------------------
 
-def ef_encode(c: base.Compressor, x, residual, state, key, gamma=1.0):
-  """Error-feedback encode: p = x + γ e; payload = C(p); e <- p - D(payload).
+def _split(a, parts: int, index):
+  """This member's 1/parts slice of ``a`` flattened (zero-padded to a multiple)."""
+  flat = a.reshape(-1)
+  chunk = -(-flat.size // parts)
+  flat = jnp.pad(flat, (0, chunk * parts - flat.size))
+  return jax.lax.dynamic_slice_in_dim(flat, index * chunk, chunk)
 
-  Returns (payload, new_residual f32[shape], new_state).
+
+def _unsplit(parts_gathered, shape):
+  """Inverse of :func:`_split` after an all-gather of the slices on the last axis."""
+  size = int(np.prod(shape, dtype=np.int64))
+  lead = parts_gathered.shape[:-1]
+  return parts_gathered[..., :size].reshape(lead + tuple(shape))
+
+
+def all_gather_split(payload, axis: str, split_axis: str, split_size: int):
+  """``all_gather(payload, axis)`` with each member of ``split_axis`` sending 1/split_size.
+
+  Used for the inter-DC exchange: a DC's payload is identical on its W workers, so
+  worker w sends only slice w over 'dc' and the slices are re-assembled inside the
+  DC over 'worker'. The WAN then carries each DC's payload once (plus < W padding
+  entries per payload array), not W times.
+
+  Returns:
+    payload pytree with a leading [axis_size] dimension, invariant over both axes.
   """
-  p = x.astype(jnp.float32) + gamma * residual
-  payload, state = c.encode(p, state, key)
-  return payload, p - c.decode(payload), state
+  idx = jax.lax.axis_index(split_axis)
+
+  def leaf(a):
+    mine = _split(a, split_size, idx)
+    g = jax.lax.all_gather(mine, axis, to='invarying')                      # [n_axis, chunk]
+    g = jax.lax.all_gather(g, split_axis, axis=1, tiled=True, to='invarying')  # [n_axis, W*chunk]
+    return _unsplit(g, a.shape)
+  return jax.tree.map(leaf, payload)
 
 
-def aggregate(c: base.Compressor, payload, axis: str, axis_size: int, weights=None):
-  """Decoded weighted sum of the payloads of every member of mesh axis ``axis``.
+def psum_split(payload, axis: str, split_axis: str, split_size: int):
+  """``psum(payload, axis)`` with each member of ``split_axis`` reducing 1/split_size."""
+  idx = jax.lax.axis_index(split_axis)
+
+  def leaf(a):
+    s = jax.lax.psum(_split(a, split_size, idx), axis)
+    s = jax.lax.all_gather(s, split_axis, tiled=True, to='invarying')
+    return _unsplit(s, a.shape)
+  return jax.tree.map(leaf, payload)
+
+
+def exchange(c: base.Compressor, x, residual, state, key, axis: str, axis_size: int,
+             weights=None, gamma: float = 1.0, split_axis: str | None = None,
+             split_size: int = 1):
+  """Error-feedback-compresses ``x``, sends it over mesh axis ``axis``, aggregates.
+
+  Error feedback (hfl.compress.ef): p = x + γ e; payload = C(p); e <- p - D(payload)
+  (skipped for lossless compressors, whose residual stays 0).
+
+  Aggregation: linear payloads (identity, casts) are re-encoded from p scaled by
+  the member's weight in f32 (fp16 bounded, hfl.compress.ef.encode_for_sum) and
+  all-reduced — the sum of payloads is then decoded; every other payload is
+  all-gathered and each one decoded before the weighted sum (never an average of
+  encoded values, DESIGN 7).
 
   Args:
     c: the leaf's compressor.
-    payload: this member's payload.
+    x: f32[shape], this member's value.
+    residual: f32[shape], this member's error-feedback memory.
+    state: the compressor's state.
+    key: PRNG key.
     axis: mesh axis name.
     axis_size: members on the axis.
-    weights: optional f32[axis_size] weights; default the mean (1 / axis_size).
+    weights: f32[axis_size] aggregation weights; None for the plain mean.
+    gamma: error-feedback memory decay γ.
+    split_axis: a mesh axis over which ``x`` is identical; its members then each
+      send 1/split_size of the payload (:func:`all_gather_split`).
+    split_size: members on ``split_axis``.
 
   Returns:
-    f32[shape], identical on every member of the axis. Linear payloads are scaled
-    by their weight in f32, cast back to the payload dtype (so many fp16 payloads
-    cannot overflow) and all-reduced; others are all-gathered and each decoded.
+    (aggregate f32[shape] identical on every member, new residual, new state,
+     wire bits f32[] of this member's payload).
   """
-  if weights is None:
-    weights = jnp.full((axis_size,), 1.0 / axis_size, jnp.float32)
+  if c.lossless:
+    p, new_res = x.astype(jnp.float32), residual
+    payload, new_state = c.encode(p, state, key)
+  else:
+    p = x.astype(jnp.float32) + jnp.float32(gamma) * residual
+    payload, new_res, new_state = ef.ef_step(c, x, residual, state, key, gamma)
+  bits = c.wire_bits(payload)
   if c.linear:
-    wi = weights[jax.lax.axis_index(axis)]
-    scaled = jax.tree.map(lambda v: (v.astype(jnp.float32) * wi).astype(v.dtype), payload)
-    return c.decode(jax.lax.psum(scaled, axis))
-  gathered = jax.lax.all_gather(payload, axis, to='invarying')
-  decoded = jax.vmap(c.decode)(gathered)
-  return jnp.tensordot(weights, decoded, axes=1)
+    # encode_for_sum divides by axis_size: the psum is then the (weighted) mean.
+    scale = (jnp.float32(1) if weights is None
+             else weights[jax.lax.axis_index(axis)] * axis_size)
+    wire, _ = ef.encode_for_sum(c, p * scale, state, key, axis_size)
+    if split_axis is None:
+      agg = c.decode(jax.lax.psum(wire, axis))
+    else:
+      agg = c.decode(psum_split(wire, axis, split_axis, split_size))
+  else:
+    if split_axis is None:
+      gathered = jax.lax.all_gather(payload, axis, to='invarying')
+    else:
+      gathered = all_gather_split(payload, axis, split_axis, split_size)
+    if weights is None:
+      agg = ef.aggregate(c, gathered, axis_size)
+    else:
+      agg = jnp.tensordot(weights, jax.vmap(c.decode)(gathered), axes=1)
+  return agg, new_res, new_state, bits
 
 
 # --------------------------------------------------------------------------------
@@ -204,12 +277,15 @@ def make_step(apply_fn: Callable, optimizer: optax.GradientTransformation,
     down_bits = jnp.float32(0)
     for i, g in enumerate(g_leaves):
       cu, cd = comps.up[i], comps.down[i]
-      payload, e, st = ef_encode(cu, g, up_res[i], up_st[i],
-                                 jax.random.fold_in(wk_key, i), comps.up_gamma)
-      up_bits += cu.wire_bits(payload)
-      agg = aggregate(cu, payload, WORKER, num_w)
-      dpay, de, dst = ef_encode(cd, agg, down_res[i], down_st[i],
-                                jax.random.fold_in(dc_key, i))
+      agg, e, st, bits = exchange(cu, g, up_res[i], up_st[i], jax.random.fold_in(wk_key, i),
+                                  WORKER, num_w, gamma=comps.up_gamma)
+      up_bits += bits
+      # The PS (replicated on the DC's workers) re-compresses the aggregate.
+      if cd.lossless:
+        dpay, de, dst = cd.encode(agg, down_st[i], None)[0], down_res[i], down_st[i]
+      else:
+        dpay, de, dst = ef.ef_step(cd, agg, down_res[i], down_st[i],
+                                   jax.random.fold_in(dc_key, i))
       down_bits += cd.wire_bits(dpay)
       new_up_res.append(e)
       new_up_st.append(st)
@@ -246,12 +322,11 @@ def make_step(apply_fn: Callable, optimizer: optax.GradientTransformation,
       r_leaves = treedef.flatten_up_to(wan_residual)
       new_r, new_st, delta = [], [], []
       for i, (x, x0) in enumerate(zip(x_leaves, x0_leaves)):
-        cw = comps.wan[i]
-        payload, e, st = ef_encode(cw, x0 - x, r_leaves[i], wan_state[i],
-                                   jax.random.fold_in(dc_key, 1000 + i))
-        wan_bits += cw.wire_bits(payload)
-        gathered = jax.lax.all_gather(payload, DC, to='invarying')
-        delta.append(jnp.tensordot(weights, jax.vmap(cw.decode)(gathered), axes=1))
+        agg, e, st, bits = exchange(comps.wan[i], x0 - x, r_leaves[i], wan_state[i],
+                                    jax.random.fold_in(dc_key, 1000 + i), DC, num_d, weights,
+                                    split_axis=WORKER, split_size=num_w)
+        wan_bits += bits
+        delta.append(agg)
         new_r.append(jnp.where(present, e, r_leaves[i]))
         new_st.append(jax.tree.map(lambda a, b: jnp.where(present, a, b), st, wan_state[i]))
       wan_bits = wan_bits * present

@@ -208,7 +208,7 @@ def test_invalid_symbols_rejected():
 
 
 def _payloads(fmt, coder):
-  """Payloads of several shapes and shapes beta, with NaN/inf entries."""
+  """Payloads of several leaf shapes and GenNorm shapes beta, with NaN/inf entries."""
   for i, shape in enumerate([(0,), (7,), (64, 33)]):
     c = co3_lib.co3(shape, fmt=fmt, coder=coder)
     encode = jax.jit(c.encode)
@@ -275,9 +275,9 @@ def test_compressor_decode_and_nonfinite():
   assert np.isnan(xh[5]) and np.isnan(xh).sum() == 1
   np.testing.assert_allclose(xh[[6, 7]], [3 / scale, -3 / scale], rtol=1e-6)
   ok = np.isfinite(x)
+  grid = floatgrid.make_grid(FP4)
   want = np.asarray(floatgrid.dequantize(
-      floatgrid.quantize_reference(x[ok] * np.float32(scale), c_grid := floatgrid.make_grid(FP4)),
-      c_grid)) / scale
+      floatgrid.quantize_reference(x[ok] * np.float32(scale), grid), grid)) / scale
   np.testing.assert_allclose(xh[ok], want, rtol=1e-6)
   assert abs(float(state.beta) - 1.2) < 0.2
   assert float(state.ef_gamma) == pytest.approx(0.9)

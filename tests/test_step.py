@@ -137,6 +137,10 @@ def test_absent_dc_gets_zero_weight_and_rejoins_from_global_model():
   assert float(m['wan_bits'][1]) == 0 and float(m['wan_bits'][0]) > 0
 
 
+def n_bytes_wan(params, itemsize):
+  return sum(l.size for l in jax.tree.leaves(params)) * itemsize
+
+
 @pytest.mark.parametrize('up,wan', [(base.identity, base.identity),
                                     (lambda s: base.cast(s, jnp.bfloat16),
                                      lambda s: base.cast(s, jnp.float16))])
@@ -145,15 +149,24 @@ def test_counted_bytes_equal_hlo_collectives(up, wan):
   xs, ys = _batches(1)
   args = (state, _put(mesh, xs[0], 'dc', 'worker'), _put(mesh, ys[0], 'dc', 'worker'),
           _put(mesh, np.array([True, True]), 'dc'), _put(mesh, np.array([.5, .5], np.float32)))
-  text = fn.jitted[True].lower(*args).as_text()
-  coll = accounting.collective_bytes(text, mesh)
+  # The local iteration's 'worker' collectives are the uplink; the round's 'dc'
+  # collectives the WAN exchange (its re-assembly inside the DC is over 'worker').
+  coll_local = accounting.collective_bytes(fn.jitted[False].lower(*args).as_text(), mesh)
+  coll = accounting.collective_bytes(fn.jitted[True].lower(*args).as_text(), mesh)
+  assert 'dc' not in coll_local
   # The step's own metrics (loss, bit counts) are rank-0 all-reduces: not payload.
-  worker_payload = sum(b for _, b, t in coll['worker'] if t.count('x') > 0)
+  worker_payload = sum(b for _, b, t in coll_local['worker'] if t.count('x') > 0)
   dc_payload = sum(b for _, b, t in coll['dc'] if t.count('x') > 0)
   _, m = fn(*args[:1], args[1:3], *args[3:], True)
   # up_bits is the sum over the DC's W workers of the per-device operand bits.
   assert float(m['up_bits'][0]) / 8 == W * worker_payload
-  assert float(m['wan_bits'][0]) / 8 == dc_payload
+  # Over 'dc' each of the DC's W workers sends 1/W of every payload array (padded to
+  # a multiple of W): the DC's W devices together put the payload on the WAN once.
+  itemsize = 4 if wan is base.identity else 2
+  padded = sum(-(-l.size // W) * W * itemsize for l in jax.tree.leaves(params))
+  assert W * dc_payload == padded
+  assert float(m['wan_bits'][0]) / 8 == n_bytes_wan(params, itemsize)
+  assert padded - float(m['wan_bits'][0]) / 8 < W * itemsize * len(jax.tree.leaves(params))
   n = sum(l.size for l in jax.tree.leaves(params))
   bytes_per_entry = 4 if up is base.identity else 2
   assert worker_payload == n * bytes_per_entry

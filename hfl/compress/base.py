@@ -64,6 +64,8 @@ class Compressor(NamedTuple):
     decode: ``(payload) -> f32[shape]``.
     wire_bits: ``(payload) -> f32[]``, bits this payload costs on the wire.
     linear: payloads may be summed before decoding (see module doc).
+    lossless: decode(encode(x)) == x exactly, so error feedback is a no-op and
+      callers may skip it (identity).
   """
   name: str
   shape: tuple
@@ -72,6 +74,7 @@ class Compressor(NamedTuple):
   decode: Callable[[Payload], jax.Array]
   wire_bits: Callable[[Payload], jax.Array] = payload_bits
   linear: bool = False
+  lossless: bool = False
 
 
 def identity(shape) -> Compressor:
@@ -85,7 +88,8 @@ def identity(shape) -> Compressor:
   def decode(payload):
     return payload['values'].astype(jnp.float32)
 
-  return Compressor('identity', shape, EmptyState, encode, decode, linear=True)
+  return Compressor('identity', shape, EmptyState, encode, decode, linear=True,
+                    lossless=True)
 
 
 def cast(shape, dtype) -> Compressor:

@@ -1,0 +1,188 @@
+#!/usr/bin/env python3
+"""Runs one hfl experiment with each DC's process in its own network namespace (root, Linux).
+
+  sudo python launch/emulated_wan.py --wan_mbps=100 --wan_latency_ms=20 -- \\
+      --config=configs/smoke.py --workdir=/tmp/hfl_wan
+
+One process per DC (``mesh.num_dcs`` processes, ``workers_per_dc`` CPU devices
+each). DC i runs in namespace ``hflwan-dc<i>`` with address 10.77.0.<i+1>/24 on a
+veth whose peer is enslaved to a bridge in namespace ``hflwan-hub``. Both ends
+of every DC's link are shaped, so each DC has a full-duplex WAN link (as in
+hfl/network.py): the DC-side veth's egress (uploads) and the hub-side veth's
+egress (downloads) get ``tc`` with ``netem rate R delay D`` when the kernel has
+netem, else ``tbf rate R`` (bandwidth only; the launcher says so and records
+the effective one-way latency 0 in WAN_INFO). The inter-DC collectives (gloo
+over TCP between the processes) therefore really cross a link of the configured
+rate; collectives among the workers of one DC stay inside its namespace.
+
+Only this machine's own namespaces and the private 10.77.0.0/24 addresses are
+touched; everything is removed on exit (also on Ctrl-C). Gloo binds to the
+address the host name resolves to, so each namespace gets
+``/etc/netns/<ns>/hosts`` mapping this host's name to its DC address (``ip netns
+exec`` mounts it over /etc/hosts).
+
+Writes WORKDIR/wan_info.json (rate, delay, qdisc used) and per-DC logs in
+WORKDIR/logs. Exit status: 0 if every process succeeds, else the first failing one.
+"""
+
+import argparse
+import json
+import os
+import shutil
+import signal
+import socket
+import subprocess
+import sys
+import time
+
+REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+HUB = 'hflwan-hub'
+PREFIX = '10.77.0.'
+
+
+def sh(*cmd, check=True):
+  r = subprocess.run(cmd, capture_output=True, text=True, check=False)
+  if check and r.returncode:
+    raise RuntimeError(f'{" ".join(cmd)}: {r.stderr.strip()}')
+  return r
+
+
+def shape(ns: str, dev: str, rate_mbit: float, delay_ms: float) -> str:
+  """Shapes ``dev``'s egress in ``ns``; returns the qdisc used."""
+  r = sh('ip', 'netns', 'exec', ns, 'tc', 'qdisc', 'replace', 'dev', dev, 'root', 'netem',
+         'rate', f'{rate_mbit}mbit', 'delay', f'{delay_ms}ms', 'limit', '100000', check=False)
+  if r.returncode == 0:
+    return 'netem'
+  # No netem in this kernel: token bucket, bandwidth only. Burst ~ 1 ms at rate.
+  burst = max(int(rate_mbit * 1e6 / 8 / 1000), 16000)
+  sh('ip', 'netns', 'exec', ns, 'tc', 'qdisc', 'replace', 'dev', dev, 'root', 'tbf', 'rate',
+     f'{rate_mbit}mbit', 'burst', str(burst), 'latency', '2s')
+  return 'tbf'
+
+
+def setup(num_dcs: int, rate_mbit: float, delay_ms: float) -> dict:
+  if os.geteuid() != 0:
+    raise RuntimeError('emulated_wan.py needs root (ip netns, tc).')
+  for tool in ('ip', 'tc'):
+    if shutil.which(tool) is None:
+      raise RuntimeError(f'{tool} not found (install iproute2).')
+  teardown(num_dcs)
+  sh('ip', 'netns', 'add', HUB)
+  sh('ip', '-n', HUB, 'link', 'add', 'br0', 'type', 'bridge')
+  sh('ip', '-n', HUB, 'link', 'set', 'br0', 'up')
+  host = socket.gethostname()
+  qdiscs = set()
+  for i in range(num_dcs):
+    ns = f'hflwan-dc{i}'
+    sh('ip', 'netns', 'add', ns)
+    sh('ip', 'link', 'add', f'hflw{i}', 'type', 'veth', 'peer', 'name', f'hflh{i}')
+    sh('ip', 'link', 'set', f'hflw{i}', 'netns', ns)
+    sh('ip', 'link', 'set', f'hflh{i}', 'netns', HUB)
+    sh('ip', '-n', ns, 'addr', 'add', f'{PREFIX}{i + 1}/24', 'dev', f'hflw{i}')
+    for n, dev in ((ns, f'hflw{i}'), (ns, 'lo'), (HUB, f'hflh{i}')):
+      sh('ip', '-n', n, 'link', 'set', dev, 'up')
+    sh('ip', '-n', HUB, 'link', 'set', f'hflh{i}', 'master', 'br0')
+    # Full duplex: uploads shaped in the DC, downloads on the hub side.
+    qdiscs.add(shape(ns, f'hflw{i}', rate_mbit, delay_ms / 2))
+    qdiscs.add(shape(HUB, f'hflh{i}', rate_mbit, delay_ms / 2))
+    os.makedirs(f'/etc/netns/{ns}', exist_ok=True)
+    with open(f'/etc/netns/{ns}/hosts', 'w') as f:
+      f.write(f'127.0.0.1 localhost\n{PREFIX}{i + 1} {host}\n')
+  delay_used = delay_ms if qdiscs == {'netem'} else 0.0
+  return dict(rate_mbit=rate_mbit, delay_ms_requested=delay_ms, one_way_delay_ms=delay_used,
+              qdisc=sorted(qdiscs))
+
+
+def teardown(num_dcs: int) -> None:
+  for i in range(max(num_dcs, 16)):
+    ns = f'hflwan-dc{i}'
+    sh('ip', 'netns', 'del', ns, check=False)
+    shutil.rmtree(f'/etc/netns/{ns}', ignore_errors=True)
+  sh('ip', 'netns', 'del', HUB, check=False)
+
+
+def config_value(main_args, field: str, default):
+  """Reads config ``field`` from ``--config.<field>=`` overrides, else the config file."""
+  for a in main_args:
+    if a.startswith(f'--config.{field}='):
+      return type(default)(a.split('=', 1)[1])
+  path = next((a.split('=', 1)[1] for a in main_args if a.startswith('--config=')), None)
+  if path:
+    sys.path.insert(0, REPO)
+    import importlib.util  # pylint: disable=g-import-not-at-top
+    spec = importlib.util.spec_from_file_location('cfg', os.path.join(REPO, path))
+    mod = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(mod)
+    v = mod.get_config()
+    for p in field.split('.'):
+      v = v[p]
+    return type(default)(v)
+  return default
+
+
+def main() -> int:
+  p = argparse.ArgumentParser(description=__doc__.split('\n\n')[0])
+  p.add_argument('--wan_mbps', type=float, default=None,
+                 help='per-DC WAN rate, Mbit/s (default: config network.wan_bandwidth_mbps)')
+  p.add_argument('--wan_latency_ms', type=float, default=None,
+                 help='one-way WAN latency, ms (default: config network.wan_latency_s)')
+  p.add_argument('--init_timeout_s', type=int, default=60)
+  p.add_argument('--timeout_s', type=float, default=1800)
+  p.add_argument('--keep', action='store_true', help='keep the namespaces after the run')
+  p.add_argument('main_args', nargs=argparse.REMAINDER)
+  args = p.parse_args()
+  margs = args.main_args[1:] if args.main_args[:1] == ['--'] else args.main_args
+  num_dcs = config_value(margs, 'mesh.num_dcs', 2)
+  rate = args.wan_mbps or config_value(margs, 'network.wan_bandwidth_mbps', 100.0)
+  delay = (args.wan_latency_ms if args.wan_latency_ms is not None
+           else 1000 * config_value(margs, 'network.wan_latency_s', 0.02))
+  workdir = next(a.split('=', 1)[1] for a in margs if a.startswith('--workdir='))
+  logs = os.path.join(workdir, 'logs')
+  os.makedirs(logs, exist_ok=True)
+  procs = []
+  try:
+    info = setup(num_dcs, rate, delay)
+    if info['qdisc'] != ['netem']:
+      print(f'[wan] netem is not available in this kernel: links are rate-limited to '
+            f'{rate} Mbit/s with tbf but get NO added delay ({delay} ms requested).',
+            file=sys.stderr)
+    with open(os.path.join(workdir, 'wan_info.json'), 'w') as f:
+      json.dump(info, f, indent=2)
+    print(f'[wan] {num_dcs} DC namespaces, {info}', flush=True)
+    port = 12355
+    t0 = time.monotonic()
+    for i in range(num_dcs):
+      env = dict(os.environ, HFL_COORDINATOR=f'{PREFIX}1:{port}',
+                 HFL_NUM_PROCESSES=str(num_dcs), HFL_PROCESS_ID=str(i),
+                 HFL_INIT_TIMEOUT_S=str(args.init_timeout_s), JAX_PLATFORMS='cpu',
+                 PYTHONUNBUFFERED='1')
+      log = open(os.path.join(logs, f'process_{i}.log'), 'w')  # pylint: disable=consider-using-with
+      procs.append(subprocess.Popen(
+          ['ip', 'netns', 'exec', f'hflwan-dc{i}', sys.executable, 'main.py'] + margs,
+          cwd=REPO, env=env, stdout=log, stderr=subprocess.STDOUT, start_new_session=True))
+    status = None
+    while status is None:
+      codes = [q.poll() for q in procs]
+      bad = [c for c in codes if c not in (None, 0)]
+      if bad or all(c == 0 for c in codes):
+        status = bad[0] if bad else 0
+      elif time.monotonic() - t0 > args.timeout_s:
+        status = 124
+      time.sleep(0.2)
+    print(f'[wan] finished with status {status} in {time.monotonic() - t0:.1f} s; logs in {logs}',
+          flush=True)
+    return status
+  finally:
+    for q in procs:
+      if q.poll() is None:
+        os.killpg(q.pid, signal.SIGTERM)
+        try:
+          q.wait(5)
+        except subprocess.TimeoutExpired:
+          os.killpg(q.pid, signal.SIGKILL)
+    if not args.keep:
+      teardown(num_dcs)
+
+
+if __name__ == '__main__':
+  sys.exit(main())
