@@ -27,6 +27,13 @@ _INIT_TIMEOUT = flags.DEFINE_integer('init_timeout_s', None,
                                      'Bound on distributed start-up, seconds (default 120).')
 
 
+class _LibraryInfoFilter:
+  """Drops INFO/DEBUG records logged from inside orbax (its per-save chatter)."""
+
+  def filter(self, record) -> bool:
+    return record.levelno >= logging.converter.STANDARD_WARNING or '/orbax/' not in record.pathname
+
+
 def main(argv):
   if len(argv) > 1:
     raise app.UsageError(f'Unexpected arguments: {argv[1:]}')
@@ -46,6 +53,7 @@ def main(argv):
   from hfl import train  # pylint: disable=g-import-not-at-top
   # Progress lines from process 0 only; warnings and errors from every process.
   logging.set_verbosity(logging.INFO if info.process_id == 0 else logging.WARNING)
+  logging.get_absl_handler().addFilter(_LibraryInfoFilter())
   try:
     train.train_and_evaluate(config, _WORKDIR.value)
   except (ValueError, FileNotFoundError) as e:

@@ -64,7 +64,6 @@ class Compressors(NamedTuple):
   up: Sequence[base.Compressor]
   down: Sequence[base.Compressor]
   wan: Sequence[base.Compressor]
-  up_gamma: float = 1.0   # error-feedback memory decay γ on the uplink (CO3: p = g + γ e)
 
 
 def state_specs(state_like: TrainState) -> TrainState:
@@ -157,7 +156,7 @@ def psum_split(payload, axis: str, split_axis: str, split_size: int):
 
 
 def exchange(c: base.Compressor, x, residual, state, key, axis: str, axis_size: int,
-             weights=None, gamma: float = 1.0, split_axis: str | None = None,
+             weights=None, gamma=None, split_axis: str | None = None,
              split_size: int = 1):
   """Error-feedback-compresses ``x``, sends it over mesh axis ``axis``, aggregates.
 
@@ -179,7 +178,8 @@ def exchange(c: base.Compressor, x, residual, state, key, axis: str, axis_size: 
     axis: mesh axis name.
     axis_size: members on the axis.
     weights: f32[axis_size] aggregation weights; None for the plain mean.
-    gamma: error-feedback memory decay γ.
+    gamma: error-feedback memory decay γ (default: the compressor state's
+      ``ef_gamma`` when it has one — CO3's decaying memory — else 1).
     split_axis: a mesh axis over which ``x`` is identical; its members then each
       send 1/split_size of the payload (:func:`all_gather_split`).
     split_size: members on ``split_axis``.
@@ -188,6 +188,8 @@ def exchange(c: base.Compressor, x, residual, state, key, axis: str, axis_size: 
     (aggregate f32[shape] identical on every member, new residual, new state,
      wire bits f32[] of this member's payload).
   """
+  if gamma is None:
+    gamma = getattr(state, 'ef_gamma', 1.0)
   if c.lossless:
     p, new_res = x.astype(jnp.float32), residual
     payload, new_state = c.encode(p, state, key)
@@ -278,14 +280,15 @@ def make_step(apply_fn: Callable, optimizer: optax.GradientTransformation,
     for i, g in enumerate(g_leaves):
       cu, cd = comps.up[i], comps.down[i]
       agg, e, st, bits = exchange(cu, g, up_res[i], up_st[i], jax.random.fold_in(wk_key, i),
-                                  WORKER, num_w, gamma=comps.up_gamma)
+                                  WORKER, num_w)
       up_bits += bits
       # The PS (replicated on the DC's workers) re-compresses the aggregate.
       if cd.lossless:
         dpay, de, dst = cd.encode(agg, down_st[i], None)[0], down_res[i], down_st[i]
       else:
         dpay, de, dst = ef.ef_step(cd, agg, down_res[i], down_st[i],
-                                   jax.random.fold_in(dc_key, i))
+                                   jax.random.fold_in(dc_key, i),
+                                   getattr(down_st[i], 'ef_gamma', 1.0))
       down_bits += cd.wire_bits(dpay)
       new_up_res.append(e)
       new_up_st.append(st)

@@ -68,8 +68,7 @@ def build_compressors(config, params_shape) -> step_lib.Compressors:
                       field='compression.downlink')
   # The pseudo-gradient is compressed leaf by leaf with the same size policy.
   wan = policy.build(c.wan, params_shape, c.small_threshold, c.small, field='compression.wan')
-  gamma = float(c.uplink.get('gamma', 1.0)) if 'gamma' in c.uplink else 1.0
-  return step_lib.Compressors(up, down, wan, up_gamma=gamma)
+  return step_lib.Compressors(up, down, wan)
 
 
 def static_bits(comps: step_lib.Compressors) -> tuple[float, float, float]:

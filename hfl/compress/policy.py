@@ -20,6 +20,7 @@ import jax.numpy as jnp
 import numpy as np
 
 from hfl.compress import base
+from hfl.compress import co3
 from hfl.compress import lowrank
 from hfl.compress import quantize
 from hfl.compress import sparse
@@ -62,6 +63,7 @@ register('randk', sparse.randk, ('density',))
 register('qsgd', quantize.qsgd, ('levels',))
 register('sign', quantize.sign)
 register('powersgd', lowrank.powersgd, ('rank',))
+register('co3', co3.co3, ('fmt', 'gamma', 'coder', 'refit_every'))
 
 
 def _get(spec, name, default=None):

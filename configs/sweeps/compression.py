@@ -1,0 +1,23 @@
+"""Bidirectional top-k + mixed precision vs uncompressed, and the compression curve.
+
+The thesis comparison (DESIGN 4.2, issue 3) on the default experiment with a
+bandwidth-limited LAN (1 Gbit/s PS NIC): uncompressed; top-k on the uplink and
+the downlink at densities 2% (≈95% fewer intra-DC bytes), 1%, 0.3% and 0.1%, with
+leaves under 2^14 entries (and every 1-D leaf) sent in bf16.
+
+  python -m hfl.sweep --sweep=configs/sweeps/compression.py --root=workdirs/compression
+"""
+
+FIXED = {'train.num_steps': 600, 'train.eval_every': 10, 'network.lan_bandwidth_gbps': 1.0}
+
+
+def get_sweep():
+  sparse = {
+      'compression.uplink.name': 'topk', 'compression.downlink.name': 'topk',
+      'compression.small': 'bfloat16', 'compression.small_threshold': 16384,
+  }
+  runs = [dict(FIXED, **{'compression.uplink.name': 'identity'})]
+  for d in (0.02, 0.01, 0.003, 0.001):  # the downlink density follows the uplink's
+    runs.append(dict(FIXED, **sparse, **{'compression.uplink.density': d,
+                                         'compression.downlink.density': d}))
+  return 'configs/default.py', runs

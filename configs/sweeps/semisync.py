@@ -1,0 +1,19 @@
+"""Sync strategies on heterogeneous DCs (DESIGN 4.3, issue 4): the thesis comparison.
+
+Baseline: ``sync`` (K = 1, the synchronous hierarchical PS). Against it:
+``periodic`` (K = 4), ``semi_sync`` (K_base = 4, per-DC K_d from the frequency
+optimiser), ``semi_sync`` + progress-aware K, and AdaComm. Evaluations are spaced
+by about 40 intra-DC iterations for every strategy.
+
+  python -m hfl.sweep --sweep=configs/sweeps/semisync.py --root=workdirs/semisync
+"""
+
+
+def get_sweep():
+  return 'configs/semisync.py', [
+      {'sync.strategy': 'sync', 'train.eval_every': 40},
+      {'sync.strategy': 'periodic', 'train.eval_every': 10},
+      {'sync.strategy': 'semi_sync', 'train.eval_every': 4},
+      {'sync.strategy': 'semi_sync', 'sync.progress_aware': True, 'train.eval_every': 2},
+      {'sync.strategy': 'adacomm', 'train.eval_every': 10},
+  ]
