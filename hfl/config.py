@@ -18,14 +18,15 @@ REQUIRED = ('seed', 'mesh', 'dataset', 'model', 'optimizer', 'train', 'sync', 'c
             'network')
 
 
-def _int(c, path, lo=None, hi=None):
+def _int(c, path, lo=None, hi=None, lo_name=None):
   v = c
   for p in path.split('.'):
     v = v[p]
   if isinstance(v, bool) or not isinstance(v, int):
     raise ValueError(f'{path}={v!r} must be an integer')
   if lo is not None and v < lo:
-    raise ValueError(f'{path}={v} must be >= {lo}')
+    bound = f'{lo_name} ({lo})' if lo_name else str(lo)
+    raise ValueError(f'{path}={v} must be >= {bound}')
   if hi is not None and v > hi:
     raise ValueError(f'{path}={v} must be <= {hi}')
   return v
@@ -66,7 +67,7 @@ def validate(config: ml_collections.ConfigDict) -> ml_collections.ConfigDict:
   _choice(s.strategy, 'sync.strategy', STRATEGIES)
   _choice(s.aggregation, 'sync.aggregation', AGGREGATIONS)
   k = _int(config, 'sync.k', 1)
-  _int(config, 'sync.k_max', k)
+  _int(config, 'sync.k_max', k, lo_name='sync.k')
   _choice(config.compression.small, 'compression.small', SMALL_PRECISIONS)
   _int(config, 'compression.small_threshold', 0)
   return config
