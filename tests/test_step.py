@@ -172,3 +172,22 @@ def test_counted_bytes_equal_hlo_collectives(up, wan):
   assert worker_payload == n * bytes_per_entry
   dtypes = {t.split('x')[-1] for _, _, t in coll['dc'] if t.count('x') > 0}
   assert dtypes == ({'f32>'} if wan is base.identity else {'f16>'})
+
+
+def test_nesterov_outer_step_is_optax_nesterov_on_the_pseudo_gradient():
+  outer = optax.sgd(0.7, momentum=0.9, nesterov=True)
+  weights = np.array([0.5, 0.5], np.float32)
+  mesh, params, apply_fn, state, fn = _setup(outer=optax.sgd(0.7, momentum=0.9, nesterov=True))
+  xs, ys = _batches(2, seed=11)
+  state, _ = _run(mesh, fn, state, xs, ys, [[True, True]] * 2, weights, [True, True])
+  x_global, opt_state = params, outer.init(params)
+  for t in range(2):
+    finals = []
+    for d in range(D):
+      gs = [jax.grad(_loss, argnums=1)(apply_fn, x_global, xs[t, d, w], ys[t, d, w])
+            for w in range(W)]
+      finals.append(jax.tree.map(lambda p, *g: p - LR * sum(g) / W, x_global, *gs))
+    delta = jax.tree.map(lambda x0, *xd: x0 - sum(0.5 * x for x in xd), x_global, *finals)
+    upd, opt_state = outer.update(delta, opt_state, x_global)
+    x_global = optax.apply_updates(x_global, upd)
+  chex.assert_trees_all_close(state.global_params, x_global, atol=2e-5, rtol=2e-5)

@@ -105,7 +105,7 @@ def mean_curve(curves: Sequence[tuple[np.ndarray, np.ndarray]]
 
 
 def plot_accuracy(rows: Sequence[tables.GroupRow], axis: Axis, path: str,
-                  target: float | None = None) -> str:
+                  target: float | None = None, title: str | None = None) -> str:
   """Writes one accuracy figure.
 
   Args:
@@ -113,6 +113,7 @@ def plot_accuracy(rows: Sequence[tables.GroupRow], axis: Axis, path: str,
     axis: which x axis.
     path: output PNG path.
     target: draws a dashed horizontal line at this accuracy if given.
+    title: figure title; default ``'Test accuracy vs <x quantity>'``.
 
   Returns:
     ``path``.
@@ -148,7 +149,7 @@ def plot_accuracy(rows: Sequence[tables.GroupRow], axis: Axis, path: str,
     ax.set_xscale('log')
   ax.set_xlabel(axis.label)
   ax.set_ylabel('test accuracy (%)')
-  ax.set_title(f'Test accuracy vs {axis.label.split(" (")[0]}')
+  ax.set_title(title or f'Test accuracy vs {axis.label.split(" (")[0]}')
   ax.grid(True, which='major', alpha=0.3)
   if drawn == 0:
     ax.text(0.5, 0.5, 'no evaluations', transform=ax.transAxes,

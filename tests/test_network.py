@@ -1,0 +1,57 @@
+"""The network/time model and the simulated clock against hand-computed values."""
+
+import ml_collections
+import numpy as np
+import pytest
+
+from hfl import network
+
+
+def _net(**kw):
+  c = ml_collections.ConfigDict(dict(
+      compute_time_s=0.1, dc_speed=(1.0, 2.0), lan_bandwidth_gbps=1.0, lan_latency_s=0.001,
+      wan_bandwidth_mbps=100.0, wan_latency_s=0.02))
+  c.update(kw)
+  return network.from_config(c, 2)
+
+
+def test_iteration_time_is_compute_plus_ps_nic_plus_latency():
+  net = _net()
+  t = network.iteration_time(net, up_bits=np.array([8e6, 8e6]), down_bits=np.array([2e6, 0.0]))
+  # DC0: 0.1 s compute + 10 Mbit over 1 Gbit/s + 2 ms; DC1: 0.05 s + 8 Mbit / 1 Gbit/s + 2 ms.
+  np.testing.assert_allclose(t, [0.1 + 0.01 + 0.002, 0.05 + 0.008 + 0.002])
+
+
+def test_round_comm_time_all_gather_over_wan():
+  net = _net()
+  c = network.round_comm_time(net, np.array([1e6, 3e6]))
+  # Each DC sends its payload to the 1 other DC and receives the other's: full duplex.
+  np.testing.assert_allclose(c, [3e6 / 1e8 + 0.04, 3e6 / 1e8 + 0.04])
+  assert network.link_bytes(np.array([1e6, 3e6])) == 4e6 / 8
+  # An absent DC neither sends nor waits.
+  c = network.round_comm_time(net, np.array([1e6, 3e6]), present=np.array([True, False]))
+  np.testing.assert_allclose(c, [0.0, 0.0])
+
+
+def test_idle_times_add_up():
+  clock = network.new_clock(3)
+  dt = np.array([0.1, 0.2, 0.4])
+  k = np.array([4, 2, 1])
+  for i in range(4):
+    clock = network.advance_iteration(clock, dt, active=i < k)
+  np.testing.assert_allclose(clock.time_s, [0.4, 0.4, 0.4])
+  comm = np.array([0.05, 0.1, 0.2])
+  clock = network.advance_round(clock, comm)
+  t_round = max(0.4 + 0.05, 0.4 + 0.1, 0.4 + 0.2)
+  assert clock.now == pytest.approx(t_round)
+  # Busy (compute + communication) + idle = the round's length, for every DC.
+  busy = k * dt + comm
+  np.testing.assert_allclose(busy + clock.idle_s, t_round)
+
+
+@pytest.mark.parametrize('field,value', [('lan_bandwidth_gbps', 0.0), ('wan_bandwidth_mbps', -1.0),
+                                         ('wan_latency_s', -0.1), ('dc_speed', (1.0,)),
+                                         ('dc_speed', (1.0, 0.0))])
+def test_bad_network_config_names_the_field(field, value):
+  with pytest.raises(ValueError, match=f'network.{field}'):
+    _net(**{field: value})

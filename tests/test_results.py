@@ -1,0 +1,395 @@
+"""Tests of hfl.report.results on hand-made sweep workdirs.
+
+The fake workdirs sit where the three sweeps put their runs (names written out
+by hand from configs/sweeps/*.py) and hold the configs those sweeps produce;
+the expected numbers below are computed by hand from the fake curves.
+"""
+
+import datetime
+import importlib.util
+import json
+import math
+import os
+
+import pytest
+
+from hfl import sweep
+from hfl.report import anchors
+from hfl.report import results
+
+REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+PNG_MAGIC = b'\x89PNG\r\n\x1a\n'
+NOW = datetime.datetime(2025, 1, 2, 3, 4, tzinfo=datetime.timezone.utc)
+
+# configs/sweeps/compression.py: FIXED, shared with configs/sweeps/co3.py.
+FIXED = ('network.lan_bandwidth_gbps=1.0__train.eval_every=10__'
+         'train.num_steps=600')
+FIXED_OVERRIDES = {'train.num_steps': 600, 'train.eval_every': 10,
+                   'network.lan_bandwidth_gbps': 1.0}
+
+
+def _sparse_overrides(d):
+  return dict(FIXED_OVERRIDES, **{
+      'compression.uplink.name': 'topk', 'compression.downlink.name': 'topk',
+      'compression.small': 'bfloat16', 'compression.small_threshold': 16384,
+      'compression.uplink.density': d, 'compression.downlink.density': d})
+
+
+def sparse_name(d):
+  """Workdir of a top-k point: over 200 characters, so cut + hashed."""
+  readable = ('compression.downlink.density={d}__compression.downlink.name='
+              'topk__compression.small=bfloat16__compression.small_threshold='
+              '16384__compression.uplink.density={d}__compression.uplink.name='
+              'topk__' + FIXED).format(d=d)
+  name = sweep.run_name(_sparse_overrides(d))
+  assert len(readable) > 200 and name.startswith(readable[:200] + '-')
+  return name
+
+
+IDENTITY = 'compression.uplink.name=identity__' + FIXED
+CO3 = ('compression.uplink.fmt=fp4__compression.uplink.gamma={g}__'
+       'compression.uplink.name=co3__' + FIXED)
+SEMI = {
+    'sync': 'sync.strategy=sync__train.eval_every=40',
+    'periodic': 'sync.strategy=periodic__train.eval_every=10',
+    'semi_sync': 'sync.strategy=semi_sync__train.eval_every=4',
+    'progress': 'sync.progress_aware=True__sync.strategy=semi_sync__'
+                'train.eval_every=2',
+    'adacomm': 'sync.strategy=adacomm__train.eval_every=10',
+}
+
+
+def _config(config_file, **overrides):
+  """The resolved config (as config.json stores it) with dotted overrides."""
+  spec = importlib.util.spec_from_file_location(
+      '_test_cfg', os.path.join(REPO, config_file))
+  module = importlib.util.module_from_spec(spec)
+  spec.loader.exec_module(module)
+  cfg = module.get_config()
+  cfg.update_from_flattened_dict(overrides)
+  return json.loads(cfg.to_json())
+
+
+def _write_run(workdir, config, evals, final_bytes, idle=None, done=True):
+  """Writes metrics.jsonl, config.json and (if done) summary.json.
+
+  Args:
+    workdir: path.
+    config: resolved config.
+    evals: list of (round, test_accuracy, sim_time_s).
+    final_bytes: (intra_up, intra_down, inter_dc) totals at the end (bytes);
+      evaluation i of n logs the fraction (i + 1) / n of them.
+    idle: per-DC idle seconds for summary.json.
+    done: write summary.json.
+  """
+  os.makedirs(workdir, exist_ok=True)
+  with open(os.path.join(workdir, 'config.json'), 'w') as f:
+    json.dump(config, f)
+  n = len(evals)
+  links = ('intra_up', 'intra_down', 'inter_dc')
+  with open(os.path.join(workdir, 'metrics.jsonl'), 'w') as f:
+    for i, (rnd, acc, t) in enumerate(evals):
+      f.write(json.dumps({
+          'step': 4 * rnd, 'round': rnd, 'test_accuracy': acc,
+          'test_loss': 1 - acc, 'train_loss': 1 - acc,
+          'bytes': {l: b * (i + 1) / n for l, b in zip(links, final_bytes)},
+          'sim_time_s': t, 'wall_time_s': 1.0 + i, 'k': 4}) + '\n')
+  if not done:
+    return
+  rnd, _, t = evals[-1]
+  summary = {
+      'final_test_accuracy': evals[-1][1],
+      'best_test_accuracy': max(e[1] for e in evals),
+      'final_test_loss': 1 - evals[-1][1],
+      'inter_dc_rounds': rnd, 'intra_dc_iterations': 600,
+      'bytes': dict(zip(links, final_bytes)), 'sim_time_s': t,
+      'wall_time_s': 10.0, 'time_to_target_s': None, 'rounds_to_target': None,
+      'target_accuracy': config['train']['target_accuracy'], 'config': config}
+  if idle is not None:
+    summary['idle_s'] = idle
+  with open(os.path.join(workdir, 'summary.json'), 'w') as f:
+    json.dump(summary, f)
+
+
+@pytest.fixture(name='root')
+def fixture_root(tmp_path):
+  """A results root with finished, partial and missing runs of all sweeps."""
+  root = str(tmp_path / 'workdirs')
+  semi = lambda **kw: _config('configs/semisync.py', **kw)
+  # Semisync, target 0.85. sync: crosses 0.85 at round 150, t = 150 s.
+  _write_run(f'{root}/semisync/{SEMI["sync"]}',
+             semi(**{'sync.strategy': 'sync', 'train.eval_every': 40}),
+             [(100, 0.80, 100.0), (200, 0.90, 200.0)], (1e6, 1e6, 8e8),
+             idle=[0.0, 10.0, 20.0, 30.0])
+  # periodic: crosses at round 37.5, t = 60 s; final 0.896 (-0.4 pts).
+  _write_run(f'{root}/semisync/{SEMI["periodic"]}',
+             semi(**{'sync.strategy': 'periodic', 'train.eval_every': 10}),
+             [(25, 0.80, 40.0), (50, 0.90, 80.0), (150, 0.896, 240.0)],
+             (1e6, 1e6, 2e8), idle=[1.0, 2.0, 3.0, 4.5])
+  # semi_sync: never reaches 0.85; no idle_s in its summary.
+  _write_run(f'{root}/semisync/{SEMI["semi_sync"]}',
+             semi(**{'sync.strategy': 'semi_sync', 'train.eval_every': 4}),
+             [(10, 0.50, 30.0), (20, 0.80, 60.0)], (1e6, 1e6, 1e8))
+  # progress-aware: interrupted (no summary.json); adacomm: never started.
+  _write_run(f'{root}/semisync/{SEMI["progress"]}',
+             semi(**{'sync.strategy': 'semi_sync', 'sync.progress_aware': True,
+                     'train.eval_every': 2}),
+             [(2, 0.40, 5.0), (4, 0.61, 10.0)], (1e5, 1e5, 1e6), done=False)
+
+  # Compression, target 0.88 (configs/default.py).
+  comp = lambda **kw: _config('configs/default.py', **FIXED_OVERRIDES, **kw)
+  sparse = lambda d: _config('configs/default.py', **_sparse_overrides(d))
+  # identity: crosses 0.88 at t = 20 s; up + down = 2000 MB.
+  _write_run(f'{root}/compression/{IDENTITY}',
+             comp(**{'compression.uplink.name': 'identity'}),
+             [(10, 0.85, 10.0), (20, 0.91, 30.0), (150, 0.90, 60.0)],
+             (1000e6, 1000e6, 5e6))
+  # 2 %: 50 MB -> 97.5 %, 40x; t = 3 s (-85 %); final 0.897 (-0.3 pts).
+  _write_run(f'{root}/compression/{sparse_name(0.02)}', sparse(0.02),
+             [(10, 0.85, 2.0), (20, 0.91, 4.0), (150, 0.897, 9.0)],
+             (30e6, 20e6, 5e6))
+  # 1 %: 20 MB -> 99 %, 100x; t = 2 s (-90 %); final 0.893 (-0.7 pts).
+  _write_run(f'{root}/compression/{sparse_name(0.01)}', sparse(0.01),
+             [(10, 0.85, 1.0), (20, 0.91, 3.0), (150, 0.893, 8.0)],
+             (12e6, 8e6, 5e6))
+  # 0.3 %: 8 MB -> 99.6 %, 250x; never reaches 0.88.
+  _write_run(f'{root}/compression/{sparse_name(0.003)}',
+             sparse(0.003), [(10, 0.70, 1.0), (150, 0.80, 7.0)],
+             (5e6, 3e6, 5e6))
+  # 0.1 %: not started.
+
+  # CO3 (baseline: identity above, uplink 1000 MB).
+  co3 = lambda g: comp(**{'compression.uplink.name': 'co3',
+                          'compression.uplink.fmt': 'fp4',
+                          'compression.uplink.gamma': g})
+  for g, acc, up in ((0.0, 0.85, 125e6), (0.5, 0.89, 100e6),
+                     (0.9, 0.898, 100e6)):
+    _write_run(f'{root}/co3/{CO3.format(g=g)}', co3(g),
+               [(10, acc - 0.05, 5.0), (150, acc, 40.0)], (up, 1000e6, 5e6))
+  _write_run(f'{root}/co3/{CO3.format(g=1.0)}', co3(1.0),
+             [(10, 0.7, 5.0)], (1e6, 1e6, 1e6), done=False)
+  return root
+
+
+def _sections(root):
+  return {s.key: s for s in results.build_sections(root)}
+
+
+def _by_label(section):
+  return {r['label']: r for r in section.records}
+
+
+def test_sweep_points_land_in_the_expected_workdirs(root):
+  data = results.load_sweep_data(results.SWEEPS[0], root,
+                                 results.compression_label)
+  names = [e.spec.name for e in data.entries]
+  assert names == [IDENTITY] + [sparse_name(d)
+                                for d in (0.02, 0.01, 0.003, 0.001)]
+  assert [e.status for e in data.entries] == ['done'] * 4 + ['pending']
+  semi = results.load_sweep_data(results.SWEEPS[1], root,
+                                 results.semisync_label)
+  assert [e.spec.name for e in semi.entries] == list(SEMI.values())
+  assert semi.target == 0.85 and data.target == 0.88
+
+
+def test_semisync_table(root):
+  s = _sections(root)['semisync']
+  recs = _by_label(s)
+  assert list(recs) == [
+      'sync (baseline, K=1)', 'periodic (K=4)',
+      'semi_sync (K_base=4, K_d optimised)',
+      'semi_sync (K_base=4, K_d optimised) + progress-aware', 'adacomm (K_0=4)']
+  base, per = recs['sync (baseline, K=1)'], recs['periodic (K=4)']
+  assert base['rounds_to_target'] == pytest.approx(150.0)
+  assert base['time_to_target_s'] == pytest.approx(150.0)
+  assert per['rounds_to_target'] == pytest.approx(37.5)
+  assert per['time_to_target_s'] == pytest.approx(60.0)
+  assert per['rounds_reduction'] == pytest.approx(0.75)
+  assert per['time_reduction'] == pytest.approx(0.6)
+  assert per['delta_points'] == pytest.approx(-0.4)
+  assert per['final_acc'] == pytest.approx(0.896)
+  assert per['best_acc'] == pytest.approx(0.90)
+  assert per['wan_bytes'] == 2e8
+  assert per['idle_s'] == [1.0, 2.0, 3.0, 4.5]
+  assert per['cells'][4:8] == ['37.5', '75.0%', '60.0 s', '60.0%']
+  assert per['cells'][3] == '−0.40 pts'
+  assert per['cells'][8] == '200.00 MB'
+  assert per['cells'][11] == '1.0 / 2.0 / 3.0 / 4.5'
+  semi = recs['semi_sync (K_base=4, K_d optimised)']
+  assert semi['rounds_to_target'] is None and semi['rounds_reduction'] is None
+  assert semi['cells'][4] == 'never' and semi['cells'][6] == 'never'
+  assert semi['cells'][5] == '–' and semi['cells'][11] == '–'
+  assert base['cells'][3] == base['cells'][5] == 'baseline'
+  assert not recs['adacomm (K_0=4)']['done']
+  assert 'not finished' in recs['adacomm (K_0=4)']['cells'][1]
+  claims = {c['anchor'].key: c for c in s.claims}
+  assert claims['thesis.semisync.rounds_reduction']['met'] is True
+  assert claims['thesis.semisync.time_reduction']['met'] is True
+  assert claims['thesis.semisync.accuracy_delta']['met'] is True
+  assert 'periodic' in claims['thesis.semisync.time_reduction']['ours']
+  assert len(s.rows) == 3
+
+
+def test_compression_table(root):
+  s = _sections(root)['compression']
+  recs = _by_label(s)
+  assert list(recs) == ['uncompressed', 'top-k ρ=2% up/down, bf16 small',
+                        'top-k ρ=1% up/down, bf16 small',
+                        'top-k ρ=0.3% up/down, bf16 small',
+                        'top-k ρ=0.1% up/down, bf16 small']
+  r2 = recs['top-k ρ=2% up/down, bf16 small']
+  assert r2['intra_bytes'] == 50e6
+  assert r2['ratio'] == pytest.approx(0.975)
+  assert r2['factor'] == pytest.approx(40.0)
+  assert r2['delta_points'] == pytest.approx(-0.3)
+  assert r2['time_to_target_s'] == pytest.approx(3.0)
+  assert r2['time_reduction'] == pytest.approx(0.85)
+  assert r2['cells'][4] == '97.50% (40.0×)'
+  assert r2['cells'][6] == '−0.30 pts'
+  assert r2['cells'][8] == '85.0%'
+  r1 = recs['top-k ρ=1% up/down, bf16 small']
+  assert r1['ratio'] == pytest.approx(0.99)
+  assert r1['factor'] == pytest.approx(100)
+  assert r1['time_reduction'] == pytest.approx(0.9)
+  assert r1['delta_points'] == pytest.approx(-0.7)
+  r03 = recs['top-k ρ=0.3% up/down, bf16 small']
+  assert r03['factor'] == pytest.approx(250.0)
+  assert r03['cells'][7] == 'never' and r03['time_reduction'] is None
+  assert not recs['top-k ρ=0.1% up/down, bf16 small']['done']
+  assert recs['uncompressed']['time_to_target_s'] == pytest.approx(20.0)
+  best = s.extra['best_lossless']
+  assert best['label'] == 'top-k ρ=2% up/down, bf16 small'
+  claims = {c['anchor'].key: c for c in s.claims}
+  assert claims['thesis.compression.ratio']['met'] is True
+  assert claims['thesis.compression.time_reduction']['met'] is False
+  assert claims['dgc.compression_factor']['met'] is False
+  assert '40.0×' in claims['dgc.compression_factor']['ours']
+  assert 'Highest compression within 0.5 pts of uncompressed**: 40.0×' in (
+      s.markdown)
+
+
+def test_co3_table(root):
+  s = _sections(root)['co3']
+  recs = _by_label(s)
+  assert list(recs) == ['uncompressed', 'co3 fp4 γ=0', 'co3 fp4 γ=0.5',
+                        'co3 fp4 γ=0.9', 'co3 fp4 γ=1']
+  assert recs['uncompressed']['baseline']
+  g0, g9 = recs['co3 fp4 γ=0'], recs['co3 fp4 γ=0.9']
+  assert g0['up_factor'] == pytest.approx(8.0)
+  assert g0['bits_per_entry'] == pytest.approx(4.0)
+  assert g0['delta_points'] == pytest.approx(-5.0)
+  assert g9['up_factor'] == pytest.approx(10.0)
+  assert g9['bits_per_entry'] == pytest.approx(3.2)
+  assert g9['delta_points'] == pytest.approx(-0.2)
+  assert g9['cells'][4:8] == ['−0.20 pts', '100.00 MB', '10.0×', '3.20']
+  assert not recs['co3 fp4 γ=1']['done']
+  claim, = s.claims
+  assert claim['anchor'].key == 'co3.accuracy_delta' and claim['met'] is True
+
+
+def test_missing_runs_and_anchors_on_the_page(root, tmp_path):
+  out = str(tmp_path / 'docs')
+  written = results.write_results(root, out, now=NOW)
+  text = open(written['results.md'], encoding='utf-8').read()
+  # 14 distinct runs (the CO3 baseline is the compression sweep's), 4 missing.
+  assert 'Incomplete: 10 of 14 runs have finished.' in text
+  assert text.count('| *not finished* |') == 4  # table rows
+  for name in (SEMI['progress'], SEMI['adacomm'], CO3.format(g=1.0),
+               sparse_name(0.001)):
+    assert name in text
+  assert 'not started' in text
+  assert 'step 16/600, round 4, last test accuracy 61.00%' in text
+  for claim in ('up to 66%', 'up to 43%', 'up to 92%', '≈ 95%', '270–600×',
+                'no loss (Δ ≈ 0 pts)', 'arXiv:2203.09044',
+                'Deep Gradient Compression'):
+    assert claim in text, claim
+  assert 'python -m hfl.sweep --sweep=configs/sweeps/semisync.py' in text
+  assert '--config.sync.progress_aware=True' in text
+  assert '4 DCs × 2 workers' in text and '2 DCs × 4 workers' in text
+  assert 'LAN (PS NIC) 1.0 Gbit/s' in text
+  assert 'Not met' in text
+  assert '## How to read this page' in text
+  assert 'Generated 2025-01-02 03:04 UTC' in text
+
+
+def test_anchors_cover_design_section_6():
+  text = open(os.path.join(os.path.dirname(REPO), 'shared', 'DESIGN.md'),
+              encoding='utf-8').read() if os.path.exists(os.path.join(
+                  os.path.dirname(REPO), 'shared', 'DESIGN.md')) else ''
+  keys = {a.key for a in anchors.ANCHORS}
+  for k in ('thesis.semisync.rounds_reduction',
+            'thesis.semisync.time_reduction',
+            'thesis.compression.ratio', 'thesis.compression.time_reduction',
+            'dgc.compression_factor', 'co3.accuracy_delta'):
+    assert k in keys
+  assert anchors.get('thesis.semisync.rounds_reduction').value == 0.66
+  assert anchors.get('thesis.semisync.time_reduction').value == 0.43
+  assert anchors.get('thesis.compression.ratio').value == 0.95
+  assert anchors.get('thesis.compression.time_reduction').value == 0.92
+  dgc = anchors.get('dgc.compression_factor')
+  assert (dgc.value, dgc.value_high) == (270.0, 600.0)
+  for a in anchors.ANCHORS:
+    assert a.citation.reference and a.claim
+    if text:  # Every claim is quoted from DESIGN section 6.
+      assert a.claim.split(':')[-1].split(';')[0].strip()[:20] in text, a.key
+  with pytest.raises(KeyError):
+    anchors.get('nope')
+
+
+def test_plots_written_and_regenerated_from_scratch(root, tmp_path):
+  out = tmp_path / 'docs'
+  (out / 'results').mkdir(parents=True)
+  (out / 'results' / 'stale.png').write_bytes(PNG_MAGIC)
+  (out / 'results' / 'keep.txt').write_text('not ours')
+  written = results.write_results(root, str(out), now=NOW)
+  names = sorted(os.path.basename(p) for p in written['plots'])
+  expected = sorted(
+      [f'{k}_{a}' for k in ('semisync', 'compression', 'co3')
+       for a in ('accuracy_vs_sim_time.png', 'accuracy_vs_bytes.png',
+                 'accuracy_vs_inter_dc_rounds.png')]
+      + ['compression_accuracy_vs_ratio.png'])
+  assert names == expected
+  assert sorted(os.listdir(out / 'results')) == sorted(expected + ['keep.txt'])
+  for p in written['plots']:
+    with open(p, 'rb') as f:
+      assert f.read(8) == PNG_MAGIC
+  text = (out / 'results.md').read_text(encoding='utf-8')
+  for n in expected:
+    assert f'](results/{n})' in text
+
+
+def test_empty_root_lists_everything_as_missing(tmp_path):
+  written = results.write_results(str(tmp_path / 'none'),
+                                  str(tmp_path / 'out'), now=NOW)
+  text = open(written['results.md'], encoding='utf-8').read()
+  assert 'Incomplete: 0 of 14 runs have finished.' in text
+  # 14 runs, and the missing CO3 baseline is listed in the CO3 section too.
+  assert text.count('not started') == 15
+  assert text.count('| *not finished* |') == 15
+  assert written['plots'] == []
+  assert text.count('*No plots yet') == 3
+  assert 'not measured' in text
+
+
+def test_cli(root, tmp_path, monkeypatch):
+  calls = []
+  monkeypatch.setattr(results.sweep_lib, 'run_sweep',
+                      lambda base, grid, r, **kw: calls.append(r) or
+                      results.sweep_lib.SweepResult([], [], [], [], [], None))
+  out = str(tmp_path / 'o1')
+  assert results.main(['--no-run', '--root', root, '--out', out]) == 0
+  assert calls == [] and os.path.exists(os.path.join(out, 'results.md'))
+  assert results.main(['--root', root, '--out', str(tmp_path / 'o2')]) == 0
+  assert calls == [os.path.join(root, n)
+                   for n in ('compression', 'semisync', 'co3')]
+
+
+def test_formatting_helpers():
+  assert results.reduction(60.0, 150.0) == pytest.approx(0.6)
+  assert results.reduction(None, 1.0) is None
+  assert results.reduction(1.0, 0.0) is None
+  assert results.fmt_reduction(-0.25) == '−25.0%'
+  assert results.fmt_factor(math.inf) == '∞×'
+  assert results.fmt_factor(1234.0) == '1234×'
+  assert results.fmt_to_target(None, str) == 'never'
+  assert results.fmt_points(0.123) == '+0.12 pts'
