@@ -31,11 +31,23 @@ def write_json(path: str, obj: Any) -> None:
 
 
 def read_jsonl(path: str) -> list:
-  """Reads a metrics.jsonl file; a missing file reads as []."""
+  """Reads a metrics.jsonl file; a missing file reads as [].
+
+  A last line cut short by a crash mid-write is skipped; a bad line elsewhere
+  raises ``json.JSONDecodeError``.
+  """
   if not os.path.exists(path):
     return []
   with open(path) as f:
-    return [json.loads(line) for line in f if line.strip()]
+    lines = [line for line in f if line.strip()]
+  out = []
+  for i, line in enumerate(lines):
+    try:
+      out.append(json.loads(line))
+    except json.JSONDecodeError:
+      if i != len(lines) - 1:
+        raise
+  return out
 
 
 class MetricsWriter:
