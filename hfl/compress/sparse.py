@@ -105,7 +105,10 @@ def _kth_largest_bits(bits, k):
     ok = jnp.sum(bits >= mid, dtype=jnp.int32) >= k
     return jnp.where(ok, mid, lo), jnp.where(ok, hi, mid - 1)
 
-  lo, _ = lax.fori_loop(0, 31, body, (jnp.int32(0), jnp.int32(0x7f800000)))
+  # The carry is built from ``bits`` so that it has the same varying manual axes
+  # inside ``jax.shard_map`` (a constant carry would not type-check there).
+  lo0 = jnp.zeros_like(bits, shape=())
+  lo, _ = lax.fori_loop(0, 31, body, (lo0, lo0 + jnp.int32(0x7f800000)))
   return lo
 
 
