@@ -74,6 +74,17 @@ def _sparse_decode(payload, size, shape):
       vals, unique_indices=True, mode='drop').reshape(shape)
 
 
+def _sparse_decode_sum(gathered, size, shape):
+  """Sum of W sparse payloads (leading axis W) in one scatter-add into f32 zeros.
+
+  Indices are distinct within a payload but may repeat across payloads, so this
+  adds (DESIGN 4.2 "gradient build-up": the union holds up to W*k non-zeros).
+  """
+  idx = gathered['indices'].astype(jnp.int32).reshape(-1)
+  vals = gathered['values'].astype(jnp.float32).reshape(-1)
+  return jnp.zeros((size,), jnp.float32).at[idx].add(vals, mode='drop').reshape(shape)
+
+
 # ----------------------------------------------------------------------------- exact top-k
 
 
@@ -278,8 +289,11 @@ def topk(shape, density: float = 0.01, threshold_variant: bool = False,
   def decode(payload):
     return _sparse_decode(payload, size, shape)
 
+  def decode_sum(gathered):
+    return _sparse_decode_sum(gathered, size, shape)
+
   name = f"topk{'_thr' if threshold_variant else ''}({density:g})"
-  return Compressor(name, shape, EmptyState, encode, decode)
+  return Compressor(name, shape, EmptyState, encode, decode, decode_sum=decode_sum)
 
 
 # --------------------------------------------------------------------------------- random-k
@@ -372,4 +386,8 @@ def randk(shape, density: float = 0.01, unbiased: bool = False,
   def decode(payload):
     return _sparse_decode(payload, size, shape)
 
-  return Compressor(f'randk({density:g})', shape, EmptyState, encode, decode)
+  def decode_sum(gathered):
+    return _sparse_decode_sum(gathered, size, shape)
+
+  return Compressor(f'randk({density:g})', shape, EmptyState, encode, decode,
+                    decode_sum=decode_sum)
