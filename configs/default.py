@@ -63,6 +63,13 @@ def get_config(arg: str | None = None) -> ml_collections.ConfigDict:
   c.compression.wan = _compressor('identity')       # DC -> global (pseudo-gradient, all tensors)
   c.compression.small_threshold = 0  # leaves with fewer entries (or ndim < 2) use `small`
   c.compression.small = 'float32'    # float32 | bfloat16 | float16: precision of small leaves
+  # Deep Gradient Compression options (Lin et al., ICLR 2018; hfl.compress.dgc).
+  c.compression.dgc = ml_collections.ConfigDict()
+  c.compression.dgc.momentum = 0.0       # momentum correction m (0: off); needs optimizer.name='sgd'
+  c.compression.dgc.clip_norm = 0.0      # local gradient clipping threshold (0: off), x 1/sqrt(W)
+  c.compression.dgc.warmup_steps = 0     # density warm-up length in steps (0: off; topk/randk links)
+  c.compression.dgc.initial_density = 0.25  # warm-up density of stage 0
+  c.compression.dgc.num_stages = 4       # warm-up stages (density falls exponentially per stage)
 
   c.network = ml_collections.ConfigDict()
   c.network.compute_time_s = 0.05    # one worker's compute time per iteration at speed 1 (s)

@@ -70,4 +70,52 @@ def validate(config: ml_collections.ConfigDict) -> ml_collections.ConfigDict:
   _int(config, 'sync.k_max', k, lo_name='sync.k')
   _choice(config.compression.small, 'compression.small', SMALL_PRECISIONS)
   _int(config, 'compression.small_threshold', 0)
+  validate_dgc(config)
   return config
+
+
+SPARSIFIERS = ('topk', 'randk')  # compressors with a density the DGC warm-up can schedule
+
+
+def _number(v, path):
+  if isinstance(v, bool) or not isinstance(v, (int, float)):
+    raise ValueError(f'{path}={v!r} must be a number')
+  return float(v)
+
+
+def validate_dgc(config: ml_collections.ConfigDict) -> None:
+  """Checks ``compression.dgc`` (absent: DGC off).
+
+  Raises:
+    ValueError: a field out of range; DGC momentum with an inner optimizer other
+      than plain SGD (the momentum is already in the sent velocity, Lin et al.
+      2018 eq. 7); a warm-up without a top-k/random-k uplink or downlink.
+  """
+  g = config.compression.get('dgc')
+  if g is None:
+    return
+  m = _number(g.get('momentum', 0.0), 'compression.dgc.momentum')
+  if not 0 <= m < 1:
+    raise ValueError(f'compression.dgc.momentum={m} must be in [0, 1) (0: off)')
+  if m > 0 and config.optimizer.name != 'sgd':
+    raise ValueError(
+        f'compression.dgc.momentum={m} (DGC momentum correction) needs '
+        f"optimizer.name='sgd', got optimizer.name={config.optimizer.name!r}: the workers "
+        'already send a momentum velocity, a momentum optimizer would apply it twice')
+  c = _number(g.get('clip_norm', 0.0), 'compression.dgc.clip_norm')
+  if not c >= 0:
+    raise ValueError(f'compression.dgc.clip_norm={c} must be >= 0 (0: off)')
+  warm = _int(config, 'compression.dgc.warmup_steps', 0) if 'warmup_steps' in g else 0
+  if warm:
+    _int(config, 'compression.dgc.num_stages', 1)
+    d0 = _number(g.initial_density, 'compression.dgc.initial_density')
+    if not 0 < d0 <= 1:
+      raise ValueError(f'compression.dgc.initial_density={d0} must be in (0, 1]')
+    links = [n for n in ('uplink', 'downlink')
+             if config.compression[n].name in SPARSIFIERS]
+    if not links:
+      raise ValueError(
+          f'compression.dgc.warmup_steps={warm} schedules the density of a '
+          f'{"/".join(SPARSIFIERS)} compression.uplink or compression.downlink, but '
+          f'compression.uplink.name={config.compression.uplink.name!r} and '
+          f'compression.downlink.name={config.compression.downlink.name!r}')

@@ -6,7 +6,13 @@ per iteration, whether the iteration ends with an inter-DC round.
 Intra-DC iteration, on every worker (d, w) of the ('dc', 'worker') mesh:
   1. g = grad of the worker's loss at the DC model x_d (genuinely per worker: the
      parameters are cast to 'worker'-varying before differentiation).
-  2. uplink with error feedback: p = g + e_up; payload = C_up(p); e_up <- p - D(payload).
+     DGC options (Lin et al., ICLR 2018; hfl.compress.dgc): local gradient
+     clipping g <- clip(g, c / sqrt(W)) (Sec. 3.3); momentum correction
+     u <- m u + g (eq. 7), and u (not g) is what the uplink sends.
+  2. uplink with error feedback: p = x + e_up (x = g, or u with DGC momentum);
+     payload = C_up(p); e_up <- p - D(payload). With DGC momentum the residual e_up
+     is DGC's accumulated velocity v, and momentum factor masking zeroes u where a
+     sparse payload sent coordinates (Sec. 3.2).
   3. PS aggregation over 'worker': linear payloads (identity, casts) are scaled by
      1/W and all-reduced; every other payload is all-gathered, each decoded, then
      averaged — never an average of encoded values.
@@ -37,6 +43,7 @@ from jax.sharding import Mesh, PartitionSpec as P
 
 from hfl import mesh as mesh_lib
 from hfl.compress import base
+from hfl.compress import dgc
 from hfl.compress import ef
 
 DC, WORKER = mesh_lib.DC, mesh_lib.WORKER
@@ -57,6 +64,9 @@ class TrainState(NamedTuple):
   local_steps: jax.Array  # int32[D], local steps since the last round
   step: jax.Array     # int32[], iterations done
   key: jax.Array      # uint32[2], PRNG key for stochastic compressors
+  # DGC momentum-corrected velocity u, leaves f32[D, W, ...], P('dc', 'worker');
+  # () when DGC momentum is off (no leaves: other runs' checkpoints do not grow).
+  dgc_velocity: Any = ()
 
 
 class Compressors(NamedTuple):
@@ -72,7 +82,7 @@ def state_specs(state_like: TrainState) -> TrainState:
       params=P(DC), opt_state=P(DC), global_params=P(), outer_state=P(),
       up_residual=P(DC, WORKER), up_state=P(DC, WORKER), down_residual=P(DC),
       down_state=P(DC), wan_residual=P(DC), wan_state=P(DC), local_steps=P(DC),
-      step=P(), key=P())
+      step=P(), key=P(), dgc_velocity=P(DC, WORKER))
 
 
 def _stack(tree, lead):
@@ -81,10 +91,15 @@ def _stack(tree, lead):
 
 def init_state(params, optimizer: optax.GradientTransformation,
                outer: optax.GradientTransformation, comps: Compressors,
-               num_dcs: int, workers_per_dc: int, key) -> TrainState:
+               num_dcs: int, workers_per_dc: int, key,
+               dgc_momentum: bool = False) -> TrainState:
   """Builds the initial state from one set of global parameters (all DCs start equal).
 
   Pure; call under ``jax.jit(..., out_shardings=...)`` to allocate it sharded.
+
+  Args:
+    dgc_momentum: allocate the per-worker DGC velocity (zeros, leaves
+      f32[D, W, ...]); otherwise ``dgc_velocity`` is ().
   """
   d, w = num_dcs, workers_per_dc
   zeros = jax.tree.map(jnp.zeros_like, params)
@@ -101,7 +116,8 @@ def init_state(params, optimizer: optax.GradientTransformation,
       wan_state=_stack([c.init() for c in comps.wan], (d,)),
       local_steps=jnp.zeros((d,), jnp.int32),
       step=jnp.zeros((), jnp.int32),
-      key=key)
+      key=key,
+      dgc_velocity=_stack(zeros, (d, w)) if dgc_momentum else ())
 
 
 # --------------------------------------------------------------------------------
@@ -157,7 +173,7 @@ def psum_split(payload, axis: str, split_axis: str, split_size: int):
 
 def exchange(c: base.Compressor, x, residual, state, key, axis: str, axis_size: int,
              weights=None, gamma=None, split_axis: str | None = None,
-             split_size: int = 1):
+             split_size: int = 1, with_payload: bool = False):
   """Error-feedback-compresses ``x``, sends it over mesh axis ``axis``, aggregates.
 
   Error feedback (hfl.compress.ef): p = x + γ e; payload = C(p); e <- p - D(payload)
@@ -183,10 +199,13 @@ def exchange(c: base.Compressor, x, residual, state, key, axis: str, axis_size: 
     split_axis: a mesh axis over which ``x`` is identical; its members then each
       send 1/split_size of the payload (:func:`all_gather_split`).
     split_size: members on ``split_axis``.
+    with_payload: also return this member's payload (e.g. for DGC's momentum
+      factor masking).
 
   Returns:
     (aggregate f32[shape] identical on every member, new residual, new state,
-     wire bits f32[] of this member's payload).
+     wire bits f32[] of this member's payload), plus the payload (dict of arrays)
+    when ``with_payload``.
   """
   if gamma is None:
     gamma = getattr(state, 'ef_gamma', 1.0)
@@ -215,6 +234,8 @@ def exchange(c: base.Compressor, x, residual, state, key, axis: str, axis_size: 
       agg = ef.aggregate(c, gathered, axis_size)
     else:
       agg = jnp.tensordot(weights, jax.vmap(c.decode)(gathered), axes=1)
+  if with_payload:
+    return agg, new_res, new_state, bits, payload
   return agg, new_res, new_state, bits
 
 
@@ -224,7 +245,7 @@ def exchange(c: base.Compressor, x, residual, state, key, axis: str, axis_size: 
 
 def make_step(apply_fn: Callable, optimizer: optax.GradientTransformation,
               outer: optax.GradientTransformation, comps: Compressors, mesh: Mesh,
-              state_like: TrainState) -> Callable:
+              state_like: TrainState, dgc_options: dgc.Options | None = None) -> Callable:
   """Builds ``step(state, batch, active, weights, do_round) -> (state, metrics)``.
 
   Args:
@@ -234,6 +255,10 @@ def make_step(apply_fn: Callable, optimizer: optax.GradientTransformation,
     comps: per-leaf compressors.
     mesh: the ('dc', 'worker') mesh.
     state_like: a TrainState (or its eval_shape) to read the tree structure.
+    dgc_options: DGC momentum correction / local clipping (default: off). With
+      ``momentum > 0`` the state must hold a velocity (``init_state(...,
+      dgc_momentum=True)``) and ``optimizer`` should be plain SGD (the momentum
+      is in the velocity; hfl.config checks it for configs).
 
   The returned function takes
     state: TrainState sharded by :func:`state_specs`.
@@ -249,6 +274,16 @@ def make_step(apply_fn: Callable, optimizer: optax.GradientTransformation,
   num_w = mesh.shape[WORKER]
   num_d = mesh.shape[DC]
   treedef = jax.tree.structure(state_like.params)
+  opts = dgc_options or dgc.Options()
+  momentum = float(opts.momentum)
+  clip_norm = float(opts.clip_norm)
+  use_velocity = momentum > 0
+  has_velocity = bool(jax.tree.leaves(state_like.dgc_velocity))
+  if use_velocity != has_velocity:
+    raise ValueError(
+        f'make_step: dgc momentum={momentum} but the state '
+        f'{"holds" if has_velocity else "has no"} DGC velocity; build it with '
+        f'init_state(..., dgc_momentum={use_velocity})')
 
   def loss_fn(params, images, labels):
     logits = apply_fn(params, images)
@@ -268,19 +303,31 @@ def make_step(apply_fn: Callable, optimizer: optax.GradientTransformation,
     # 1. Per-worker gradient.
     p_var = jax.lax.pcast(params, WORKER, to='varying')
     loss, grads = jax.value_and_grad(loss_fn)(p_var, images[0, 0], labels[0, 0])
+    if clip_norm > 0:
+      grads = dgc.clip_local(grads, clip_norm, num_w)
 
     # 2-4. Uplink with EF, PS aggregation, PS downlink with EF, leaf by leaf.
     g_leaves = treedef.flatten_up_to(grads)
     up_res = treedef.flatten_up_to(sq2(state.up_residual))
     down_res = treedef.flatten_up_to(sq1(state.down_residual))
     up_st, down_st = sq2(state.up_state), sq1(state.down_state)
+    vel = treedef.flatten_up_to(sq2(state.dgc_velocity)) if use_velocity else None
     new_up_res, new_up_st, new_down_res, new_down_st, down_g = [], [], [], [], []
+    new_vel = []
     up_bits = jnp.float32(0)
     down_bits = jnp.float32(0)
     for i, g in enumerate(g_leaves):
       cu, cd = comps.up[i], comps.down[i]
-      agg, e, st, bits = exchange(cu, g, up_res[i], up_st[i], jax.random.fold_in(wk_key, i),
-                                  WORKER, num_w)
+      if use_velocity:
+        # Momentum correction: u <- m u + g is sent through the EF (e_up = DGC's v).
+        u = dgc.accumulate(dgc.DGCState(u=vel[i], v=up_res[i]), g, momentum).u
+        agg, e, st, bits, payload = exchange(
+            cu, u, up_res[i], up_st[i], jax.random.fold_in(wk_key, i), WORKER, num_w,
+            with_payload=True)
+        new_vel.append(dgc.mask_velocity(cu, payload, u))
+      else:
+        agg, e, st, bits = exchange(cu, g, up_res[i], up_st[i],
+                                    jax.random.fold_in(wk_key, i), WORKER, num_w)
       up_bits += bits
       # The PS (replicated on the DC's workers) re-compresses the aggregate.
       if cd.lossless:
@@ -308,6 +355,10 @@ def make_step(apply_fn: Callable, optimizer: optax.GradientTransformation,
     up_state = keep(new_up_st, up_st)
     down_residual = keep(treedef.unflatten(new_down_res), treedef.unflatten(down_res))
     down_state = keep(new_down_st, down_st)
+    if use_velocity:
+      velocity = keep(treedef.unflatten(new_vel), treedef.unflatten(vel))
+    else:
+      velocity = ()
     local_steps = state.local_steps + is_active.astype(jnp.int32)
 
     up_bits_dc = jax.lax.psum(up_bits, WORKER) * is_active
@@ -348,7 +399,8 @@ def make_step(apply_fn: Callable, optimizer: optax.GradientTransformation,
         outer_state=outer_state, up_residual=ex2(up_residual), up_state=ex2(up_state),
         down_residual=ex1(down_residual), down_state=ex1(down_state),
         wan_residual=ex1(wan_residual), wan_state=ex1(wan_state),
-        local_steps=local_steps, step=state.step + 1, key=state.key)
+        local_steps=local_steps, step=state.step + 1, key=state.key,
+        dgc_velocity=ex2(velocity))
     metrics = dict(loss=loss_dc[None], up_bits=up_bits_dc[None],
                    down_bits=down_bits_dc[None], wan_bits=wan_bits[None])
     return new_state, metrics

@@ -28,6 +28,7 @@ from hfl import models
 from hfl import network
 from hfl import optim
 from hfl import step as step_lib
+from hfl.compress import dgc
 from hfl.compress import policy
 from hfl.sync import aggregation, faults, outer as outer_lib, schedule as schedule_lib
 
@@ -35,6 +36,10 @@ from hfl.sync import aggregation, faults, outer as outer_lib, schedule as schedu
 # is computed up to the restored step).
 RESUMABLE_FIELDS = ('train.num_steps', 'train.eval_every', 'train.checkpoint_every',
                     'train.log_every', 'train.target_accuracy')
+# Sections added after runs may have started: absent from an older run's config.json,
+# they count as these values (their "off" defaults), so such runs still resume.
+ADDED_SECTIONS = {('compression', 'dgc'): dict(momentum=0.0, clip_norm=0.0, warmup_steps=0,
+                                               initial_density=0.25, num_stages=4)}
 
 
 @dataclasses.dataclass
@@ -60,12 +65,67 @@ class Setup:
 # written.
 # ------------------------------------------------------------------------------
 
-def build_compressors(config, params_shape) -> step_lib.Compressors:
-  """Per-leaf uplink, downlink and WAN compressors (policy of DESIGN 4.2)."""
+def dgc_options(config) -> dgc.Options:
+  """The step's DGC options from ``compression.dgc`` (absent: off)."""
+  g = config.compression.get('dgc')
+  if g is None:
+    return dgc.Options()
+  return dgc.Options(momentum=float(g.get('momentum', 0.0)),
+                     clip_norm=float(g.get('clip_norm', 0.0)))
+
+
+def warmup(config) -> tuple[int, int]:
+  """(warmup_steps, num_stages) of the DGC density warm-up; warmup_steps 0 = off."""
+  g = config.compression.get('dgc')
+  if g is None or not g.get('warmup_steps', 0):
+    return 0, 1
+  return int(g.warmup_steps), int(g.num_stages)
+
+
+def warmup_stage(config, step: int) -> int | None:
+  """The DGC warm-up stage of ``step`` (hfl.compress.dgc.warmup_stage), None when
+  the warm-up is off or finished (then the configured densities apply)."""
+  steps, stages = warmup(config)
+  stage = dgc.warmup_stage(step, steps, stages)
+  return None if stage >= stages else stage
+
+
+def _link_spec(config, link: str, step: int | None):
+  """A link's compressor spec, its density replaced by the warm-up's at ``step``.
+
+  DGC warm-up (Lin et al. 2018, Sec. 3.3; hfl.compress.dgc.warmup_density):
+  density = initial * (final / initial) ** (stage / num_stages) for a top-k /
+  random-k uplink or downlink (``final`` = the link's configured density). Other
+  links, ``step=None`` and steps after the warm-up keep the config's spec.
+  """
+  spec = config.compression[link]
+  if (step is None or warmup_stage(config, step) is None
+      or spec.name not in config_lib.SPARSIFIERS):
+    return spec
+  steps, stages = warmup(config)
+  spec = ml_collections.ConfigDict(spec.to_dict())
+  spec.density = dgc.warmup_density(step, float(spec.density), steps,
+                                    float(config.compression.dgc.initial_density), stages)
+  return spec
+
+
+def build_compressors(config, params_shape, step: int | None = None
+                      ) -> step_lib.Compressors:
+  """Per-leaf uplink, downlink and WAN compressors (policy of DESIGN 4.2).
+
+  Args:
+    config: the experiment config.
+    params_shape: pytree of the model's parameter shapes.
+    step: build for this step's DGC warm-up stage (None: the configured
+      densities). Only the top-k/random-k uplink and downlink densities change, so
+      payload shapes change but no state shape does (dense residuals, stateless
+      sparsifiers): one state serves every stage.
+  """
   c = config.compression
-  up = policy.build(c.uplink, params_shape, c.small_threshold, c.small, field='compression.uplink')
-  down = policy.build(c.downlink, params_shape, c.small_threshold, c.small,
-                      field='compression.downlink')
+  up = policy.build(_link_spec(config, 'uplink', step), params_shape, c.small_threshold,
+                    c.small, field='compression.uplink')
+  down = policy.build(_link_spec(config, 'downlink', step), params_shape, c.small_threshold,
+                      c.small, field='compression.downlink')
   # The pseudo-gradient is compressed leaf by leaf with the same size policy.
   wan = policy.build(c.wan, params_shape, c.small_threshold, c.small, field='compression.wan')
   return step_lib.Compressors(up, down, wan)
@@ -124,6 +184,12 @@ def _check_workdir_config(workdir: str, config) -> None:
   with open(path) as f:
     old = json.load(f)
   new = json.loads(config.to_json())
+  for (*parents, leaf), default in ADDED_SECTIONS.items():
+    sub = old
+    for p in parents:
+      sub = sub.get(p, {}) if isinstance(sub, dict) else {}
+    if isinstance(sub, dict) and parents and leaf not in sub:
+      sub[leaf] = dict(default)
   diffs = []
 
   def walk(a, b, prefix):
@@ -236,16 +302,32 @@ def train_and_evaluate(config: ml_collections.ConfigDict, workdir: str) -> dict:
   key = jax.random.PRNGKey(cfg.seed)
   sample = jnp.zeros((1,) + s.dataset.train_images.shape[1:], jnp.float32)
 
+  dgc_opts = dgc_options(cfg)
+
   def init_fn():
     params = s.model.init(key, sample)['params']
     return step_lib.init_state(params, s.optimizer, s.outer, s.comps, d, w,
-                               jax.random.fold_in(key, 1))
+                               jax.random.fold_in(key, 1),
+                               dgc_momentum=dgc_opts.momentum > 0)
   state_shape = jax.eval_shape(init_fn)
   specs = step_lib.state_specs(state_shape)
   shardings = jax.tree.map(
       lambda spec, sub: jax.tree.map(lambda _: NamedSharding(mesh, spec), sub),
       specs, state_shape, is_leaf=lambda x: isinstance(x, P))
-  step_fn = step_lib.make_step(apply_fn, s.optimizer, s.outer, s.comps, mesh, state_shape)
+  # One step function per DGC warm-up stage (None: the configured compressors);
+  # built when a stage is first reached, compiled on its first call.
+  step_fns = {None: step_lib.make_step(apply_fn, s.optimizer, s.outer, s.comps, mesh,
+                                       state_shape, dgc_opts)}
+
+  def step_fn_at(step):
+    stage = warmup_stage(cfg, step)
+    if stage not in step_fns:
+      comps = build_compressors(cfg, s.params_shape, step)
+      logging.info('DGC warm-up stage %d from step %d, uplink policy:\n%s', stage, step,
+                   policy.describe(comps.up, s.params_shape))
+      step_fns[stage] = step_lib.make_step(apply_fn, s.optimizer, s.outer, comps, mesh,
+                                           state_shape, dgc_opts)
+    return step_fns[stage]
   evaluate = make_eval(s.model, mesh, s.dataset.test_images, s.dataset.test_labels,
                        cfg.train.eval_batch_size)
 
@@ -331,7 +413,7 @@ def train_and_evaluate(config: ml_collections.ConfigDict, workdir: str) -> dict:
     # Each process gathers only the rows of its own (dc, worker) devices.
     batch = (distributed.put_rows(images, idx, batch_sh),
              distributed.put_rows(labels, idx, batch_sh))
-    state, m = step_fn(state, batch, distributed.put_global(active, dc_sh),
+    state, m = step_fn_at(step)(state, batch, distributed.put_global(active, dc_sh),
                        distributed.put_global(weights, rep_sh), do_round)
     m = distributed.to_host(jax.block_until_ready(m))  # all DCs' metrics on every process
 

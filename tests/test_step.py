@@ -9,7 +9,7 @@ import pytest
 from jax.sharding import NamedSharding, PartitionSpec as P
 
 from hfl import accounting, mesh as mesh_lib, models, step as step_lib
-from hfl.compress import base
+from hfl.compress import base, co3, lowrank, quantize, sparse
 
 D, W, B = 2, 4, 4
 LR = 0.1
@@ -191,3 +191,104 @@ def test_nesterov_outer_step_is_optax_nesterov_on_the_pseudo_gradient():
     upd, opt_state = outer.update(delta, opt_state, x_global)
     x_global = optax.apply_updates(x_global, upd)
   chex.assert_trees_all_close(state.global_params, x_global, atol=2e-5, rtol=2e-5)
+
+
+def _lowered_bytes(fn, mesh, state, do_round):
+  """(payload collective bytes per device by axis, metrics) of one lowered step."""
+  xs, ys = _batches(1)
+  args = (state, _put(mesh, xs[0], 'dc', 'worker'), _put(mesh, ys[0], 'dc', 'worker'),
+          _put(mesh, np.array([True, True]), 'dc'), _put(mesh, np.array([.5, .5], np.float32)))
+  coll = accounting.collective_bytes(fn.jitted[do_round].lower(*args).as_text(), mesh)
+  # The step's own metrics (loss, bit counts) are rank-0 all-reduces: not payload.
+  payload = {axis: [(op, b, t) for op, b, t in ops if t.count('x') > 0]
+             for axis, ops in coll.items()}
+  _, m = fn(*args[:1], args[1:3], *args[3:], do_round)
+  return payload, m
+
+
+UPLINKS = {
+    'topk': lambda s: sparse.topk(s, 0.05),
+    'topk_thr': lambda s: sparse.topk(s, 0.02, threshold_variant=True),
+    'randk': lambda s: sparse.randk(s, 0.05),
+    'qsgd': lambda s: quantize.qsgd(s, levels=16),
+    'sign': quantize.sign,
+    'powersgd': lambda s: lowrank.powersgd(s, rank=2),
+    'bf16': lambda s: base.cast(s, jnp.bfloat16),
+}
+
+
+@pytest.mark.parametrize('name', sorted(UPLINKS))
+def test_compressed_uplink_bytes_equal_hlo_collectives(name):
+  """The 'worker' collectives of the local step move exactly the counted uplink bits.
+
+  Sparse payloads are all-gathered as values + indices, quantised ones as packed
+  uint8 codes + float32 scales (nothing dense, never an all-reduce of encoded
+  values); casts are all-reduced in their 16-bit dtype.
+  """
+  mesh, params, apply_fn, state, fn = _setup(comp_up=UPLINKS[name])
+  payload, m = _lowered_bytes(fn, mesh, state, False)
+  assert 'dc' not in payload
+  ops = payload['worker']
+  per_device = sum(b for _, b, _ in ops)
+  assert float(m['up_bits'][0]) / 8 == W * per_device
+  dtypes = {t.split('x')[-1] for _, _, t in ops}
+  n = sum(l.size for l in jax.tree.leaves(params))
+  if name.startswith(('topk', 'randk')):
+    assert {op for op, _, _ in ops} == {'all_gather'}
+    assert dtypes == {'f32>', 'ui16>'}  # values, and uint16 indices (leaves <= 2^16)
+    assert per_device < 0.2 * 4 * n
+  elif name in ('qsgd', 'sign'):
+    assert {op for op, _, _ in ops} == {'all_gather'}
+    assert dtypes == {'f32>', 'ui8>'}   # scales / norms, packed codes
+    bits_per_entry = 6 if name == 'qsgd' else 1
+    assert per_device < 4 * len(jax.tree.leaves(params)) + bits_per_entry * n / 8 + 8 * len(
+        jax.tree.leaves(params))
+  elif name == 'bf16':
+    assert {op for op, _, _ in ops} == {'all_reduce'} and dtypes == {'bf16>'}
+    assert per_device == 2 * n
+
+
+def test_co3_uplink_moves_uint8_symbols_and_charges_the_coded_length():
+  """CO3 charges the entropy-coded message (what a real link would carry) while the
+  simulated collective moves the fixed-width uint8 symbols plus the float32 scale:
+  moved = size + 4 bytes per leaf (the beta index, a 1-byte header field of the
+  coded message, is not needed by the decoder here, so it is not moved); counted
+  = Huffman bits of the symbols + 5 header bytes, below the moved bytes for fp4.
+  """
+  mesh, params, apply_fn, state, fn = _setup(comp_up=lambda s: co3.co3(s, 'fp4'))
+  payload, m = _lowered_bytes(fn, mesh, state, False)
+  ops = payload['worker']
+  assert {op for op, _, _ in ops} == {'all_gather'}
+  leaves = jax.tree.leaves(params)
+  assert sorted(t for _, _, t in ops) == sorted(
+      [f'tensor<1x{"x".join(map(str, l.shape))}xui8>' for l in leaves]
+      + ['tensor<1xf32>'] * len(leaves))
+  moved = sum(b for _, b, _ in ops)
+  assert moved == sum(l.size + 4 for l in leaves)
+  counted = float(m['up_bits'][0]) / 8 / W
+  assert 5 * len(leaves) < counted < moved
+
+
+@pytest.mark.parametrize('name', ['topk', 'bf16'])
+def test_compressed_wan_bytes_equal_hlo_collectives(name):
+  """Over 'dc' each of the DC's W workers sends 1/W of every payload array (padded
+  to a multiple of W), so the DC's devices put the counted WAN payload on the
+  WAN once, plus < W padding entries per array."""
+  wan = {'topk': lambda s: sparse.topk(s, 0.05), 'bf16': lambda s: base.cast(s, jnp.bfloat16)}
+  mesh, params, apply_fn, state, fn = _setup(comp_wan=wan[name])
+  payload, m = _lowered_bytes(fn, mesh, state, True)
+  ops = payload['dc']
+  leaves = jax.tree.leaves(params)
+  if name == 'topk':
+    assert {op for op, _, _ in ops} == {'all_gather'}
+    arrays = [(sparse.num_kept(l.size, 0.05), 4) for l in leaves] + [
+        (sparse.num_kept(l.size, 0.05), jnp.dtype(sparse.index_dtype(l.size)).itemsize)
+        for l in leaves]
+  else:
+    assert {op for op, _, _ in ops} == {'all_reduce'}
+    arrays = [(l.size, 2) for l in leaves]
+  padded = sum(-(-n // W) * W * size for n, size in arrays)
+  assert W * sum(b for _, b, _ in ops) == padded
+  counted = float(m['wan_bits'][0]) / 8
+  assert counted == sum(n * size for n, size in arrays)
+  assert 0 <= padded - counted < W * sum(size for _, size in arrays)

@@ -66,6 +66,10 @@ class Compressor(NamedTuple):
     linear: payloads may be summed before decoding (see module doc).
     lossless: decode(encode(x)) == x exactly, so error feedback is a no-op and
       callers may skip it (identity).
+    decode_sum: optional ``(gathered) -> f32[shape]``, the sum over the leading
+      axis of ``decode`` of W payloads, computed without materialising W dense
+      tensors (sparse payloads: one scatter-add of all W*k values). Equal to
+      ``sum_w decode(payload_w)`` up to float summation order; None: vmap decode.
   """
   name: str
   shape: tuple
@@ -75,6 +79,7 @@ class Compressor(NamedTuple):
   wire_bits: Callable[[Payload], jax.Array] = payload_bits
   linear: bool = False
   lossless: bool = False
+  decode_sum: Callable[[Payload], jax.Array] | None = None
 
 
 def identity(shape) -> Compressor:

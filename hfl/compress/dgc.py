@@ -29,6 +29,11 @@ Integration contract (what a training step does, per worker, per leaf):
           for ``warmup_density(step, ...)`` and rebuild (recompile) only when
           :func:`warmup_stage` changes (num_stages + 1 compilations at most).
 
+hfl.step implements this contract with the uplink's error-feedback residual as v:
+the worker sends u through ``step.exchange`` (p = u + e; e <- p - decode), masks u
+with :func:`mask_velocity` and keeps u in ``TrainState.dgc_velocity``; hfl.train
+rebuilds the compressors per warm-up stage (``compression.dgc`` in the config).
+
 ``dgc_step`` keeps error feedback exact: v <- v - decode(payload), which equals
 masking for exact float32 values and also absorbs value rounding for
 reduced-precision values.
@@ -40,6 +45,19 @@ import jax
 import jax.numpy as jnp
 
 from hfl.compress.base import Compressor
+
+
+class Options(NamedTuple):
+  """DGC options of the training step (``compression.dgc`` in the config).
+
+  Attributes:
+    momentum: m of the momentum correction (0: off; the inner optimizer must then
+      be plain SGD when > 0).
+    clip_norm: local gradient clipping threshold (0: off), scaled by
+      W^(-1/2) for the W workers of a DC (:func:`clip_local`).
+  """
+  momentum: float = 0.0
+  clip_norm: float = 0.0
 
 
 class DGCState(NamedTuple):
@@ -97,6 +115,30 @@ def sent_mask(compressor: Compressor, payload) -> jax.Array:
     idx = payload['indices'].astype(jnp.int32)
     return jnp.zeros((size,), bool).at[idx].set(True, mode='drop').reshape(shape)
   return compressor.decode(payload) != 0
+
+
+def mask_velocity(compressor: Compressor, payload, u: jax.Array) -> jax.Array:
+  """Momentum factor masking of the velocity (Lin et al. 2018, Sec. 3.2): u <- u * not(mask).
+
+  Applied only to sparse payloads (those with ``'indices'``: top-k, random-k),
+  whose unsent coordinates are delayed in the error memory; a dense payload
+  (identity, casts, quantisers) sends every coordinate on every step, and masking
+  it would zero the whole velocity, i.e. turn momentum off for that leaf. Dense
+  leaves therefore keep their velocity (for a lossless link this is exactly
+  momentum SGD, the mean of the workers' velocities being the velocity of the
+  mean gradient).
+
+  Args:
+    compressor: the leaf's compressor.
+    payload: the payload ``compressor.encode`` produced this step.
+    u: f32[shape], the velocity after :func:`accumulate`.
+
+  Returns:
+    f32[shape].
+  """
+  if 'indices' not in payload:
+    return u
+  return jnp.where(sent_mask(compressor, payload), jnp.float32(0), u)
 
 
 def dgc_step(compressor: Compressor, g: jax.Array, state: DGCState, cstate,

@@ -74,6 +74,17 @@ def _sparse_decode(payload, size, shape):
       vals, unique_indices=True, mode='drop').reshape(shape)
 
 
+def _sparse_decode_sum(gathered, size, shape):
+  """Sum of W sparse payloads (leading axis W) in one scatter-add into f32 zeros.
+
+  Indices are distinct within a payload but may repeat across payloads, so this
+  adds (DESIGN 4.2 "gradient build-up": the union holds up to W*k non-zeros).
+  """
+  idx = gathered['indices'].astype(jnp.int32).reshape(-1)
+  vals = gathered['values'].astype(jnp.float32).reshape(-1)
+  return jnp.zeros((size,), jnp.float32).at[idx].add(vals, mode='drop').reshape(shape)
+
+
 # ----------------------------------------------------------------------------- exact top-k
 
 
@@ -105,7 +116,10 @@ def _kth_largest_bits(bits, k):
     ok = jnp.sum(bits >= mid, dtype=jnp.int32) >= k
     return jnp.where(ok, mid, lo), jnp.where(ok, hi, mid - 1)
 
-  lo, _ = lax.fori_loop(0, 31, body, (jnp.int32(0), jnp.int32(0x7f800000)))
+  # The carry is built from ``bits`` so that it has the same varying manual axes
+  # inside ``jax.shard_map`` (a constant carry would not type-check there).
+  lo0 = jnp.zeros_like(bits, shape=())
+  lo, _ = lax.fori_loop(0, 31, body, (lo0, lo0 + jnp.int32(0x7f800000)))
   return lo
 
 
@@ -275,8 +289,11 @@ def topk(shape, density: float = 0.01, threshold_variant: bool = False,
   def decode(payload):
     return _sparse_decode(payload, size, shape)
 
+  def decode_sum(gathered):
+    return _sparse_decode_sum(gathered, size, shape)
+
   name = f"topk{'_thr' if threshold_variant else ''}({density:g})"
-  return Compressor(name, shape, EmptyState, encode, decode)
+  return Compressor(name, shape, EmptyState, encode, decode, decode_sum=decode_sum)
 
 
 # --------------------------------------------------------------------------------- random-k
@@ -369,4 +386,8 @@ def randk(shape, density: float = 0.01, unbiased: bool = False,
   def decode(payload):
     return _sparse_decode(payload, size, shape)
 
-  return Compressor(f'randk({density:g})', shape, EmptyState, encode, decode)
+  def decode_sum(gathered):
+    return _sparse_decode_sum(gathered, size, shape)
+
+  return Compressor(f'randk({density:g})', shape, EmptyState, encode, decode,
+                    decode_sum=decode_sum)
