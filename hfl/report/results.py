@@ -412,8 +412,10 @@ def _settings_lines(data: SweepData, root_display: str,
   entries = list(entries if entries is not None else data.entries)
   c = entries[0].config
   flats = [tables.flatten_config(e.config) for e in entries]
+  # Fields absent from some runs' configs (added to hfl after those runs started)
+  # are schema differences, not per-run settings.
   varying = sorted(k for k in set().union(*flats)
-                   if k not in ('seed', 'workdir')
+                   if k not in ('seed', 'workdir') and all(k in f for f in flats)
                    and len({repr(f.get(k)) for f in flats}) > 1)
   sweep_root = f'{root_display.rstrip("/")}/{data.sweep.name}'
   common = {}
