@@ -28,16 +28,28 @@ _INIT_TIMEOUT = flags.DEFINE_integer('init_timeout_s', None,
 
 
 class _LibraryInfoFilter:
-  """Drops INFO/DEBUG records logged from inside orbax (its per-save chatter)."""
+  """Drops INFO/DEBUG records of chatty libraries (orbax saves, JAX backend probing)."""
 
   def filter(self, record) -> bool:
-    return record.levelno >= logging.converter.STANDARD_WARNING or '/orbax/' not in record.pathname
+    if record.levelno >= logging.converter.STANDARD_WARNING:
+      return True
+    return not any(s in record.pathname for s in self._QUIET)
+
+  # orbax's per-save chatter; jax's "Unable to initialize backend 'tpu'" probe.
+  _QUIET = ('/orbax/', '/jax/_src/xla_bridge.py')
 
 
 def main(argv):
   if len(argv) > 1:
     raise app.UsageError(f'Unexpected arguments: {argv[1:]}')
-  config = _CONFIG.value
+  try:
+    config = _CONFIG.value
+    num_devices = config.mesh.num_dcs * config.mesh.workers_per_dc
+  except (OSError, AttributeError, KeyError) as e:
+    detail = ' '.join(str(e).split())
+    print(f'error: could not load --config ({detail}); pass a config file such as '
+          'configs/default.py.', file=sys.stderr)
+    sys.exit(2)
   # Distributed start-up and the CPU device count come before anything touches
   # the JAX backend.
   from hfl import distributed  # pylint: disable=g-import-not-at-top
@@ -46,7 +58,7 @@ def main(argv):
     info = distributed.maybe_initialize(_COORDINATOR.value, _NUM_PROCESSES.value,
                                         _PROCESS_ID.value, timeout_s=_INIT_TIMEOUT.value)
     mesh.configure_cpu_devices(distributed.cpu_devices_per_process(
-        config.mesh.num_dcs * config.mesh.workers_per_dc, info))
+        num_devices, info))
   except (ValueError, distributed.DistributedInitError) as e:
     print(f'error: {e}', file=sys.stderr)
     sys.exit(2)
@@ -57,10 +69,31 @@ def main(argv):
   try:
     train.train_and_evaluate(config, _WORKDIR.value)
   except (ValueError, FileNotFoundError) as e:
-    logging.error('%s', e)
     print(f'error: {e}', file=sys.stderr)
+    sys.exit(2)
+  except FloatingPointError as e:
+    print(f'error: {e}', file=sys.stderr)
+    sys.exit(3)
+  except KeyboardInterrupt:
+    print(f'interrupted: rerun the same command to resume {_WORKDIR.value} from its last '
+          'checkpoint.', file=sys.stderr)
+    sys.exit(130)
+
+
+def _parse_flags(argv):
+  """absl flag parsing with one clear line (no traceback) for a bad --config.* override."""
+  try:
+    return flags.FLAGS(argv)
+  except flags.Error as e:
+    print(f'error: {e}\nPass --helpfull to see the flags.', file=sys.stderr)
+    sys.exit(2)
+  except (KeyError, AttributeError, FileNotFoundError, ImportError, SyntaxError) as e:
+    msg = str(e).strip('"\'')
+    print(f'error: bad --config or --config.* override: {type(e).__name__}: {msg}. '
+          'Config fields are listed in the README (config reference) and configs/default.py.',
+          file=sys.stderr)
     sys.exit(2)
 
 
 if __name__ == '__main__':
-  app.run(main)
+  app.run(main, flags_parser=_parse_flags)

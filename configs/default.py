@@ -87,6 +87,7 @@ def _compressor(name: str, **kw) -> ml_collections.ConfigDict:
   d.name = name
   d.density = 0.01           # top-k / random-k fraction of entries kept
   d.levels = 16              # QSGD quantisation levels s
+  d.bucket_size = 512        # QSGD entries per norm (bucket d of Alistarh et al.)
   d.rank = 2                 # PowerSGD rank r
   d.threshold_variant = False  # top-k: estimate the threshold instead of exact top_k
   d.fmt = 'fp4'              # CO3 float grid: fp4 = [1,2,1] (11 levels) | fp8 = [1,5,2]

@@ -176,11 +176,18 @@ def setup(config: ml_collections.ConfigDict) -> Setup:
                schedule, present_fn, sizes / sizes.sum())
 
 
-def _check_workdir_config(workdir: str, config) -> None:
-  """Refuses to resume a workdir that was started with a different config."""
+def _check_workdir_config(workdir: str, config) -> list[str]:
+  """Refuses to resume a workdir that was started with a different config.
+
+  Returns:
+    The RESUMABLE_FIELDS that changed, as 'field: old -> new' strings.
+
+  Raises:
+    ValueError: another field differs.
+  """
   path = os.path.join(workdir, 'config.json')
   if not os.path.exists(path):
-    return
+    return []
   with open(path) as f:
     old = json.load(f)
   new = json.loads(config.to_json())
@@ -198,13 +205,15 @@ def _check_workdir_config(workdir: str, config) -> None:
       va, vb = a.get(key), b.get(key)
       if isinstance(va, dict) and isinstance(vb, dict):
         walk(va, vb, name + '.')
-      elif va != vb and name not in RESUMABLE_FIELDS:
-        diffs.append(f'{name}: {va!r} -> {vb!r}')
+      elif va != vb:
+        (resumable if name in RESUMABLE_FIELDS else diffs).append(f'{name}: {va!r} -> {vb!r}')
+  resumable = []
   walk(old, new, '')
   if diffs:
     raise ValueError(
         f'--workdir={workdir} holds a run with a different config ({"; ".join(diffs)}); '
         'use a new workdir, or the same config to resume.')
+  return resumable
 
 
 # ------------------------------------------------------------------------------
@@ -282,10 +291,11 @@ def train_and_evaluate(config: ml_collections.ConfigDict, workdir: str) -> dict:
   Raises:
     ValueError / FileNotFoundError: bad config or data, before anything is compiled
       or written.
+    FloatingPointError: the train loss became NaN or infinite.
   """
   wall0 = time.time()
   s = setup(config)
-  _check_workdir_config(workdir, config)
+  changed = _check_workdir_config(workdir, config)
   cfg = s.config
   d, w = cfg.mesh.num_dcs, cfg.mesh.workers_per_dc
   mesh = s.mesh
@@ -346,7 +356,23 @@ def train_and_evaluate(config: ml_collections.ConfigDict, workdir: str) -> dict:
       metrics_lib.write_json(os.path.join(workdir, 'config.json'), json.loads(cfg.to_json()))
   else:
     _, state, host = restored
+    if host['step'] > cfg.train.num_steps:
+      raise ValueError(
+          f'train.num_steps={cfg.train.num_steps} is below the {host["step"]} iterations '
+          f'--workdir={workdir} has already done; use a new workdir for a shorter run.')
+    summary_path = os.path.join(workdir, 'summary.json')
+    if host['step'] == cfg.train.num_steps and os.path.exists(summary_path):
+      logging.info('%s already finished %d iterations; nothing to do.', workdir, host['step'])
+      with open(summary_path) as f:
+        summary = json.load(f)
+      if writer:
+        print_results(summary)
+      return summary
     logging.info('Resumed from %s at step %d (round %d).', workdir, host['step'], host['round'])
+    if changed:
+      logging.info('Continuing with changed %s.', '; '.join(changed))
+      if writer:
+        metrics_lib.write_json(os.path.join(workdir, 'config.json'), json.loads(cfg.to_json()))
   wall_offset = float(host['wall_time_s'])
   mw = metrics_lib.MetricsWriter(workdir, resume_step=host['step'])
 
@@ -422,6 +448,12 @@ def train_and_evaluate(config: ml_collections.ConfigDict, workdir: str) -> dict:
     totals['intra_down'] += float(np.sum(m['down_bits'], dtype=np.float64)) / 8
     clock = network.advance_iteration(
         clock, network.iteration_time(s.net, m['up_bits'], m['down_bits']), active)
+    if not np.all(np.isfinite(m['loss'])):
+      raise FloatingPointError(
+          f'the train loss is {m["loss"].tolist()} (per DC) at step {step + 1}, round {rnd}: '
+          'training diverged. Lower optimizer.learning_rate or use milder compression '
+          f'(compression.uplink.name={cfg.compression.uplink.name!r}); the checkpoints in '
+          f'{workdir} (before the divergence) are kept.')
     loss_sum += float(np.dot(s.dc_weights, m['loss']))
     loss_n += 1
     step += 1

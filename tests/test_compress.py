@@ -38,7 +38,7 @@ ALL = {
     'topk': lambda s: C.topk(s, 0.1),
     'topk_thr': lambda s: C.topk(s, 0.1, threshold_variant=True),
     'randk': lambda s: C.randk(s, 0.1),
-    'qsgd': lambda s: C.qsgd(s, 4),
+    'qsgd': lambda s: C.qsgd(s, 4, bucket_size=None),
     'sign': lambda s: C.sign(s),
     'powersgd': lambda s: C.powersgd(s, 2),
 }

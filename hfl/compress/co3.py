@@ -109,12 +109,24 @@ class CO3Codec(NamedTuple):
 
 
 def parse_fmt(fmt) -> tuple:
-  """``'fp4'`` / ``'fp8'`` / ``(s, e, m)`` / ``'1,2,1'`` -> ``(s, e, m)`` ints."""
+  """``'fp4'`` / ``'fp8'`` / ``(s, e, m)`` / ``'1,2,1'`` -> ``(s, e, m)`` ints.
+
+  Raises:
+    ValueError: anything else (the message lists the accepted forms).
+  """
+  original = fmt
   if isinstance(fmt, str):
     if fmt in FORMATS:
       return FORMATS[fmt]
     fmt = fmt.strip('[]() ').split(',')
-  return tuple(int(v) for v in fmt)
+  try:
+    out = tuple(int(v) for v in fmt)
+  except (TypeError, ValueError):
+    out = ()
+  if len(out) != 3:
+    raise ValueError(f'co3: fmt={original!r} is not a float format; allowed: '
+                     f'{", ".join(repr(k) for k in FORMATS)} or "s,e,m" bit counts such as "1,2,1"')
+  return out
 
 
 @functools.lru_cache(maxsize=None)

@@ -60,7 +60,7 @@ register('fp16', _cast(jnp.float16))
 register('float16', _cast(jnp.float16))
 register('topk', sparse.topk, ('density', 'threshold_variant'))
 register('randk', sparse.randk, ('density',))
-register('qsgd', quantize.qsgd, ('levels',))
+register('qsgd', quantize.qsgd, ('levels', 'bucket_size'))
 register('sign', quantize.sign)
 register('powersgd', lowrank.powersgd, ('rank',))
 register('co3', co3.co3, ('fmt', 'gamma', 'coder', 'refit_every'))
@@ -94,6 +94,10 @@ def _check_hyper(field, name, value):
     if not _is_int(value) or value < 1:
       raise ValueError(f'{where}={value!r}: levels must be an integer >= 1 '
                        '(QSGD quantisation levels s)')
+  elif name == 'bucket_size':
+    if not _is_int(value) or value < 1:
+      raise ValueError(f'{where}={value!r}: bucket_size must be an integer >= 1 '
+                       '(QSGD entries per norm)')
   elif name == 'rank':
     if not _is_int(value) or value < 1:
       raise ValueError(f'{where}={value!r}: rank must be an integer >= 1 '

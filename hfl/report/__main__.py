@@ -6,6 +6,7 @@ given training workdirs; runs that differ only in ``seed`` are grouped.
 
 import argparse
 import logging
+import os
 import sys
 from typing import Sequence
 
@@ -40,8 +41,16 @@ def main(argv: Sequence[str] | None = None) -> int:
   logging.basicConfig(level=logging.INFO, format='%(levelname)s %(message)s')
   label_by = ([k.strip() for k in args.label_by.split(',') if k.strip()]
               if args.label_by else None)
+  out = os.path.abspath(args.out)
+  run_dirs = []
+  for d in args.run_dirs:
+    is_run = any(os.path.exists(os.path.join(d, f)) for f in ('summary.json', 'metrics.jsonl'))
+    if os.path.abspath(d) == out or (len(args.run_dirs) > 1 and not is_run):
+      print(f'skipping {d}: not a workdir', file=sys.stderr)
+      continue
+    run_dirs.append(d)
   try:
-    written = report.write_report(args.run_dirs, args.out, target=args.target,
+    written = report.write_report(run_dirs, args.out, target=args.target,
                                   label_by=label_by, baseline=args.baseline,
                                   plots=args.plots)
   except (FileNotFoundError, ValueError) as e:

@@ -155,7 +155,11 @@ def plot_accuracy(rows: Sequence[tables.GroupRow], axis: Axis, path: str,
     ax.text(0.5, 0.5, 'no evaluations', transform=ax.transAxes,
             ha='center', va='center')
   title = 'shaded: ±1 std over seeds' if banded else None
-  if outside:
+  longest = max((len(h.get_label()) for h in ax.get_legend_handles_labels()[0]), default=0)
+  if outside and longest > 40:  # long labels: below the axes, keeping the plot wide
+    ax.legend(loc='upper center', bbox_to_anchor=(0.5, -0.15), fontsize='small',
+              title=title, title_fontsize='small', frameon=False, ncol=1)
+  elif outside:
     ax.legend(loc='upper left', bbox_to_anchor=(1.02, 1.0), fontsize='small',
               title=title, title_fontsize='small', frameon=False)
   else:

@@ -38,6 +38,9 @@ LINKS = ('intra_up', 'intra_down', 'inter_dc')
 NEVER = 'never'
 # Flattened config keys that do not make two runs different experiments.
 GROUPING_IGNORED_KEYS = frozenset({'seed', 'workdir'})
+# Keys that never change what is trained: not used in labels.
+LABEL_IGNORED_KEYS = GROUPING_IGNORED_KEYS | {
+    'train.eval_every', 'train.log_every', 'train.checkpoint_every', 'train.eval_batch_size'}
 # Config keys that name the compressors; identity on all of them = uncompressed.
 COMPRESSOR_KEYS = ('compression.uplink.name', 'compression.downlink.name',
                    'compression.wan.name')
@@ -298,6 +301,15 @@ def _short_key(key: str) -> str:
   return parts[-1]
 
 
+def _unused_hyper(flat: Mapping[str, Any], key: str) -> bool:
+  """A compressor hyper-parameter of a link whose compressor does not use it."""
+  parts = key.split('.')
+  if len(parts) != 3 or parts[0] != 'compression' or parts[2] == 'name':
+    return False
+  name = flat.get(f'compression.{parts[1]}.name')
+  return name in ('identity', 'float32', 'bf16', 'bfloat16', 'fp16', 'float16')
+
+
 def make_labels(groups: Sequence[Sequence[RunRecord]],
                 label_by: Sequence[str] | None = None) -> list[str]:
   """One readable, unique label per group.
@@ -322,7 +334,10 @@ def make_labels(groups: Sequence[Sequence[RunRecord]],
     keys = list(label_by)
   else:
     all_keys = sorted(set().union(*flats)) if flats else []
-    varying = [k for k in all_keys if k not in GROUPING_IGNORED_KEYS
+    # Keys missing from some runs (fields added to hfl after they ran) are schema
+    # differences, not settings.
+    varying = [k for k in all_keys if k not in LABEL_IGNORED_KEYS
+               and all(k in f for f in flats)
                and len({repr(f.get(k)) for f in flats}) > 1]
     keys = [k for k in DEFAULT_LABEL_KEYS if k in varying]
     keys += [k for k in varying if k not in keys]
@@ -335,7 +350,7 @@ def make_labels(groups: Sequence[Sequence[RunRecord]],
       continue
     parts = []
     for k in keys:
-      if k not in flat:
+      if k not in flat or _unused_hyper(flat, k):
         continue
       v = flat[k]
       v = ','.join(map(str, v)) if isinstance(v, tuple) else str(v)
