@@ -444,7 +444,10 @@ def test_policy_hyper_passed():
                {'w': jnp.zeros((100, 100))}, 0, 'float32')
   assert cs[0].name == 'topk_thr(0.1)'
   cs = C.build(_spec(name='qsgd', levels=3), {'w': jnp.zeros((10, 10))}, 0, 'float32')
-  assert cs[0].name == 'qsgd(s=3)'
+  assert cs[0].name == 'qsgd(s=3,d=100)'  # default bucket 512, capped at the leaf size
+  cs = C.build(_spec(name='qsgd', levels=3, bucket_size=20), {'w': jnp.zeros((10, 10))}, 0,
+               'float32')
+  assert cs[0].name == 'qsgd(s=3,d=20)'
   cs = C.build(_spec(name='powersgd', rank=5), {'w': jnp.zeros((10, 10))}, 0, 'float32')
   assert cs[0].name == 'powersgd(r=5)'
 
