@@ -77,10 +77,7 @@ def main():
     comps = step_lib.Compressors(up, down, wan)
     comps_of[name] = comps
     state = step_lib.init_state(params, opt, outer, comps, d, w, jax.random.PRNGKey(1))
-    specs = step_lib.state_specs(state)
-    state = jax.device_put(state, jax.tree.map(
-        lambda sp, sub: jax.tree.map(lambda _: NamedSharding(mesh, sp), sub), specs, state,
-        is_leaf=lambda a: isinstance(a, P)))
+    state = jax.device_put(state, step_lib.state_shardings(mesh, state))
     fn = step_lib.make_step(apply_fn, opt, outer, comps, mesh, state)
     runs[name] = [fn, state]
 

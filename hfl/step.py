@@ -39,7 +39,7 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 import optax
-from jax.sharding import Mesh, PartitionSpec as P
+from jax.sharding import Mesh, NamedSharding, PartitionSpec as P
 
 from hfl import mesh as mesh_lib
 from hfl.compress import base
@@ -83,6 +83,13 @@ def state_specs(state_like: TrainState) -> TrainState:
       up_residual=P(DC, WORKER), up_state=P(DC, WORKER), down_residual=P(DC),
       down_state=P(DC), wan_residual=P(DC), wan_state=P(DC), local_steps=P(DC),
       step=P(), key=P(), dgc_velocity=P(DC, WORKER))
+
+
+def state_shardings(mesh: Mesh, state_like: TrainState) -> TrainState:
+  """NamedShardings of every leaf of a TrainState (or of its eval_shape), per state_specs."""
+  return jax.tree.map(
+      lambda spec, sub: jax.tree.map(lambda _: NamedSharding(mesh, spec), sub),
+      state_specs(state_like), state_like, is_leaf=lambda x: isinstance(x, P))
 
 
 def _stack(tree, lead):

@@ -320,10 +320,7 @@ def train_and_evaluate(config: ml_collections.ConfigDict, workdir: str) -> dict:
                                jax.random.fold_in(key, 1),
                                dgc_momentum=dgc_opts.momentum > 0)
   state_shape = jax.eval_shape(init_fn)
-  specs = step_lib.state_specs(state_shape)
-  shardings = jax.tree.map(
-      lambda spec, sub: jax.tree.map(lambda _: NamedSharding(mesh, spec), sub),
-      specs, state_shape, is_leaf=lambda x: isinstance(x, P))
+  shardings = step_lib.state_shardings(mesh, state_shape)
   # One step function per DGC warm-up stage (None: the configured compressors);
   # built when a stage is first reached, compiled on its first call.
   step_fns = {None: step_lib.make_step(apply_fn, s.optimizer, s.outer, s.comps, mesh,

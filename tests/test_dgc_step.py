@@ -38,10 +38,7 @@ def _dgc_setup(momentum, clip_norm):
   opt, outer = optax.sgd(LR), optax.sgd(1.0)
   state = step_lib.init_state(params, opt, outer, comps, D, W, jax.random.PRNGKey(1),
                               dgc_momentum=momentum > 0)
-  specs = step_lib.state_specs(state)
-  state = jax.device_put(state, jax.tree.map(
-      lambda sp, sub: jax.tree.map(lambda _: NamedSharding(mesh, sp), sub), specs, state,
-      is_leaf=lambda x: isinstance(x, P)))
+  state = jax.device_put(state, step_lib.state_shardings(mesh, state))
   apply_fn = lambda p, x: net.apply({'params': p}, x)
   fn = step_lib.make_step(apply_fn, opt, outer, comps, mesh, state,
                           dgc.Options(momentum=momentum, clip_norm=clip_norm))

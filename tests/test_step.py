@@ -29,10 +29,7 @@ def _setup(comp_up=None, comp_wan=None, optimizer=None, outer=None, model='mlp')
   outer = outer or optax.sgd(1.0)
   params = jax.tree.map(np.array, params)
   state = step_lib.init_state(params, optimizer, outer, comps, D, W, jax.random.PRNGKey(1))
-  specs = step_lib.state_specs(state)
-  shard = jax.tree.map(lambda sp, sub: jax.tree.map(lambda _: NamedSharding(mesh, sp), sub),
-                       specs, state, is_leaf=lambda x: isinstance(x, P))
-  state = jax.device_put(state, shard)
+  state = jax.device_put(state, step_lib.state_shardings(mesh, state))
   apply_fn = lambda p, x: net.apply({'params': p}, x)
   fn = step_lib.make_step(apply_fn, optimizer, outer, comps, mesh, state)
   # The step donates its state: keep a host copy of the initial parameters.

@@ -81,6 +81,11 @@ def _is_int(v):
   return isinstance(v, (int, np.integer)) and not isinstance(v, bool)
 
 
+# Integer hyper-parameters that must be >= 1, with what they mean.
+_POSITIVE_INTS = {'levels': 'QSGD quantisation levels s', 'bucket_size': 'QSGD entries per norm',
+                  'rank': 'PowerSGD rank r'}
+
+
 def _check_hyper(field, name, value):
   """Range checks of the shared hyper-parameters; ValueError naming the field."""
   where = f'{field}.{name}'
@@ -90,18 +95,10 @@ def _check_hyper(field, name, value):
     if not ok:
       raise ValueError(f'{where}={value!r}: density must be a number in (0, 1] '
                        '(fraction of entries kept)')
-  elif name == 'levels':
+  elif name in _POSITIVE_INTS:
     if not _is_int(value) or value < 1:
-      raise ValueError(f'{where}={value!r}: levels must be an integer >= 1 '
-                       '(QSGD quantisation levels s)')
-  elif name == 'bucket_size':
-    if not _is_int(value) or value < 1:
-      raise ValueError(f'{where}={value!r}: bucket_size must be an integer >= 1 '
-                       '(QSGD entries per norm)')
-  elif name == 'rank':
-    if not _is_int(value) or value < 1:
-      raise ValueError(f'{where}={value!r}: rank must be an integer >= 1 '
-                       '(PowerSGD rank r)')
+      raise ValueError(f'{where}={value!r}: {name} must be an integer >= 1 '
+                       f'({_POSITIVE_INTS[name]})')
   elif name == 'threshold_variant':
     if not isinstance(value, (bool, np.bool_)):
       raise ValueError(f'{where}={value!r}: threshold_variant must be True or False')
