@@ -239,6 +239,15 @@ def _threshold_topk_indices(mag, k, key, plan):
   return lax.cond((total >= k) & (total <= buf), from_candidates, exact)
 
 
+def _sparse_layout(shape, density):
+  """(shape tuple, size, k kept, index dtype) of a sparse payload; checks density."""
+  _check_density(density)
+  shape = tuple(int(d) for d in shape)
+  size = int(np.prod(shape, dtype=np.int64))
+  k = num_kept(size, density)
+  return shape, size, k, index_dtype(size)
+
+
 def topk(shape, density: float = 0.01, threshold_variant: bool = False,
          values_dtype=jnp.float32, **unused) -> Compressor:
   """Top-k by magnitude (biased; use with error feedback).
@@ -265,11 +274,7 @@ def topk(shape, density: float = 0.01, threshold_variant: bool = False,
     ValueError: density outside (0, 1].
   """
   del unused
-  _check_density(density)
-  shape = tuple(int(d) for d in shape)
-  size = int(np.prod(shape, dtype=np.int64))
-  k = num_kept(size, density)
-  idt = index_dtype(size)
+  shape, size, k, idt = _sparse_layout(shape, density)
   plan = _threshold_plan(size, k) if threshold_variant else None
 
   def encode(x, state, key):
@@ -366,11 +371,7 @@ def randk(shape, density: float = 0.01, unbiased: bool = False,
     ValueError: density outside (0, 1].
   """
   del unused
-  _check_density(density)
-  shape = tuple(int(d) for d in shape)
-  size = int(np.prod(shape, dtype=np.int64))
-  k = num_kept(size, density)
-  idt = index_dtype(size)
+  shape, size, k, idt = _sparse_layout(shape, density)
   m = _draws_plan(size, k)
   scale = size / k if unbiased else 1.0
 

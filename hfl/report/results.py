@@ -687,12 +687,18 @@ def semisync_section(data: SweepData, root_display: str) -> Section:
   elif base_done and base.row.rounds_to_target.mean is None:
     notes.append('- ⚠ The sync baseline never reached the target: '
                  'reductions to target are undefined (`–`).')
+  return _finish_section('semisync', md, notes, claims, records, missing, entries, base,
+                         data)
+
+
+def _finish_section(key, md, notes, claims, records, missing, entries, base, data) -> Section:
+  """Appends the shared notes (unmet claims, step mismatches, config drift) and builds it."""
   for c in claims:
     if c['met'] is False:
       notes.append(f'- Not met: {c["anchor"].quantity} — {c["verdict"]}.')
   notes += _steps_mismatch(entries, base) + _config_drift(data)
   md += notes
-  return Section('semisync', md[0][3:], records, claims, missing,
+  return Section(key, md[0][3:], records, claims, missing,
                  '\n'.join(md) + '\n', [e.row for e in entries if e.done],
                  data.target, dict(baseline=base.label if base else None,
                                    workdirs=_workdirs(entries)))
@@ -960,15 +966,8 @@ def co3_section(data: SweepData, compression: SweepData,
   if not base_done:
     notes.append('- ⚠ The uncompressed baseline has not finished: Δ, uplink '
                  'reduction and bits per entry cannot be computed yet.')
-  for c in claims:
-    if c['met'] is False:
-      notes.append(f'- Not met: {c["anchor"].quantity} — {c["verdict"]}.')
-  notes += _steps_mismatch(entries, base) + _config_drift(data)
-  md += notes
-  return Section('co3', md[0][3:], records, claims, missing,
-                 '\n'.join(md) + '\n', [e.row for e in entries if e.done],
-                 data.target, dict(baseline=base.label if base else None,
-                                   workdirs=_workdirs(entries)))
+  return _finish_section('co3', md, notes, claims, records, missing, entries, base,
+                         data)
 
 
 def _baseline_same_config(base: Entry, entries: Sequence[Entry]) -> list[str]:
