@@ -389,6 +389,10 @@ def train_and_evaluate(config: ml_collections.ConfigDict, workdir: str) -> dict:
   images, labels = s.dataset.train_images, s.dataset.train_labels
   it_in_round = 0
   loss_sum, loss_n = 0.0, 0
+  # Measured wall-clock of each iteration (dispatch to results on the host), split
+  # into round iterations (with the inter-DC exchange) and local ones.
+  step_wall = dict(round=[], local=[])
+  compiled = set()
   t_log = time.time()
   step_log = step
 
@@ -436,9 +440,14 @@ def train_and_evaluate(config: ml_collections.ConfigDict, workdir: str) -> dict:
     # Each process gathers only the rows of its own (dc, worker) devices.
     batch = (distributed.put_rows(images, idx, batch_sh),
              distributed.put_rows(labels, idx, batch_sh))
+    program = (warmup_stage(cfg, step), do_round)
+    t_step = time.perf_counter()
     state, m = step_fn_at(step)(state, batch, distributed.put_global(active, dc_sh),
                        distributed.put_global(weights, rep_sh), do_round)
     m = distributed.to_host(jax.block_until_ready(m))  # all DCs' metrics on every process
+    if program in compiled:  # a program's first call includes its compilation
+      step_wall['round' if do_round else 'local'].append(time.perf_counter() - t_step)
+    compiled.add(program)
 
     # ---- Accounting and the simulated clock.
     totals['intra_up'] += float(np.sum(m['up_bits'], dtype=np.float64)) / 8
@@ -494,13 +503,36 @@ def train_and_evaluate(config: ml_collections.ConfigDict, workdir: str) -> dict:
       sim_time_s=clock.now, idle_s=[float(x) for x in clock.idle_s],
       wall_time_s=wall_offset + time.time() - wall0,
       time_to_target_s=host['time_to_target_s'], rounds_to_target=host['rounds_to_target'],
-      target_accuracy=target, config=json.loads(cfg.to_json()))
+      target_accuracy=target, step_wall_s=wall_stats(step_wall),
+      config=json.loads(cfg.to_json()))
   mw.close()
   mngr.close()
   if writer:
     metrics_lib.write_json(os.path.join(workdir, 'summary.json'), summary)
     print_results(summary)
   return summary
+
+
+def wall_stats(step_wall: dict) -> dict:
+  """Median and count of the measured iteration wall-clock, per kind of iteration.
+
+  Args:
+    step_wall: ``{'round': [...], 'local': [...]}``, seconds per iteration (the
+      first call of each compiled program, which compiles it, left out).
+
+  Returns:
+    ``{'round_median': s | None, 'round_n': int, 'local_median': s | None,
+    'local_n': int}``, seconds. A round iteration includes the inter-DC exchange, so
+    on a real or emulated WAN ``round_median - local_median`` (or the difference
+    of ``round_median`` against the same run on a fast network) measures the
+    inter-DC communication time that ``hfl.network.round_comm_time`` predicts.
+  """
+  out = {}
+  for kind in ('round', 'local'):
+    v = step_wall[kind]
+    out[f'{kind}_median'] = float(np.median(v)) if v else None
+    out[f'{kind}_n'] = len(v)
+  return out
 
 
 def print_results(summary: dict) -> None:

@@ -5,39 +5,60 @@
       --config=configs/smoke.py --workdir=/tmp/hfl_wan
 
 One process per DC (``mesh.num_dcs`` processes, ``workers_per_dc`` CPU devices
-each). DC i runs in namespace ``hflwan-dc<i>`` with address 10.77.0.<i+1>/24 on a
-veth whose peer is enslaved to a bridge in namespace ``hflwan-hub``. Both ends
-of every DC's link are shaped, so each DC has a full-duplex WAN link (as in
-hfl/network.py): the DC-side veth's egress (uploads) and the hub-side veth's
-egress (downloads) get ``tc`` with ``netem rate R delay D`` when the kernel has
-netem, else ``tbf rate R`` (bandwidth only; the launcher says so and records
-the effective one-way latency 0 in WAN_INFO). The inter-DC collectives (gloo
-over TCP between the processes) therefore really cross a link of the configured
-rate; collectives among the workers of one DC stay inside its namespace.
+each). DC i runs in namespace ``hflwan-dc<i>`` with address 10.77.<i>.1/24 on a
+veth whose peer (10.77.<i>.254) sits in a router namespace ``hflwan-hub``; every
+inter-DC packet is routed through the hub. Both ends of every DC's link are
+shaped, so each DC has a full-duplex WAN link (as in hfl/network.py): the DC-side
+veth's egress (uploads) and the hub-side veth's egress (downloads) are limited to
+the rate with ``tc``. The one-way delay D is added
 
-Only this machine's own namespaces and the private 10.77.0.0/24 addresses are
+* by ``netem`` (``rate R delay D/2`` on both ends) when the kernel has it;
+* otherwise by a delay line: the hub routes every packet arriving from a DC
+  (policy routing on the input interface) into a TUN device, a small process
+  holds each packet D seconds and writes it back, and the hub forwards it to its
+  destination DC (rate shaping is then ``tbf``). The delay line is FIFO, so
+  packets are never reordered; its timer slack (≲ 1 ms, it runs at raised
+  priority) is small against a 10 ms-scale WAN delay.
+
+The inter-DC collectives (gloo over TCP between the processes) therefore really
+cross a link of the configured rate and delay; collectives among the workers of
+one DC stay inside its namespace. TCP's slow-start restart after idle is turned
+off in the DC namespaces (``net.ipv4.tcp_slow_start_after_idle=0``), as
+long-haul deployments do, so a connection idle between two inter-DC rounds keeps
+its window.
+
+Only this machine's own namespaces and the private 10.77.0.0/16 addresses are
 touched; everything is removed on exit (also on Ctrl-C). Gloo binds to the
 address the host name resolves to, so each namespace gets
 ``/etc/netns/<ns>/hosts`` mapping this host's name to its DC address (``ip netns
 exec`` mounts it over /etc/hosts).
 
-Writes WORKDIR/wan_info.json (rate, delay, qdisc used) and per-DC logs in
+Writes WORKDIR/wan_info.json (rate, delay, qdisc and delay method used) and per-DC logs in
 WORKDIR/logs. Exit status: 0 if every process succeeds, else the first failing one.
 """
 
 import argparse
+import collections
+import fcntl
 import json
 import os
+import select
 import shutil
 import signal
 import socket
+import struct
 import subprocess
 import sys
 import time
 
 REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 HUB = 'hflwan-hub'
-PREFIX = '10.77.0.'
+TUN = 'hfldelay'
+TABLE = '77'
+
+
+def dc_addr(i: int) -> str:
+  return f'10.77.{i}.1'
 
 
 def sh(*cmd, check=True):
@@ -48,7 +69,7 @@ def sh(*cmd, check=True):
 
 
 def shape(ns: str, dev: str, rate_mbit: float, delay_ms: float) -> str:
-  """Shapes ``dev``'s egress in ``ns``; returns the qdisc used."""
+  """Shapes ``dev``'s egress in ``ns`` (netem with ``delay_ms`` if it can); returns the qdisc."""
   r = sh('ip', 'netns', 'exec', ns, 'tc', 'qdisc', 'replace', 'dev', dev, 'root', 'netem',
          'rate', f'{rate_mbit}mbit', 'delay', f'{delay_ms}ms', 'limit', '100000', check=False)
   if r.returncode == 0:
@@ -60,37 +81,105 @@ def shape(ns: str, dev: str, rate_mbit: float, delay_ms: float) -> str:
   return 'tbf'
 
 
-def setup(num_dcs: int, rate_mbit: float, delay_ms: float) -> dict:
+def has_netem() -> bool:
+  """Whether this kernel has the netem qdisc (tried on a scratch namespace's lo)."""
+  ns = 'hflwan-probe'
+  sh('ip', 'netns', 'add', ns, check=False)
+  try:
+    r = sh('ip', 'netns', 'exec', ns, 'tc', 'qdisc', 'add', 'dev', 'lo', 'root', 'netem',
+           'delay', '1ms', check=False)
+    return r.returncode == 0
+  finally:
+    sh('ip', 'netns', 'del', ns, check=False)
+
+
+def delay_line(name: str, delay_s: float) -> None:
+  """Holds every packet read from TUN device ``name`` for ``delay_s``, then writes it back.
+
+  Runs until killed; prints ``ready`` once the device exists. FIFO: a constant
+  delay keeps the packet order.
+  """
+  tunsetiff, iff_tun, iff_no_pi = 0x400454ca, 0x0001, 0x1000
+  fd = os.open('/dev/net/tun', os.O_RDWR)
+  fcntl.ioctl(fd, tunsetiff, struct.pack('16sH', name.encode(), iff_tun | iff_no_pi))
+  os.set_blocking(fd, False)
+  try:
+    os.nice(-15)  # root: keep the timer tight while the training saturates the cores
+  except OSError:
+    pass
+  print('ready', flush=True)
+  held = collections.deque()
+  while True:
+    now = time.monotonic()
+    while held and held[0][0] <= now:
+      os.write(fd, held.popleft()[1])
+    timeout = held[0][0] - now if held else 1.0
+    ready, _, _ = select.select([fd], [], [], max(timeout, 0.0))
+    if ready:
+      t = time.monotonic() + delay_s
+      while True:
+        try:
+          held.append((t, os.read(fd, 65536)))
+        except BlockingIOError:
+          break
+
+
+def setup(num_dcs: int, rate_mbit: float, delay_ms: float) -> tuple[dict, subprocess.Popen | None]:
+  """Builds the namespaces and links; returns (WAN_INFO, the delay-line process or None)."""
   if os.geteuid() != 0:
     raise RuntimeError('emulated_wan.py needs root (ip netns, tc).')
   for tool in ('ip', 'tc'):
     if shutil.which(tool) is None:
       raise RuntimeError(f'{tool} not found (install iproute2).')
   teardown(num_dcs)
+  netem = has_netem()
+  use_line = delay_ms > 0 and not netem
+  if use_line and not os.path.exists('/dev/net/tun'):
+    raise RuntimeError('this kernel has no netem and there is no /dev/net/tun: cannot add '
+                       'WAN delay (run with --wan_latency_ms=0 for a rate-only link).')
   sh('ip', 'netns', 'add', HUB)
-  sh('ip', '-n', HUB, 'link', 'add', 'br0', 'type', 'bridge')
-  sh('ip', '-n', HUB, 'link', 'set', 'br0', 'up')
+  sh('ip', '-n', HUB, 'link', 'set', 'lo', 'up')
+  for key in ('net.ipv4.ip_forward=1', 'net.ipv4.conf.all.rp_filter=0',
+              'net.ipv4.conf.default.rp_filter=0'):
+    sh('ip', 'netns', 'exec', HUB, 'sysctl', '-qw', key)
   host = socket.gethostname()
   qdiscs = set()
   for i in range(num_dcs):
     ns = f'hflwan-dc{i}'
     sh('ip', 'netns', 'add', ns)
+    sh('ip', 'netns', 'exec', ns, 'sysctl', '-qw', 'net.ipv4.tcp_slow_start_after_idle=0')
     sh('ip', 'link', 'add', f'hflw{i}', 'type', 'veth', 'peer', 'name', f'hflh{i}')
     sh('ip', 'link', 'set', f'hflw{i}', 'netns', ns)
     sh('ip', 'link', 'set', f'hflh{i}', 'netns', HUB)
-    sh('ip', '-n', ns, 'addr', 'add', f'{PREFIX}{i + 1}/24', 'dev', f'hflw{i}')
+    sh('ip', '-n', ns, 'addr', 'add', f'{dc_addr(i)}/24', 'dev', f'hflw{i}')
+    sh('ip', '-n', HUB, 'addr', 'add', f'10.77.{i}.254/24', 'dev', f'hflh{i}')
     for n, dev in ((ns, f'hflw{i}'), (ns, 'lo'), (HUB, f'hflh{i}')):
       sh('ip', '-n', n, 'link', 'set', dev, 'up')
-    sh('ip', '-n', HUB, 'link', 'set', f'hflh{i}', 'master', 'br0')
+    sh('ip', '-n', ns, 'route', 'add', 'default', 'via', f'10.77.{i}.254')
     # Full duplex: uploads shaped in the DC, downloads on the hub side.
-    qdiscs.add(shape(ns, f'hflw{i}', rate_mbit, delay_ms / 2))
-    qdiscs.add(shape(HUB, f'hflh{i}', rate_mbit, delay_ms / 2))
+    half = 0.0 if use_line else delay_ms / 2
+    qdiscs.add(shape(ns, f'hflw{i}', rate_mbit, half))
+    qdiscs.add(shape(HUB, f'hflh{i}', rate_mbit, half))
     os.makedirs(f'/etc/netns/{ns}', exist_ok=True)
     with open(f'/etc/netns/{ns}/hosts', 'w') as f:
-      f.write(f'127.0.0.1 localhost\n{PREFIX}{i + 1} {host}\n')
-  delay_used = delay_ms if qdiscs == {'netem'} else 0.0
-  return dict(rate_mbit=rate_mbit, delay_ms_requested=delay_ms, one_way_delay_ms=delay_used,
-              qdisc=sorted(qdiscs))
+      f.write(f'127.0.0.1 localhost\n{dc_addr(i)} {host}\n')
+  line = None
+  if use_line:
+    line = subprocess.Popen(  # pylint: disable=consider-using-with
+        ['ip', 'netns', 'exec', HUB, sys.executable, os.path.abspath(__file__),
+         f'--_delay_line={delay_ms / 1000}'], stdout=subprocess.PIPE, text=True,
+        start_new_session=True)
+    if line.stdout.readline().strip() != 'ready':
+      raise RuntimeError('the delay line did not start (see its stderr above).')
+    sh('ip', '-n', HUB, 'link', 'set', TUN, 'up')
+    sh('ip', 'netns', 'exec', HUB, 'sysctl', '-qw', f'net.ipv4.conf.{TUN}.rp_filter=0')
+    sh('ip', '-n', HUB, 'route', 'add', 'default', 'dev', TUN, 'table', TABLE)
+    for i in range(num_dcs):  # from a DC: into the delay line; from it: main table
+      sh('ip', '-n', HUB, 'rule', 'add', 'iif', f'hflh{i}', 'lookup', TABLE, 'pref', '100')
+  method = 'netem' if netem else ('delay line (TUN)' if use_line else 'none')
+  return dict(rate_mbit=rate_mbit, delay_ms_requested=delay_ms,
+              one_way_delay_ms=delay_ms if (netem or use_line) else 0.0,
+              qdisc=sorted(qdiscs), delay_method=method), line
 
 
 def teardown(num_dcs: int) -> None:
@@ -129,8 +218,12 @@ def main() -> int:
   p.add_argument('--init_timeout_s', type=int, default=60)
   p.add_argument('--timeout_s', type=float, default=1800)
   p.add_argument('--keep', action='store_true', help='keep the namespaces after the run')
+  p.add_argument('--_delay_line', type=float, default=None, help=argparse.SUPPRESS)
   p.add_argument('main_args', nargs=argparse.REMAINDER)
   args = p.parse_args()
+  if args._delay_line is not None:  # pylint: disable=protected-access
+    delay_line(TUN, args._delay_line)  # pylint: disable=protected-access
+    return 0
   margs = args.main_args[1:] if args.main_args[:1] == ['--'] else args.main_args
   num_dcs = config_value(margs, 'mesh.num_dcs', 2)
   rate = args.wan_mbps or config_value(margs, 'network.wan_bandwidth_mbps', 100.0)
@@ -139,12 +232,12 @@ def main() -> int:
   workdir = next(a.split('=', 1)[1] for a in margs if a.startswith('--workdir='))
   logs = os.path.join(workdir, 'logs')
   os.makedirs(logs, exist_ok=True)
-  procs = []
+  procs, line = [], None
   try:
-    info = setup(num_dcs, rate, delay)
-    if info['qdisc'] != ['netem']:
+    info, line = setup(num_dcs, rate, delay)
+    if info['delay_method'] == 'delay line (TUN)':
       print(f'[wan] netem is not available in this kernel: links are rate-limited to '
-            f'{rate} Mbit/s with tbf but get NO added delay ({delay} ms requested).',
+            f'{rate} Mbit/s with tbf and delayed {delay} ms by a TUN delay line.',
             file=sys.stderr)
     with open(os.path.join(workdir, 'wan_info.json'), 'w') as f:
       json.dump(info, f, indent=2)
@@ -152,7 +245,7 @@ def main() -> int:
     port = 12355
     t0 = time.monotonic()
     for i in range(num_dcs):
-      env = dict(os.environ, HFL_COORDINATOR=f'{PREFIX}1:{port}',
+      env = dict(os.environ, HFL_COORDINATOR=f'{dc_addr(0)}:{port}',
                  HFL_NUM_PROCESSES=str(num_dcs), HFL_PROCESS_ID=str(i),
                  HFL_INIT_TIMEOUT_S=str(args.init_timeout_s), JAX_PLATFORMS='cpu',
                  PYTHONUNBUFFERED='1')
@@ -173,7 +266,7 @@ def main() -> int:
           flush=True)
     return status
   finally:
-    for q in procs:
+    for q in procs + ([line] if line is not None else []):
       if q.poll() is None:
         os.killpg(q.pid, signal.SIGTERM)
         try:

@@ -86,6 +86,12 @@ def test_smoke_run_writes_outputs(fake_data, tmp_path):
   assert summary['bytes']['inter_dc'] == 6 * 2 * n * 4
   assert summary['sim_time_s'] > 0
   assert os.path.isdir(os.path.join(workdir, 'tb'))
+  # Measured iteration wall-clock: 6 round and 6 local iterations, the first call of
+  # each of the two programs (its compilation) left out.
+  wall = on_disk['step_wall_s']
+  assert (wall['round_n'], wall['local_n']) == (5, 5)
+  assert 0 < wall['local_median'] < on_disk['wall_time_s']
+  assert 0 < wall['round_median'] < on_disk['wall_time_s']
 
 
 def test_interrupted_run_resumes_bitwise(fake_data, tmp_path, monkeypatch):
