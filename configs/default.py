@@ -32,6 +32,7 @@ def get_config(arg: str | None = None) -> ml_collections.ConfigDict:
   c.optimizer.learning_rate = 0.05
   c.optimizer.momentum = 0.9
   c.optimizer.weight_decay = 0.0
+  c.optimizer.shard_state = False    # ZeRO-1: each worker holds 1/W of its DC's optimizer state
 
   c.train = ml_collections.ConfigDict()
   c.train.num_steps = 800            # intra-DC iterations of the fastest DC

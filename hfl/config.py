@@ -71,7 +71,30 @@ def validate(config: ml_collections.ConfigDict) -> ml_collections.ConfigDict:
   _choice(config.compression.small, 'compression.small', SMALL_PRECISIONS)
   _int(config, 'compression.small_threshold', 0)
   validate_dgc(config)
+  validate_shard_state(config)
   return config
+
+
+def validate_shard_state(config: ml_collections.ConfigDict) -> None:
+  """Checks ``optimizer.shard_state`` (absent: False).
+
+  Raises:
+    ValueError: not a bool; or combined with DGC momentum correction, whose
+      momentum lives in each worker's own velocity (before aggregation, so it
+      cannot be split across the workers) while the SGD optimizer it needs keeps
+      no state to shard.
+  """
+  shard = config.optimizer.get('shard_state', False)
+  if not isinstance(shard, bool):
+    raise ValueError(f'optimizer.shard_state={shard!r} must be True or False')
+  g = config.compression.get('dgc')
+  m = float(g.get('momentum', 0.0)) if g is not None else 0.0
+  if shard and m > 0:
+    raise ValueError(
+        f'optimizer.shard_state=True cannot be combined with compression.dgc.momentum={m}: '
+        "DGC keeps the momentum in each worker's own velocity, before aggregation, which "
+        "cannot be split across the DC's workers, and the SGD optimizer it needs has no "
+        'state to shard; set optimizer.shard_state=False or compression.dgc.momentum=0')
 
 
 SPARSIFIERS = ('topk', 'randk')  # compressors with a density the DGC warm-up can schedule

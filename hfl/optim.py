@@ -10,6 +10,12 @@ def make_optimizer(cfg) -> optax.GradientTransformation:
 
   Fields: name (one of OPTIMIZERS), learning_rate (> 0), momentum (in [0, 1), used
   by momentum/nesterov), weight_decay (>= 0; decoupled for adamw, L2 for the others).
+  (``shard_state`` is read by the training loop, hfl.step.ShardedOptState.)
+
+  Every optimizer built here is elementwise — an entry's update depends only on
+  that entry's gradient, parameter and state, and on step counts — so its state can
+  be sliced across a DC's workers (``optimizer.shard_state``). Keep it so, or make
+  hfl.config refuse the new one with ``shard_state``.
 
   Raises:
     ValueError: naming the offending ``optimizer.*`` field.

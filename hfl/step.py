@@ -21,6 +21,13 @@ Intra-DC iteration, on every worker (d, w) of the ('dc', 'worker') mesh:
      every worker holds the same downlink gradient.
   5. every worker applies the same optax update with the downlink gradient; DCs
      whose ``active`` flag is off (semi-synchronous masking) keep their state.
+     With the optimizer state sharded across the DC's workers (ZeRO-1,
+     :class:`ShardedOptState`), worker w holds slice w of every state leaf and
+     updates only slice w of the parameters (every leaf flattened, zero-padded to
+     a multiple of W); an all-gather over 'worker' rebuilds the parameters. A leaf
+     with an identity uplink and downlink is then reduce-scattered instead of
+     all-reduced (each worker receives only its slice of the aggregate); any other
+     leaf's downlink is decoded whole and sliced.
 
 Inter-DC round (after the iteration, when ``do_round``):
   6. pseudo-gradient Δ_d = x_global - x_d, compressed for the WAN with a per-DC
@@ -30,7 +37,11 @@ Inter-DC round (after the iteration, when ``do_round``):
      from the new x_global.
 
 Bits on every link are computed inside the step from the payloads handed to the
-collectives (``Compressor.wire_bits``) and returned per DC.
+collectives (``Compressor.wire_bits``) and returned per DC. With sharded optimizer
+state the intra-DC links also carry the parameter all-gather (each worker pushes
+its updated slice to the PS, which forwards it to the other W - 1 workers), and a
+dense (linear) downlink reaches each worker as its slice only; see
+:func:`static_bits`.
 """
 
 from typing import Any, Callable, NamedTuple, Sequence
@@ -45,6 +56,7 @@ from hfl import mesh as mesh_lib
 from hfl.compress import base
 from hfl.compress import dgc
 from hfl.compress import ef
+from hfl.compress import policy
 
 DC, WORKER = mesh_lib.DC, mesh_lib.WORKER
 
@@ -52,7 +64,9 @@ DC, WORKER = mesh_lib.DC, mesh_lib.WORKER
 class TrainState(NamedTuple):
   """Training state. D = num DCs, W = workers per DC; ``...`` = the leaf's shape."""
   params: Any         # per-DC model x_d, leaves f32[D, ...], sharded P('dc')
-  opt_state: Any      # inner optax state on the workers, leaves [D, ...], P('dc')
+  # inner optax state on the workers, leaves [D, ...], P('dc'); or a
+  # ShardedOptState (ZeRO-1), leaves [D, W, ...slice], P('dc', 'worker').
+  opt_state: Any
   global_params: Any  # x_global after the last round, leaves f32[...], replicated
   outer_state: Any    # outer optax state, replicated
   up_residual: Any    # worker error feedback e_up, leaves f32[D, W, ...], P('dc', 'worker')
@@ -76,10 +90,32 @@ class Compressors(NamedTuple):
   wan: Sequence[base.Compressor]
 
 
+class ShardedOptState(NamedTuple):
+  """Inner optimizer state sharded across a DC's workers (ZeRO-1, DESIGN 2).
+
+  ``inner`` is what ``optimizer.init`` returns for one worker's slices of the
+  parameters (:func:`split_tree`: every leaf flattened, zero-padded to a multiple
+  of W, cut into W equal chunks), stacked over DCs and workers: leaves
+  [D, W, ceil(size / W)] for parameter-shaped state, [D, W] for scalars (step
+  counts, equal on every worker), sharded P('dc', 'worker'). Each device thus holds
+  1/W of its DC's optimizer state (plus < W padding entries per leaf). Only
+  elementwise optimizers can be sliced this way (an entry's update depends only on
+  that entry's gradient, parameter and state, and on step counts): every name in
+  hfl.optim.OPTIMIZERS is one.
+  """
+  inner: Any
+
+
+def is_sharded(state_like: TrainState) -> bool:
+  """Whether ``state_like`` holds ZeRO-1 sharded optimizer state."""
+  return isinstance(state_like.opt_state, ShardedOptState)
+
+
 def state_specs(state_like: TrainState) -> TrainState:
   """PartitionSpecs of every TrainState field (a prefix tree of the state)."""
   return TrainState(
-      params=P(DC), opt_state=P(DC), global_params=P(), outer_state=P(),
+      params=P(DC), opt_state=P(DC, WORKER) if is_sharded(state_like) else P(DC),
+      global_params=P(), outer_state=P(),
       up_residual=P(DC, WORKER), up_state=P(DC, WORKER), down_residual=P(DC),
       down_state=P(DC), wan_residual=P(DC), wan_state=P(DC), local_steps=P(DC),
       step=P(), key=P(), dgc_velocity=P(DC, WORKER))
@@ -99,7 +135,7 @@ def _stack(tree, lead):
 def init_state(params, optimizer: optax.GradientTransformation,
                outer: optax.GradientTransformation, comps: Compressors,
                num_dcs: int, workers_per_dc: int, key,
-               dgc_momentum: bool = False) -> TrainState:
+               dgc_momentum: bool = False, shard_state: bool = False) -> TrainState:
   """Builds the initial state from one set of global parameters (all DCs start equal).
 
   Pure; call under ``jax.jit(..., out_shardings=...)`` to allocate it sharded.
@@ -107,12 +143,19 @@ def init_state(params, optimizer: optax.GradientTransformation,
   Args:
     dgc_momentum: allocate the per-worker DGC velocity (zeros, leaves
       f32[D, W, ...]); otherwise ``dgc_velocity`` is ().
+    shard_state: shard the inner optimizer state across each DC's workers
+      (:class:`ShardedOptState`, ZeRO-1); ``optimizer`` must be elementwise.
   """
   d, w = num_dcs, workers_per_dc
   zeros = jax.tree.map(jnp.zeros_like, params)
+  if shard_state:
+    per_worker = jax.vmap(lambda i: optimizer.init(split_tree(params, w, i)))(jnp.arange(w))
+    opt_state = ShardedOptState(_stack(per_worker, (d,)))
+  else:
+    opt_state = _stack(optimizer.init(params), (d,))
   return TrainState(
       params=_stack(params, (d,)),
-      opt_state=_stack(optimizer.init(params), (d,)),
+      opt_state=opt_state,
       global_params=params,
       outer_state=outer.init(params),
       up_residual=_stack(zeros, (d, w)),
@@ -131,12 +174,41 @@ def init_state(params, optimizer: optax.GradientTransformation,
 # One leaf crossing one link: error feedback, encode, collective, decode.
 # --------------------------------------------------------------------------------
 
+def _chunk(size: int, parts: int) -> int:
+  """Entries of one member's slice of a ``size``-entry array split in ``parts``."""
+  return -(-int(size) // parts)
+
+
+def _pad_flat(a, parts: int):
+  """``a`` flattened and zero-padded to a multiple of ``parts`` entries."""
+  flat = a.reshape(-1)
+  return jnp.pad(flat, (0, _chunk(flat.size, parts) * parts - flat.size))
+
+
 def _split(a, parts: int, index):
   """This member's 1/parts slice of ``a`` flattened (zero-padded to a multiple)."""
-  flat = a.reshape(-1)
-  chunk = -(-flat.size // parts)
-  flat = jnp.pad(flat, (0, chunk * parts - flat.size))
-  return jax.lax.dynamic_slice_in_dim(flat, index * chunk, chunk)
+  chunk = _chunk(a.size, parts)
+  return jax.lax.dynamic_slice_in_dim(_pad_flat(a, parts), index * chunk, chunk)
+
+
+def split_tree(tree, parts: int, index):
+  """Slice ``index`` of every leaf of ``tree`` (:func:`_split`): leaves [ceil(size/parts)]."""
+  return jax.tree.map(lambda a: _split(a, parts, index), tree)
+
+
+def chunk_bits(payload, parts: int) -> int:
+  """Bits of one member's 1/parts slice of every array of ``payload`` (static).
+
+  Args:
+    payload: pytree of arrays or ShapeDtypeStructs.
+    parts: members the arrays are split across (each flattened, zero-padded to a
+      multiple of ``parts``).
+
+  Returns:
+    int: sum over arrays of ceil(size / parts) * itemsize * 8.
+  """
+  return sum(_chunk(np.prod(a.shape, dtype=np.int64), parts) * jnp.dtype(a.dtype).itemsize * 8
+             for a in jax.tree.leaves(payload))
 
 
 def _unsplit(parts_gathered, shape):
@@ -178,9 +250,47 @@ def psum_split(payload, axis: str, split_axis: str, split_size: int):
   return jax.tree.map(leaf, payload)
 
 
+def psum_scatter_split(payload, axis: str, axis_size: int):
+  """``_split(psum(payload, axis), axis_size, axis_index(axis))`` as one reduce-scatter.
+
+  Returns:
+    payload pytree, each leaf this member's slice [ceil(size / axis_size)] of the
+    leaf flattened and zero-padded (varying over ``axis``).
+  """
+  return jax.tree.map(
+      lambda a: jax.lax.psum_scatter(_pad_flat(a, axis_size), axis, scatter_dimension=0,
+                                     tiled=True), payload)
+
+
+def all_gather_unsplit(slices, shapes, axis: str):
+  """Inverse of :func:`split_tree` across ``axis``: all-gathers every member's slice.
+
+  Args:
+    slices: pytree, leaves [chunk] (member i holds slice i).
+    shapes: pytree of the same structure whose leaves have the full shapes.
+    axis: the mesh axis the slices are split over.
+
+  Returns:
+    pytree of full leaves, invariant over ``axis``.
+  """
+  return jax.tree.map(
+      lambda s, like: _unsplit(jax.lax.all_gather(s, axis, tiled=True, to='invarying'),
+                               like.shape), slices, shapes)
+
+
+def reduce_scatters(cu: base.Compressor, cd: base.Compressor) -> bool:
+  """Whether a leaf's uplink is a reduce-scatter under sharded optimizer state.
+
+  Only for an uncompressed leaf: a lossless linear uplink and downlink (identity;
+  both are then elementwise casts, valid on slices), so that no worker needs more
+  than its slice of the aggregate and the PS keeps no downlink residual.
+  """
+  return cu.linear and cu.lossless and cd.linear and cd.lossless
+
+
 def exchange(c: base.Compressor, x, residual, state, key, axis: str, axis_size: int,
              weights=None, gamma=None, split_axis: str | None = None,
-             split_size: int = 1, with_payload: bool = False):
+             split_size: int = 1, with_payload: bool = False, scatter: bool = False):
   """Error-feedback-compresses ``x``, sends it over mesh axis ``axis``, aggregates.
 
   Error feedback (hfl.compress.ef): p = x + γ e; payload = C(p); e <- p - D(payload)
@@ -208,12 +318,24 @@ def exchange(c: base.Compressor, x, residual, state, key, axis: str, axis_size: 
     split_size: members on ``split_axis``.
     with_payload: also return this member's payload (e.g. for DGC's momentum
       factor masking).
+    scatter: reduce-scatter instead of all-reduce (ZeRO-1; a lossless linear
+      compressor, see :func:`reduce_scatters`): the aggregate is then this
+      member's slice f32[ceil(size / axis_size)] of it flattened and zero-padded
+      (:func:`psum_scatter_split`), and the bits are those of the padded payload
+      handed to the reduce-scatter.
 
   Returns:
-    (aggregate f32[shape] identical on every member, new residual, new state,
-     wire bits f32[] of this member's payload), plus the payload (dict of arrays)
-    when ``with_payload``.
+    (aggregate f32[shape] identical on every member — or this member's slice
+     with ``scatter`` —, new residual, new state, wire bits f32[] of this member's
+     payload), plus the payload (dict of arrays) when ``with_payload``.
+
+  Raises:
+    ValueError: ``scatter`` with a compressor that is not lossless and linear, or
+      with ``split_axis``/``weights``.
   """
+  if scatter and not (c.linear and c.lossless and split_axis is None and weights is None):
+    raise ValueError(f'exchange: scatter needs a lossless linear compressor (got {c.name}) '
+                     'and no split_axis/weights')
   if gamma is None:
     gamma = getattr(state, 'ef_gamma', 1.0)
   if c.lossless:
@@ -228,7 +350,10 @@ def exchange(c: base.Compressor, x, residual, state, key, axis: str, axis_size: 
     scale = (jnp.float32(1) if weights is None
              else weights[jax.lax.axis_index(axis)] * axis_size)
     wire, _ = ef.encode_for_sum(c, p * scale, state, key, axis_size)
-    if split_axis is None:
+    if scatter:
+      bits = jnp.float32(axis_size * chunk_bits(wire, axis_size))
+      agg = c.decode(psum_scatter_split(wire, axis, axis_size))
+    elif split_axis is None:
       agg = c.decode(jax.lax.psum(wire, axis))
     else:
       agg = c.decode(psum_split(wire, axis, split_axis, split_size))
@@ -244,6 +369,41 @@ def exchange(c: base.Compressor, x, residual, state, key, axis: str, axis_size: 
   if with_payload:
     return agg, new_res, new_state, bits, payload
   return agg, new_res, new_state, bits
+
+
+def static_bits(comps: Compressors, params_shape, num_w: int,
+                shard_state: bool = False) -> tuple[float, float, float]:
+  """Bits per iteration of one worker's uplink, of what one worker receives on the
+  downlink, and of one DC's WAN payload, from payload shapes (nothing runs).
+
+  The same counting as the step (which counts the payloads it sends): exact where
+  ``wire_bits`` is the default, an upper bound for variable-length codes. Used to
+  plan (semi-synchronous K_d) before anything is compiled.
+
+  Args:
+    comps: per-leaf compressors.
+    params_shape: pytree of the parameters (arrays or ShapeDtypeStructs).
+    num_w: W, workers per DC.
+    shard_state: ZeRO-1 sharded optimizer state (reduce-scatter of identity
+      leaves, sliced dense downlinks, the parameter all-gather).
+
+  Returns:
+    (up, down, wan) bits, Python floats.
+  """
+  up = down = 0.0
+  for cu, cd in zip(comps.up, comps.down):
+    if shard_state and reduce_scatters(cu, cd):
+      up += num_w * chunk_bits(policy.payload_shape(cu), num_w)
+      down += chunk_bits(policy.payload_shape(cd), num_w)
+    else:
+      up += policy.static_bits(cu)
+      down += (chunk_bits(policy.payload_shape(cd), num_w) if shard_state and cd.linear
+               else policy.static_bits(cd))
+  if shard_state and num_w > 1:
+    gather = chunk_bits(params_shape, num_w)
+    up += gather
+    down += (num_w - 1) * gather
+  return float(up), float(down), float(sum(policy.static_bits(c) for c in comps.wan))
 
 
 # --------------------------------------------------------------------------------
@@ -266,6 +426,10 @@ def make_step(apply_fn: Callable, optimizer: optax.GradientTransformation,
       ``momentum > 0`` the state must hold a velocity (``init_state(...,
       dgc_momentum=True)``) and ``optimizer`` should be plain SGD (the momentum
       is in the velocity; hfl.config checks it for configs).
+
+  The optimizer state is sharded across each DC's workers (ZeRO-1) when
+  ``state_like.opt_state`` is a :class:`ShardedOptState` (``init_state(...,
+  shard_state=True)``); ``optimizer`` must then be elementwise.
 
   The returned function takes
     state: TrainState sharded by :func:`state_specs`.
@@ -291,6 +455,11 @@ def make_step(apply_fn: Callable, optimizer: optax.GradientTransformation,
         f'make_step: dgc momentum={momentum} but the state '
         f'{"holds" if has_velocity else "has no"} DGC velocity; build it with '
         f'init_state(..., dgc_momentum={use_velocity})')
+  shard = is_sharded(state_like)
+  if shard and use_velocity:
+    raise ValueError(
+        f'make_step: dgc momentum={momentum} keeps the momentum in per-worker velocities '
+        'that cannot be sharded; build the state with init_state(..., shard_state=False)')
 
   def loss_fn(params, images, labels):
     logits = apply_fn(params, images)
@@ -299,7 +468,8 @@ def make_step(apply_fn: Callable, optimizer: optax.GradientTransformation,
   def body(state: TrainState, images, labels, active, weights, do_round):
     sq1 = lambda t: jax.tree.map(lambda x: x[0], t)
     sq2 = lambda t: jax.tree.map(lambda x: x[0, 0], t)
-    params, opt_state = sq1(state.params), sq1(state.opt_state)
+    params = sq1(state.params)
+    opt_state = sq2(state.opt_state.inner) if shard else sq1(state.opt_state)
     dc = jax.lax.axis_index(DC)
     wk = jax.lax.axis_index(WORKER)
     is_active = active[0]
@@ -325,6 +495,8 @@ def make_step(apply_fn: Callable, optimizer: optax.GradientTransformation,
     down_bits = jnp.float32(0)
     for i, g in enumerate(g_leaves):
       cu, cd = comps.up[i], comps.down[i]
+      # ZeRO-1 with identity links: a reduce-scatter; agg is then this worker's slice.
+      scatter = shard and reduce_scatters(cu, cd)
       if use_velocity:
         # Momentum correction: u <- m u + g is sent through the EF (e_up = DGC's v).
         u = dgc.accumulate(dgc.DGCState(u=vel[i], v=up_res[i]), g, momentum).u
@@ -334,7 +506,8 @@ def make_step(apply_fn: Callable, optimizer: optax.GradientTransformation,
         new_vel.append(dgc.mask_velocity(cu, payload, u))
       else:
         agg, e, st, bits = exchange(cu, g, up_res[i], up_st[i],
-                                    jax.random.fold_in(wk_key, i), WORKER, num_w)
+                                    jax.random.fold_in(wk_key, i), WORKER, num_w,
+                                    scatter=scatter)
       up_bits += bits
       # The PS (replicated on the DC's workers) re-compresses the aggregate.
       if cd.lossless:
@@ -343,17 +516,35 @@ def make_step(apply_fn: Callable, optimizer: optax.GradientTransformation,
         dpay, de, dst = ef.ef_step(cd, agg, down_res[i], down_st[i],
                                    jax.random.fold_in(dc_key, i),
                                    getattr(down_st[i], 'ef_gamma', 1.0))
-      down_bits += cd.wire_bits(dpay)
+      if not shard or scatter:  # with scatter, dpay holds only this worker's slice
+        down_bits += cd.wire_bits(dpay)
+        down_g.append(cd.decode(dpay))
+      else:
+        # A dense (linear) payload reaches each worker as its slice; any other
+        # payload whole, and each worker decodes it and keeps its slice.
+        down_bits += chunk_bits(dpay, num_w) if cd.linear else cd.wire_bits(dpay)
+        down_g.append(_split(cd.decode(dpay), num_w, wk))
       new_up_res.append(e)
       new_up_st.append(st)
       new_down_res.append(de)
       new_down_st.append(dst)
-      down_g.append(cd.decode(dpay))
     down_g = treedef.unflatten(down_g)
 
     # 5. The same optimizer update on every worker of the DC.
-    updates, new_opt = optimizer.update(down_g, opt_state, params)
-    new_params = optax.apply_updates(params, updates)
+    if shard:
+      # ZeRO-1: each worker updates its slice of the parameters with its slice of
+      # the state; the all-gather rebuilds the parameters. Each worker pushes its
+      # slice to the PS (up) and receives the other W - 1 slices (down); with
+      # W = 1 nothing needs to move.
+      p_slices = split_tree(params, num_w, wk)
+      updates, new_opt = optimizer.update(down_g, opt_state, p_slices)
+      new_params = all_gather_unsplit(optax.apply_updates(p_slices, updates), params, WORKER)
+      gather_bits = chunk_bits(params, num_w) if num_w > 1 else 0
+      up_bits += gather_bits
+      down_bits += (num_w - 1) * gather_bits
+    else:
+      updates, new_opt = optimizer.update(down_g, opt_state, params)
+      new_params = optax.apply_updates(params, updates)
 
     keep = lambda new, old: jax.tree.map(lambda a, b: jnp.where(is_active, a, b), new, old)
     new_params = keep(new_params, params)
@@ -402,7 +593,9 @@ def make_step(apply_fn: Callable, optimizer: optax.GradientTransformation,
     ex1 = lambda t: jax.tree.map(lambda x: x[None], t)
     ex2 = lambda t: jax.tree.map(lambda x: x[None, None], t)
     new_state = TrainState(
-        params=ex1(new_params), opt_state=ex1(new_opt), global_params=global_params,
+        params=ex1(new_params),
+        opt_state=ShardedOptState(ex2(new_opt)) if shard else ex1(new_opt),
+        global_params=global_params,
         outer_state=outer_state, up_residual=ex2(up_residual), up_state=ex2(up_state),
         down_residual=ex1(down_residual), down_state=ex1(down_state),
         wan_residual=ex1(wan_residual), wan_state=ex1(wan_state),

@@ -4,6 +4,7 @@
 its summary (the dict written to WORKDIR/summary.json, DESIGN 3).
 """
 
+import copy
 import dataclasses
 import json
 import os
@@ -36,10 +37,12 @@ from hfl.sync import aggregation, faults, outer as outer_lib, schedule as schedu
 # is computed up to the restored step).
 RESUMABLE_FIELDS = ('train.num_steps', 'train.eval_every', 'train.checkpoint_every',
                     'train.log_every', 'train.target_accuracy')
-# Sections added after runs may have started: absent from an older run's config.json,
-# they count as these values (their "off" defaults), so such runs still resume.
+# Sections and fields added after runs may have started: absent from an older run's
+# config.json, they count as these values (their "off" defaults), so such runs still
+# resume.
 ADDED_SECTIONS = {('compression', 'dgc'): dict(momentum=0.0, clip_norm=0.0, warmup_steps=0,
-                                               initial_density=0.25, num_stages=4)}
+                                               initial_density=0.25, num_stages=4),
+                  ('optimizer', 'shard_state'): False}
 
 
 @dataclasses.dataclass
@@ -72,6 +75,11 @@ def dgc_options(config) -> dgc.Options:
     return dgc.Options()
   return dgc.Options(momentum=float(g.get('momentum', 0.0)),
                      clip_norm=float(g.get('clip_norm', 0.0)))
+
+
+def shard_state(config) -> bool:
+  """``optimizer.shard_state`` (absent: False): ZeRO-1 sharded optimizer state."""
+  return bool(config.optimizer.get('shard_state', False))
 
 
 def warmup(config) -> tuple[int, int]:
@@ -131,12 +139,6 @@ def build_compressors(config, params_shape, step: int | None = None
   return step_lib.Compressors(up, down, wan)
 
 
-def static_bits(comps: step_lib.Compressors) -> tuple[float, float, float]:
-  """Bits of one worker's uplink, one downlink and one WAN payload, from payload shapes."""
-  return tuple(sum(policy.static_bits(c) for c in cs)
-               for cs in (comps.up, comps.down, comps.wan))
-
-
 def _min_shard(config, n: int) -> int | None:
   """Smallest worker shard to ask of the partitioner: one full batch, when possible."""
   b = config.train.batch_size
@@ -167,7 +169,7 @@ def setup(config: ml_collections.ConfigDict) -> Setup:
       lambda: model.init(jax.random.PRNGKey(0), jnp.zeros((1,) + dataset.train_images.shape[1:]))
       ['params'])
   comps = build_compressors(config, params_shape)
-  up, down, wan = static_bits(comps)
+  up, down, wan = step_lib.static_bits(comps, params_shape, w, shard_state(config))
   t_d = network.iteration_time(net, np.full(d, up * w), np.full(d, down * w))
   c_d = network.round_comm_time(net, np.full(d, wan))
   schedule = schedule_lib.from_config(config.sync, d, t=t_d, c=c_d)
@@ -196,7 +198,7 @@ def _check_workdir_config(workdir: str, config) -> list[str]:
     for p in parents:
       sub = sub.get(p, {}) if isinstance(sub, dict) else {}
     if isinstance(sub, dict) and parents and leaf not in sub:
-      sub[leaf] = dict(default)
+      sub[leaf] = copy.deepcopy(default)
   diffs = []
 
   def walk(a, b, prefix):
@@ -318,7 +320,8 @@ def train_and_evaluate(config: ml_collections.ConfigDict, workdir: str) -> dict:
     params = s.model.init(key, sample)['params']
     return step_lib.init_state(params, s.optimizer, s.outer, s.comps, d, w,
                                jax.random.fold_in(key, 1),
-                               dgc_momentum=dgc_opts.momentum > 0)
+                               dgc_momentum=dgc_opts.momentum > 0,
+                               shard_state=shard_state(cfg))
   state_shape = jax.eval_shape(init_fn)
   shardings = step_lib.state_shardings(mesh, state_shape)
   # One step function per DGC warm-up stage (None: the configured compressors);

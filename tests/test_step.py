@@ -9,13 +9,14 @@ import pytest
 from jax.sharding import NamedSharding, PartitionSpec as P
 
 from hfl import accounting, mesh as mesh_lib, models, step as step_lib
-from hfl.compress import base, co3, lowrank, quantize, sparse
+from hfl.compress import base, co3, lowrank, policy, quantize, sparse
 
 D, W, B = 2, 4, 4
 LR = 0.1
 
 
-def _setup(comp_up=None, comp_wan=None, optimizer=None, outer=None, model='mlp'):
+def _setup(comp_up=None, comp_wan=None, optimizer=None, outer=None, model='mlp',
+           shard_state=False):
   mesh = mesh_lib.make_mesh(D, W)
   net = models.get_model(model, 10)
   params = net.init(jax.random.PRNGKey(0), jnp.zeros((1, 8, 8, 1)))['params']
@@ -28,10 +29,12 @@ def _setup(comp_up=None, comp_wan=None, optimizer=None, outer=None, model='mlp')
   optimizer = optimizer or optax.sgd(LR)
   outer = outer or optax.sgd(1.0)
   params = jax.tree.map(np.array, params)
-  state = step_lib.init_state(params, optimizer, outer, comps, D, W, jax.random.PRNGKey(1))
+  state = step_lib.init_state(params, optimizer, outer, comps, D, W, jax.random.PRNGKey(1),
+                              shard_state=shard_state)
   state = jax.device_put(state, step_lib.state_shardings(mesh, state))
   apply_fn = lambda p, x: net.apply({'params': p}, x)
   fn = step_lib.make_step(apply_fn, optimizer, outer, comps, mesh, state)
+  fn.comps = comps
   # The step donates its state: keep a host copy of the initial parameters.
   return mesh, jax.tree.map(np.array, params), apply_fn, state, fn
 
@@ -265,6 +268,43 @@ def test_co3_uplink_moves_uint8_symbols_and_charges_the_coded_length():
   assert moved == sum(l.size + 4 for l in leaves)
   counted = float(m['up_bits'][0]) / 8 / W
   assert 5 * len(leaves) < counted < moved
+
+
+@pytest.mark.parametrize('up', ['identity', 'topk'])
+def test_sharded_state_bytes_equal_hlo_collectives(up):
+  """ZeRO-1 (sharded optimizer state): the 'worker' collectives of the local step
+  move exactly the counted uplink bits — for an identity leaf a reduce-scatter of
+  the gradient (padded to a multiple of W) instead of the all-reduce, for a top-k
+  leaf the usual all-gather of values + indices — plus the all-gather of the
+  updated parameter slices; the plan's static bits equal the counted ones."""
+  comp_up = base.identity if up == 'identity' else UPLINKS['topk']
+  mesh, params, apply_fn, state, fn = _setup(comp_up=comp_up, optimizer=optax.adam(1e-3),
+                                             shard_state=True)
+  payload, m = _lowered_bytes(fn, mesh, state, False)
+  assert 'dc' not in payload
+  ops = payload['worker']
+  leaves = jax.tree.leaves(params)
+  chunks = [-(-l.size // W) for l in leaves]
+  gathers = [f'tensor<{c}xf32>' for c in chunks]
+  if up == 'identity':
+    assert sorted(t for op, _, t in ops if op == 'reduce_scatter') == sorted(
+        f'tensor<{W * c}xf32>' for c in chunks)
+    assert sorted(t for op, _, t in ops if op == 'all_gather') == sorted(gathers)
+    assert {op for op, _, _ in ops} == {'reduce_scatter', 'all_gather'}
+  else:
+    assert {op for op, _, _ in ops} == {'all_gather'}
+    assert set(gathers) <= {t for _, _, t in ops}
+  per_device = sum(b for _, b, _ in ops)
+  assert float(m['up_bits'][0]) / 8 == W * per_device
+  # Down: each worker's slice of the (dense) downlink, and the other W - 1 slices
+  # of the parameters.
+  slice_bytes = 4 * sum(chunks)
+  assert float(m['down_bits'][0]) / 8 == W * (slice_bytes + (W - 1) * slice_bytes)
+  up_b, down_b, wan_b = step_lib.static_bits(fn.comps, params, W, shard_state=True)
+  assert (up_b * W, down_b * W) == (float(m['up_bits'][0]), float(m['down_bits'][0]))
+  assert step_lib.static_bits(fn.comps, params, W)[:2] == (
+      sum(policy.static_bits(c) for c in fn.comps.up),
+      sum(policy.static_bits(c) for c in fn.comps.down))
 
 
 @pytest.mark.parametrize('name', ['topk', 'bf16'])

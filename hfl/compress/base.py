@@ -20,7 +20,9 @@ overrides it with the code length computed from the symbols.
 
 ``linear`` is True when ``decode`` is linear in the payload arrays AND the payload
 is a dense array of the leaf's shape (identity, casts): such payloads may be summed
-by an all-reduce before decoding. Every other compressor is aggregated by
+by an all-reduce before decoding; when also ``lossless`` (identity) it must be an
+elementwise cast, since sharded optimizer state (ZeRO-1, hfl.step) reduce-scatters
+it and decodes slices. Every other compressor is aggregated by
 all-gathering the payloads and decoding each one before averaging (never an
 average of encoded values, DESIGN 7).
 """

@@ -178,17 +178,22 @@ def build(spec, shapes, small_threshold: int, small: str,
   return out
 
 
+def payload_shape(compressor: base.Compressor):
+  """The payload of ``compressor`` as a dict of jax.ShapeDtypeStruct (nothing runs)."""
+  x = jax.ShapeDtypeStruct(compressor.shape, jnp.float32)
+  key = jax.eval_shape(lambda: jax.random.PRNGKey(0))
+  payload, _ = jax.eval_shape(
+      lambda x, k: compressor.encode(x, compressor.init(), k), x, key)
+  return payload
+
+
 def static_bits(compressor: base.Compressor) -> float:
   """Payload bits of ``compressor`` from its payload's static shapes and dtypes.
 
   Exact for every compressor whose ``wire_bits`` is the default
   (:func:`base.payload_bits`); an upper bound for variable-length codes.
   """
-  x = jax.ShapeDtypeStruct(compressor.shape, jnp.float32)
-  key = jax.eval_shape(lambda: jax.random.PRNGKey(0))
-  payload, _ = jax.eval_shape(
-      lambda x, k: compressor.encode(x, compressor.init(), k), x, key)
-  return float(base.payload_bits(payload))
+  return float(base.payload_bits(payload_shape(compressor)))
 
 
 def describe(compressors: Sequence[base.Compressor], shapes) -> str:
