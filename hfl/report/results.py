@@ -22,6 +22,12 @@ Definitions (all tables):
   ``train.target_accuracy``, linearly interpolated between evaluations
   (:func:`hfl.report.tables.time_to_target`); ``never`` if not reached.
 * Reduction vs baseline: 1 − ours / baseline (positive = fewer / faster).
+* Seeds (compression sweep): points that differ only in ``seed`` are one row,
+  mean ± sample std (ddof=1) over the finished seeds; Δ of the seed means =
+  mean(ours) − mean(baseline); paired Δ = mean ± std over seeds s finished on
+  both sides of acc(ours, s) − acc(baseline, s). "Loses ≤ 0.5 pts" is judged
+  on the paired Δ. Points at another LAN bandwidth than the sweep's first get
+  their own table, against the uncompressed run at that bandwidth.
 * Intra-DC compression ratio: 1 − (up + down bytes) / (up + down bytes of the
   uncompressed run); factor: uncompressed / ours (×).
 * Uplink factor (CO3): uplink bytes of the uncompressed run / ours; bits per
@@ -343,11 +349,6 @@ def _bytes(e: Entry, link: str) -> float | None:
   return e.row.bytes[link].mean if e.done else None
 
 
-def _intra_bytes(e: Entry) -> float | None:
-  up, down = _bytes(e, 'intra_up'), _bytes(e, 'intra_down')
-  return None if up is None or down is None else up + down
-
-
 def _final(e: Entry) -> float | None:
   return e.row.final_acc.mean if e.done else None
 
@@ -418,18 +419,22 @@ def _settings_lines(data: SweepData, root_display: str,
                    if k not in ('seed', 'workdir') and all(k in f for f in flats)
                    and len({repr(f.get(k)) for f in flats}) > 1)
   sweep_root = f'{root_display.rstrip("/")}/{data.sweep.name}'
-  common = {}
-  for e in entries:
-    for k, v in e.spec.overrides.items():
-      if k not in varying:
-        common[k] = v
+  # Overrides every run has, with the same value (a seed set on some runs only
+  # is per run, not common).
+  common = {k: v for k, v in entries[0].spec.overrides.items()
+            if k not in varying and all(
+                k in e.spec.overrides and repr(e.spec.overrides[k]) == repr(v)
+                for e in entries)}
   common_s = ', '.join(f'`{k}={sweep_lib.flag_value(v)}`'
                        for k, v in sorted(common.items())) or 'none'
+  seeds = _unique(_get(e.config, 'seed') for e in entries)
+  per_run = varying + (['seed'] if len(seeds) > 1 else [])
+  lans = _unique(_get(e.config, 'network.lan_bandwidth_gbps') for e in entries)
   speeds = _get(c, 'network.dc_speed', [])
   lines = [
       f'- **Config**: `{data.base}` (sweep file `{data.sweep.path}`); '
       f'overrides common to all runs: {common_s}; per run: '
-      + (', '.join(f'`{k}`' for k in varying) or 'none')
+      + (', '.join(f'`{k}`' for k in per_run) or 'none')
       + ' (see the table and the commands below).',
       f'- **Steps**: `train.num_steps` = {_get(c, "train.num_steps")} intra-DC '
       f'iterations (of the fastest DC), batch {_get(c, "train.batch_size")} '
@@ -443,7 +448,8 @@ def _settings_lines(data: SweepData, root_display: str,
       + f'; model `{_get(c, "model.name")}`; optimizer '
       f'`{_get(c, "optimizer.name")}` '
       f'(lr {_get(c, "optimizer.learning_rate")}); '
-      f'seed {_get(c, "seed")}; sync '
+      + (f'seeds {", ".join(map(str, seeds))} (per run)' if len(seeds) > 1
+         else f'seed {_get(c, "seed")}') + '; sync '
       + ('strategy per run' if 'sync.strategy' in varying
          else f'`{_get(c, "sync.strategy")}`')
       + f', K = {_get(c, "sync.k")}, K_max = {_get(c, "sync.k_max")}, '
@@ -452,7 +458,11 @@ def _settings_lines(data: SweepData, root_display: str,
       f'- **Network**: compute {_get(c, "network.compute_time_s")} s per '
       f'iteration at speed 1, DC speeds '
       f'{", ".join(f"{float(s):g}" for s in speeds)} (relative); LAN (PS NIC) '
-      f'{_get(c, "network.lan_bandwidth_gbps")} Gbit/s, latency '
+      f'{_get(c, "network.lan_bandwidth_gbps")} Gbit/s'
+      + (' (' + ', '.join(_lan_str(x) for x in lans
+                          if repr(x) != repr(lans[0]))
+         + ' for the runs labelled so)'
+         if len(lans) > 1 else '') + ', latency '
       f'{_get(c, "network.lan_latency_s")} s; WAN '
       f'{_get(c, "network.wan_bandwidth_mbps")} Mbit/s per DC, latency '
       f'{_get(c, "network.wan_latency_s")} s.',
@@ -473,23 +483,64 @@ def _settings_lines(data: SweepData, root_display: str,
   return lines
 
 
-def _config_drift(data: SweepData) -> list[str]:
-  """Notes for finished runs whose config differs from the sweep file's."""
-  notes = []
-  for e in data.entries:
+def _unique(values) -> list:
+  """The distinct values, in first-seen order (None left out)."""
+  out = []
+  for v in values:
+    if v is not None and all(repr(v) != repr(x) for x in out):
+      out.append(v)
+  return out
+
+
+def _lan_str(gbps: float | None) -> str:
+  """1.0 -> '1 Gbit/s', 0.1 -> '100 Mbit/s'."""
+  if gbps is None:
+    return '?'
+  gbps = float(gbps)
+  return f'{gbps:g} Gbit/s' if gbps >= 1 else f'{1000 * gbps:g} Mbit/s'
+
+
+def _config_drift(data: SweepData,
+                  entries: Sequence[Entry] | None = None) -> list[str]:
+  """Notes for finished runs whose config differs from the sweep file's.
+
+  Fields the sweep's config has but a run's ``config.json`` lacks (added to
+  hfl after the run started) are gathered in one note per set of fields;
+  fields whose value differs get a note per run.
+
+  Args:
+    data: the sweep.
+    entries: the points to check, with the labels to print (default:
+      ``data.entries``).
+  """
+  entries = data.entries if entries is None else entries
+  notes, absent = [], {}
+  for e in entries:
     if not e.done:
       continue
     want = tables.flatten_config(
         resolve_config(_config_arg(data), e.spec.overrides))
     have = tables.flatten_config(e.config)
+    added = tuple(sorted(k for k in set(want) - set(have) if k != 'workdir'))
     diff = sorted(k for k in set(want) | set(have) if k != 'workdir'
-                  and repr(want.get(k)) != repr(have.get(k)))
+                  and k not in added and repr(want.get(k)) != repr(have.get(k)))
     if diff:
-      notes.append(f'- ⚠ `{e.spec.name}` was trained with a config that '
-                   f'differs from what the sweep file gives now at '
-                   + ', '.join(f'`{k}`' for k in diff[:8])
+      notes.append(f'- ⚠ `{e.spec.name}` ({e.label}) was trained with a '
+                   'config that differs from what the sweep file gives now at '
+                   + ', '.join(f'`{k}` (ran {have.get(k)!r}, now '
+                               f'{want.get(k)!r})' for k in diff[:8])
                    + (' …' if len(diff) > 8 else '')
                    + '; its numbers are for the config it ran with.')
+    if added:
+      absent.setdefault(added, []).append(e.label)
+  for keys, labels in absent.items():
+    many = len(labels) > 1
+    notes.append(f'- {len(labels)} run{"s" if many else ""} '
+                 f'{"predate" if many else "predates"} config fields added to '
+                 f'hfl later (absent from {"their" if many else "its"} '
+                 '`config.json`; trained by the code of that time): '
+                 + ', '.join(f'`{k}`' for k in keys) + ' — '
+                 + '; '.join(labels) + '.')
   return notes
 
 
@@ -704,169 +755,512 @@ def _finish_section(key, md, notes, claims, records, missing, entries, base, dat
                                    workdirs=_workdirs(entries)))
 
 
+# --------------------------------------------------------------------------
+# Compression: seed groups, paired differences.
+
+
+class SeedGroup(NamedTuple):
+  """Points of a sweep that differ only in ``seed``.
+
+  Points are grouped by their sweep overrides without ``seed`` (not by the
+  whole config, so a run trained before a config field was added still joins
+  the seeds of its point).
+
+  Attributes:
+    label: the points' label (without seed or LAN).
+    entries: one per seed, in sweep order.
+    row: :class:`hfl.report.tables.GroupRow` over the finished seeds (mean ±
+      sample std), None when no seed has finished.
+  """
+  label: str
+  entries: list
+  row: tables.GroupRow | None
+
+  @property
+  def done(self) -> list:
+    return [e for e in self.entries if e.done]
+
+  @property
+  def config(self) -> dict:
+    return self.entries[0].config
+
+  @property
+  def lan(self) -> float | None:
+    v = _get(self.config, 'network.lan_bandwidth_gbps')
+    return None if v is None else float(v)
+
+
+def _seed(e: Entry) -> int | None:
+  v = _get(e.config, 'seed')
+  return None if v is None else int(v)
+
+
+def _key_without(e: Entry, drop: Sequence[str]) -> tuple:
+  return tuple(sorted((k, repr(v)) for k, v in e.spec.overrides.items()
+                      if k not in drop))
+
+
+def group_seeds(entries: Sequence[Entry], target: float) -> list[SeedGroup]:
+  """Groups sweep points that differ only in ``seed`` (first-seen order).
+
+  Args:
+    entries: the sweep's points.
+    target: target accuracy for the group rows.
+
+  Returns:
+    The :class:`SeedGroup` list.
+  """
+  by_key: dict[tuple, list] = {}
+  for e in entries:
+    by_key.setdefault(_key_without(e, ('seed',)), []).append(e)
+  out = []
+  for es in by_key.values():
+    done = [e for e in es if e.done]
+    row = (tables.summarise_group([e.run for e in done], es[0].label, target)
+           if done else None)
+    out.append(SeedGroup(es[0].label, es, row))
+  return out
+
+
+def paired_deltas(group: SeedGroup, base: SeedGroup | None
+                  ) -> dict[int | None, float]:
+  """Per seed: 100 × (final accuracy of ``group`` − that of ``base``).
+
+  Only seeds finished in both count. Runs with the same seed share the data
+  order and the initialisation, so this difference removes most seed noise.
+
+  Args:
+    group: compressed runs.
+    base: uncompressed runs (same LAN).
+
+  Returns:
+    seed -> difference in points.
+  """
+  if base is None:
+    return {}
+  b = {_seed(e): _final(e) for e in base.entries if e.done}
+  out = {}
+  for e in group.entries:
+    s = _seed(e)
+    if e.done and s in b and _final(e) is not None and b[s] is not None:
+      out[s] = 100.0 * (_final(e) - b[s])
+  return out
+
+
+def _same_lan(a: float | None, b: float | None) -> bool:
+  return a is not None and b is not None and math.isclose(a, b)
+
+
+def _acc_pm(mean: float | None, std: float | None) -> str:
+  """'89.37 ± 0.79%' (or '89.41%' without a std)."""
+  if mean is None:
+    return '–'
+  return (f'{100 * mean:.2f} ± {100 * std:.2f}%' if std is not None
+          else fmt_acc(mean))
+
+
+def fmt_points_pm(mean: float | None, std: float | None,
+                  n: int | None = None) -> str:
+  """'−0.45 ± 0.21 pts (n=2)' (std left out when None)."""
+  if mean is None:
+    return '–'
+  s = f'{mean:+.2f}'.replace('-', '−')
+  if std is not None:
+    s += f' ± {std:.2f}'
+  s += ' pts'
+  if n is not None:
+    s += f' (n={n})'
+  return s
+
+
+def _seeds_cell(rec: Mapping[str, Any]) -> str:
+  """'0, 1, 2', or '0, 1 (2 of 3)' while seeds are missing."""
+  s = ', '.join('?' if x is None else str(x) for x in rec['seeds'])
+  if rec['n_seeds'] < rec['n_total']:
+    s += f' ({rec["n_seeds"]} of {rec["n_total"]})'
+  return s
+
+
+def _compression_record(g: SeedGroup, base: SeedGroup | None) -> dict:
+  """Raw numbers of one seed group against the uncompressed group."""
+  is_base = g is base
+  rec = dict(label=g.label, lan_gbps=g.lan, done=g.row is not None,
+             baseline=is_base,
+             density=(None if tables.is_uncompressed(g.config) else
+                      _get(g.config, 'compression.uplink.density')),
+             seeds=[_seed(e) for e in g.done], n_seeds=len(g.done),
+             n_total=len(g.entries))
+  if g.row is None:
+    return rec
+  r = g.row
+  b = base.row if base is not None else None
+  up, down = r.bytes['intra_up'].mean, r.bytes['intra_down'].mean
+  intra = None if up is None or down is None else up + down
+  b_intra = None
+  if b is not None and None not in (b.bytes['intra_up'].mean,
+                                    b.bytes['intra_down'].mean):
+    b_intra = b.bytes['intra_up'].mean + b.bytes['intra_down'].mean
+  ratio = None if is_base else reduction(intra, b_intra)
+  factor = (None if ratio is None else
+            (b_intra / intra if intra > 0 else math.inf))
+  acc = r.final_acc
+  delta = (100.0 * (acc.mean - b.final_acc.mean)
+           if not is_base and b is not None and acc.mean is not None
+           and b.final_acc.mean is not None else None)
+  pairs = {} if is_base else paired_deltas(g, base)
+  pst = tables.stat(pairs.values())
+  t = r.time_to_target_s
+  rec.update(
+      intra_up=up, intra_down=down, intra_bytes=intra, ratio=ratio,
+      factor=factor, final_acc=acc.mean, final_acc_std=acc.std,
+      delta_points=delta, paired=pairs, paired_delta=pst.mean,
+      paired_std=pst.std, paired_n=pst.n, time_to_target_s=t.mean,
+      time_to_target_std=t.std, n_reached=t.n,
+      time_reduction=(None if is_base or b is None
+                      else reduction(t.mean, b.time_to_target_s.mean)),
+      sim_time_s=r.sim_time_s.mean)
+  rec['time_cell'] = tables._fmt_stat(  # pylint: disable=protected-access
+      t, tables.human_seconds, rec['n_seeds'], never=True,
+      unit_of=tables._time_unit)  # pylint: disable=protected-access
+  return rec
+
+
+def _run_label(e: Entry, main_lan: float | None) -> str:
+  """'top-k ρ=2% up/down, bf16 small, 100 Mbit/s LAN, seed 1'."""
+  lan = _get(e.config, 'network.lan_bandwidth_gbps')
+  label = e.label
+  if lan is not None and not _same_lan(float(lan), main_lan):
+    label += f', {_lan_str(lan)} LAN'
+  return label + f', seed {_seed(e)}'
+
+
 def compression_section(data: SweepData, root_display: str) -> Section:
   """Bidirectional sparse + mixed precision (thesis comparison 3).
+
+  Points that differ only in ``seed`` are one row (mean ± sample std over the
+  finished seeds). The main table holds the points at the sweep's first LAN
+  bandwidth (1 Gbit/s); points at another LAN bandwidth get their own table of
+  time to target against the uncompressed run at that bandwidth.
 
   Args:
     data: the compression sweep.
     root_display: the results root as the reader should see it.
 
   Returns:
-    The :class:`Section`; ``extra['best_lossless']`` is the record with the
-    highest compression factor that loses at most 0.5 pts (or None).
+    The :class:`Section`; ``records`` are the main table's rows;
+    ``extra['best_lossless']`` is the record with the highest compression
+    factor whose paired Δ (mean over seeds) is ≥ −0.5 pts (or None);
+    ``extra['other_lan']`` the records of the other-LAN tables.
   """
   entries = data.entries
-  base = next((e for e in entries
-               if tables.is_uncompressed(e.config)), None)
-  base_done = base is not None and base.done
+  main_lan = (None if not entries else
+              float(_get(entries[0].config, 'network.lan_bandwidth_gbps', 0)))
+  groups = group_seeds(entries, data.target)
+  main = [g for g in groups if _same_lan(g.lan, main_lan)]
+  other = [g for g in groups if not _same_lan(g.lan, main_lan)]
+
+  def baseline_of(gs):
+    return next((g for g in gs if tables.is_uncompressed(g.config)), None)
+
+  base = baseline_of(main)
+  base_done = base is not None and base.row is not None
+  # The seed-0 (first) uncompressed run: the reference for step mismatches.
+  base_entry = base.entries[0] if base is not None else None
   a_ratio = anchors.get('thesis.compression.ratio')
   a_time = anchors.get('thesis.compression.time_reduction')
   a_dgc = anchors.get('dgc.compression_factor')
   a_dgc_acc = anchors.get('dgc.accuracy_delta')
-  base_intra = _intra_bytes(base) if base_done else None
-  base_time = base.row.time_to_target_s.mean if base_done else None
+
   records = []
-  for e in entries:
-    rec = dict(label=e.label, done=e.done, baseline=e is base,
-               density=(None if e is base else
-                        _get(e.config, 'compression.uplink.density')))
-    if e.done:
-      intra = _intra_bytes(e)
-      ratio = reduction(intra, base_intra)
-      factor = (None if ratio is None else
-                (base_intra / intra if intra > 0 else math.inf))
-      t = e.row.time_to_target_s.mean
-      rec.update(intra_bytes=intra, intra_up=_bytes(e, 'intra_up'),
-                 intra_down=_bytes(e, 'intra_down'), ratio=ratio,
-                 factor=factor, final_acc=_final(e),
-                 delta_points=_delta_points(e, base) if base_done else None,
-                 time_to_target_s=t,
-                 time_reduction=(reduction(t, base_time) if e is not base
-                                 else None),
-                 sim_time_s=e.row.sim_time_s.mean)
+  for g in main:
+    rec = _compression_record(g, base)
+    rho = '–' if rec['density'] is None else _pct_str(float(rec['density']))
+    if rec['done']:
+      is_b = rec['baseline']
       rec['cells'] = [
-          e.label,
-          '–' if rec['density'] is None else _pct_str(float(rec['density'])),
+          g.label, rho, _seeds_cell(rec),
           tables.human_bytes(rec['intra_up']),
           tables.human_bytes(rec['intra_down']),
-          'baseline' if e is base else (
-              '–' if ratio is None else
-              f'{100 * ratio:.2f}% ({fmt_factor(factor)})'),
-          fmt_acc(rec['final_acc']),
-          'baseline' if e is base else fmt_points(rec['delta_points']),
-          fmt_to_target(t, tables.human_seconds),
-          'baseline' if e is base else fmt_reduction(rec['time_reduction']),
+          'baseline' if is_b else (
+              '–' if rec['ratio'] is None else
+              f'{100 * rec["ratio"]:.2f}% ({fmt_factor(rec["factor"])})'),
+          _acc_pm(rec['final_acc'], rec['final_acc_std']),
+          'baseline' if is_b else fmt_points(rec['delta_points']),
+          'baseline' if is_b else fmt_points_pm(
+              rec['paired_delta'], rec['paired_std'],
+              rec['paired_n'] or None),
+          rec['time_cell'],
+          'baseline' if is_b else fmt_reduction(rec['time_reduction']),
           tables.human_seconds(rec['sim_time_s']),
       ]
     else:
-      rec['cells'] = [e.label, '–' if rec['density'] is None else
-                      _pct_str(float(rec['density'])), '*not finished*'] + (
-                          ['–'] * 7)
+      rec['cells'] = [g.label, rho, '*not finished*'] + ['–'] * 9
     records.append(rec)
-  header = ('run', 'density ρ (up = down)', 'intra-DC up', 'intra-DC down',
-            f'intra-DC compression (thesis: {a_ratio.text()}; DGC: '
-            f'{a_dgc.text()})', 'final acc', 'Δ vs uncompressed',
-            'sim time to target',
-            f'time reduction (thesis: {a_time.text()})', 'sim time (total)')
+  target_s = fmt_acc(data.target)
+  header = ('run', 'density ρ (up = down)', 'seeds',
+            'intra-DC up (mean)', 'intra-DC down (mean)',
+            f'intra-DC bytes saved, up + down (thesis: {a_ratio.text()}; '
+            f'DGC: {a_dgc.text()})', 'final acc (mean ± std)',
+            'Δ of the seed means', 'paired Δ, same seed (mean ± std)',
+            f'sim time to {target_s}',
+            f'less time than uncompressed (thesis: {a_time.text()})',
+            'sim time (total)')
+
+  # Other LAN bandwidths: time to target against the uncompressed run there.
+  other_records, other_md = [], []
+  for lan in _unique(g.lan for g in other):
+    gs = [g for g in other if _same_lan(g.lan, lan)]
+    lb = baseline_of(gs)
+    recs = []
+    for g in gs:
+      rec = _compression_record(g, lb)
+      rec['label'] = f'{g.label}, {_lan_str(lan)} LAN'
+      if rec['done']:
+        is_b = rec['baseline']
+        rec['cells'] = [
+            g.label, _seeds_cell(rec),
+            _acc_pm(rec['final_acc'], rec['final_acc_std']),
+            rec['time_cell'],
+            'baseline' if is_b else fmt_reduction(rec['time_reduction']),
+            tables.human_seconds(rec['sim_time_s']),
+            tables.human_bytes(rec['intra_bytes']),
+        ]
+      else:
+        rec['cells'] = [g.label, '*not finished*'] + ['–'] * 5
+      recs.append(rec)
+    other_records += recs
+    other_md += [
+        '', f'**{_lan_str(lan)} LAN** (same training, PS NIC at '
+        f'{_lan_str(lan)}: the network model changes only the simulated '
+        'clock, so this isolates the time saving):', '']
+    other_md += _md_table(
+        ('run', 'seeds', 'final acc', f'sim time to {target_s}',
+         f'less time than uncompressed at {_lan_str(lan)} (thesis: '
+         f'{a_time.text()})', 'sim time (total)', 'intra-DC up + down'),
+        [r['cells'] for r in recs])
+    other_md += _other_lan_notes(gs, main, lan, main_lan, target_s)
 
   comp = [r for r in records if r['done'] and not r['baseline']
           and r.get('ratio') is not None]
-  lossless = [r for r in comp if r['delta_points'] is not None
-              and r['delta_points'] >= -TOL]
+  judged = [r for r in comp if r['paired_delta'] is not None]
+  lossless = [r for r in judged if r['paired_delta'] >= -TOL]
   best_lossless = max(lossless, key=lambda r: r['factor'], default=None)
   at95 = [r for r in lossless if r['ratio'] >= a_ratio.value]
-  best_time = max((r for r in comp if r['time_reduction'] is not None),
-                  key=lambda r: r['time_reduction'], default=None)
+  timed = [r for r in comp + other_records if r['done'] and not r['baseline']
+           and r.get('time_reduction') is not None]
+  best_time = max(timed, key=lambda r: r['time_reduction'], default=None)
+
+  def with_lan(r):
+    return (r['label'] if r['label'].endswith(' LAN')
+            else f'{r["label"]}, {_lan_str(main_lan)} LAN')
+
   claims = []
   if at95:
     r = max(at95, key=lambda r: r['ratio'])
     claims.append(dict(anchor=a_ratio, met=True, ours=(
-        f'{100 * r["ratio"]:.2f}% at Δ {fmt_points(r["delta_points"])} '
+        f'{100 * r["ratio"]:.2f}% at paired Δ '
+        f'{fmt_points_pm(r["paired_delta"], r["paired_std"], r["paired_n"])} '
         f'({r["label"]})'), verdict=(
-            f'met: ≥ {fmt_reduction(a_ratio.value)} with Δ ≥ −{TOL:g} pts')))
+            f'met: ≥ {fmt_reduction(a_ratio.value)} with paired Δ ≥ '
+            f'−{TOL:g} pts')))
   else:
-    best = max(comp, key=lambda r: r['ratio'], default=None)
-    claims.append(dict(anchor=a_ratio, met=None if not comp else False, ours=(
-        f'{100 * best["ratio"]:.2f}% at Δ {fmt_points(best["delta_points"])} '
-        f'({best["label"]})' if best else '–'), verdict=(
-            'not measured' if not comp else
-            f'not met: no run reaches {fmt_reduction(a_ratio.value)} within '
-            f'{TOL:g} pts')))
+    best = max(judged, key=lambda r: r['ratio'], default=None)
+    claims.append(dict(anchor=a_ratio, met=None if not judged else False,
+                       ours=(f'{100 * best["ratio"]:.2f}% at paired Δ '
+                             f'{fmt_points_pm(best["paired_delta"], best["paired_std"], best["paired_n"])} '
+                             f'({best["label"]})' if best else '–'),
+                       verdict=('not measured' if not judged else
+                                f'not met: no density reaches '
+                                f'{fmt_reduction(a_ratio.value)} within '
+                                f'{TOL:g} pts (paired Δ)')))
   v, met = _verdict_up_to(best_time and best_time['time_reduction'], a_time,
-                          'reduction', bool(comp))
+                          'reduction', bool(comp or other_records))
   claims.append(dict(anchor=a_time, met=met, verdict=v, ours=(
-      f'{fmt_reduction(best_time["time_reduction"])} ({best_time["label"]})'
+      f'{fmt_reduction(best_time["time_reduction"])} ({with_lan(best_time)})'
       if best_time else '–')))
   if best_lossless is None:
-    claims.append(dict(anchor=a_dgc, met=None if not comp else False,
-                       ours='–' if not comp else f'no run within {TOL:g} pts',
-                       verdict='not measured' if not comp else 'not met'))
+    claims.append(dict(anchor=a_dgc, met=None if not judged else False,
+                       ours=('–' if not judged else
+                             f'no density within {TOL:g} pts'),
+                       verdict='not measured' if not judged else 'not met'))
   else:
     f = best_lossless['factor']
     claims.append(dict(anchor=a_dgc, met=f >= a_dgc.value, ours=(
-        f'{fmt_factor(f)} at Δ {fmt_points(best_lossless["delta_points"])} '
+        f'{fmt_factor(f)} at paired Δ '
+        f'{fmt_points_pm(best_lossless["paired_delta"], best_lossless["paired_std"], best_lossless["paired_n"])} '
         f'({best_lossless["label"]})'), verdict=(
             f'met: {fmt_factor(f)} ≥ {a_dgc.value:g}×' if f >= a_dgc.value
             else f'not met: {fmt_factor(f)} < {a_dgc.value:g}× (highest '
             f'within {TOL:g} pts)')))
 
-  missing = _missing(entries, root_display, data.sweep.name)
-  lan = (_get(entries[0].config, 'network.lan_bandwidth_gbps') if entries
-         else None)
+  run_entries = [e._replace(label=_run_label(e, main_lan)) for e in entries]
+  missing = _missing(run_entries, root_display, data.sweep.name)
+  seeds = _unique(_seed(e) for e in entries)
   md = ['## Bidirectional sparse + mixed precision (thesis comparison 3)', '',
         'Top-k with error feedback on the uplink (worker → PS) and the '
         'downlink (PS → workers) at the same density, small leaves in '
-        f'bf16, against the uncompressed hierarchical PS, on a {lan} Gbit/s '
-        'LAN so that intra-DC communication matters. Baseline: **'
-        + (base.label if base else 'missing') + '**.', '']
-  md += _settings_lines(data, root_display)
+        f'bf16, against the uncompressed hierarchical PS, on a '
+        f'{_lan_str(main_lan)} LAN so that intra-DC communication matters'
+        + (', and the time saving again under a '
+           + ' and a '.join(_lan_str(x) for x in _unique(g.lan for g in other))
+           + ' LAN' if other else '') + '. Baseline: **'
+        + (base.label if base else 'missing') + '** (same LAN). Seeds '
+        + ', '.join(map(str, seeds)) + ' where the sweep has them: one row per '
+        'point, mean ± sample std over its finished seeds.', '']
+  md += _settings_lines(data, root_display, run_entries)
+  md += [f'**{_lan_str(main_lan)} LAN**:', '']
   md += _md_table(header, [r['cells'] for r in records])
+  md += other_md
   md += _missing_lines(missing, data.extra)
-  md += ['']
-  if best_lossless is not None:
-    md.append(f'**Highest compression within {TOL:g} pts of uncompressed**: '
-              f'{fmt_factor(best_lossless["factor"])} '
-              f'({100 * best_lossless["ratio"]:.2f}%, '
-              f'{best_lossless["label"]}, '
-              f'Δ {fmt_points(best_lossless["delta_points"])}).')
-  elif comp:
-    md.append(f'**Highest compression within {TOL:g} pts of uncompressed**: '
-              'none of the finished compressed runs.')
-  else:
-    md.append(f'**Highest compression within {TOL:g} pts of uncompressed**: '
-              'not measured yet (no finished compressed run with a finished '
-              'baseline).')
+  md += [''] + _lossless_lines(records, best_lossless, base_done)
   md += ['', '**Published vs ours**:', '']
   md += _claims_lines(claims)
   notes = ['', 'Notes:', '',
-           '- Compression = 1 − (intra-DC up + down bytes) / (those of the '
-           'uncompressed run), over the whole run; both runs do the same '
+           '- Bytes saved = 1 − (intra-DC up + down bytes) / (those of the '
+           'uncompressed run), over the whole run (means over seeds; the '
+           'byte counts do not depend on the seed); both runs do the same '
            'number of intra-DC iterations, so this is also the per-iteration '
            'ratio. Bytes are what the payloads (values + indices, bf16 small '
            'leaves) hold; the inter-DC (WAN) link is not compressed here and '
            'not counted in this ratio.',
+           '- Paired Δ: for every seed finished both compressed and '
+           'uncompressed, final accuracy compressed − uncompressed (same '
+           'seed: same initialisation and data order), then mean ± sample '
+           'std over those seeds (n). It removes the seed-to-seed spread that '
+           'the Δ of the seed means carries, so the "loses ≤ '
+           f'{TOL:g} pts" test uses it. With n ≤ 3 this is an estimate, not a '
+           'significance test: the standard error of the mean is std / √n.',
+           '- Time to target: mean ± std over the seeds that reached it '
+           '(count shown when not all did); less time = 1 − compressed mean / '
+           'uncompressed mean.',
            '- DGC\'s factors are per gradient on the uplink of flat data '
            'parallelism (ResNet/LSTM-scale models); ours include the downlink '
            'and the bf16 small leaves, so they are not the same quantity. '
            + a_dgc_acc.citation.short + ' claims no accuracy loss at those '
-           'factors.',
-           f'- Δ and "within {TOL:g} pts" compare final test accuracy at the '
-           'same number of steps (one seed each: differences of a few tenths '
-           'of a point are within seed noise).']
-  if base is not None and not base.done:
+           'factors.']
+  if base is not None and not base_done:
     notes.append('- ⚠ The uncompressed baseline has not finished: ratios, Δ '
                  'and time reductions cannot be computed yet.')
   for c in claims:
     if c['met'] is False:
       notes.append(f'- Not met: {c["anchor"].citation.short}, '
                    f'{c["anchor"].quantity} — {c["verdict"]}.')
-  notes += _steps_mismatch(entries, base) + _config_drift(data)
+  notes += _steps_mismatch(
+      run_entries, None if base_entry is None else
+      run_entries[entries.index(base_entry)]) + _config_drift(data,
+                                                              run_entries)
   md += notes
+  rows = [g.row for g in main if g.row is not None] + [
+      g.row._replace(label=f'{g.label}, {_lan_str(g.lan)} LAN')
+      for g in other if g.row is not None]
   return Section('compression', md[0][3:], records, claims, missing,
-                 '\n'.join(md) + '\n', [e.row for e in entries if e.done],
-                 data.target, dict(baseline=base.label if base else None,
-                                   best_lossless=best_lossless,
-                                   workdirs=_workdirs(entries)))
+                 '\n'.join(md) + '\n', rows, data.target,
+                 dict(baseline=base.label if base else None,
+                      best_lossless=best_lossless, other_lan=other_records,
+                      workdirs=_workdirs(entries)))
+
+
+def _lossless_lines(records: Sequence[dict], best: dict | None,
+                    base_done: bool) -> list[str]:
+  """The verdict on "loses ≤ 0.5 pts", with the paired Δ of every density."""
+  head = f'**Highest compression that loses ≤ {TOL:g} pts** (by the paired Δ): '
+  comp = [r for r in records if not r['baseline']]
+  judged = [r for r in comp if r['done'] and r.get('paired_delta') is not None]
+  if not judged:
+    return [head + 'not measured yet (no compressed density with a finished '
+            'seed whose uncompressed run with the same seed has finished).']
+  if best is not None:
+    n = best['paired_n']
+    line = (head + f'**ρ={_pct_str(float(best["density"]))}** '
+            f'({best["label"]}): {100 * best["ratio"]:.2f}% fewer intra-DC '
+            f'bytes ({fmt_factor(best["factor"])}), paired Δ '
+            f'{fmt_points_pm(best["paired_delta"], best["paired_std"], n)}'
+            + (f', standard error {best["paired_std"] / math.sqrt(n):.2f} pts'
+               if best['paired_std'] is not None else '')
+            + f'; Δ of the seed means {fmt_points(best["delta_points"])}.')
+    if n < best['n_total']:
+      line += (f' Provisional: {n} of {best["n_total"]} seeds compared so '
+               'far.')
+  else:
+    least = max(judged, key=lambda r: r['paired_delta'])
+    line = (head + f'**none** of the finished densities: the smallest loss is '
+            f'ρ={_pct_str(float(least["density"]))}, paired Δ '
+            f'{fmt_points_pm(least["paired_delta"], least["paired_std"], least["paired_n"])}.')
+  lines = [line, '', 'Per density (paired Δ, mean ± std over n seeds; ✓ = '
+           f'loses ≤ {TOL:g} pts):', '']
+  for r in comp:
+    rho = ('?' if r['density'] is None else _pct_str(float(r['density'])))
+    if not r['done'] or r.get('paired_delta') is None:
+      lines.append(f'- ρ={rho}: not measured yet')
+      continue
+    ok = r['paired_delta'] >= -TOL
+    s = ('✓' if ok else '✗') + f' ρ={rho}: ' + fmt_points_pm(
+        r['paired_delta'], r['paired_std'], r['paired_n'])
+    if r['paired_n'] < r['n_total']:
+      s += f', {r["paired_n"]} of {r["n_total"]} seeds'
+    if len(r['paired']) > 1:
+      s += ' — per seed: ' + ', '.join(
+          f'{seed}: {fmt_points(d)}' for seed, d in sorted(
+              r['paired'].items(), key=lambda kv: (kv[0] is None, kv[0])))
+    lines.append('- ' + s)
+  if not base_done:
+    lines.append('- ⚠ the uncompressed baseline has not finished')
+  return lines
+
+
+def _other_lan_notes(groups: Sequence[SeedGroup], main: Sequence[SeedGroup],
+                     lan: float, main_lan: float | None,
+                     target_s: str) -> list[str]:
+  """Under the other-LAN table: the same seeds at the main LAN, and a check
+  that only the clock changed (same final accuracy)."""
+  lines = []
+  same_acc, diff_acc = [], []
+  t_main = {}
+  for g in groups:
+    twin = next((m for m in main if m.entries and g.entries and
+                 _key_without(m.entries[0], ('seed', 'network.lan_bandwidth_gbps'))
+                 == _key_without(g.entries[0],
+                                 ('seed', 'network.lan_bandwidth_gbps'))), None)
+    if twin is None:
+      continue
+    by_seed = {_seed(e): e for e in twin.done}
+    for e in g.done:
+      m = by_seed.get(_seed(e))
+      if m is None:
+        continue
+      a, b = _final(e), _final(m)
+      if a is not None and b is not None:
+        (same_acc if abs(a - b) < 1e-9 else diff_acc).append(
+            (g.label, _seed(e), 100 * (a - b)))
+      t_main.setdefault(g.label, []).append(m.row.time_to_target_s.mean)
+  lines += ['']
+  if same_acc and not diff_acc:
+    lines.append(f'- Final accuracy equals that of the same seed at '
+                 f'{_lan_str(main_lan)} for every run here: only the clock '
+                 'changed, as it should.')
+  elif diff_acc:
+    lines.append(f'- ⚠ Final accuracy differs from the same seed at '
+                 f'{_lan_str(main_lan)}: ' + ', '.join(
+                     f'{lab}, seed {s}: {fmt_points(d)}'
+                     for lab, s, d in diff_acc)
+                 + ' (the LAN should only move the simulated clock; a '
+                 'difference means the runs were not trained identically, '
+                 'e.g. by different code versions).')
+  base_lab = next((g.label for g in groups
+                   if tables.is_uncompressed(g.config)), None)
+  for g in groups:
+    if g.label == base_lab or g.label not in t_main or base_lab not in t_main:
+      continue
+    tm, bm = t_main[g.label], t_main[base_lab]
+    if None in tm or None in bm:
+      continue
+    red = reduction(sum(tm) / len(tm), sum(bm) / len(bm))
+    lines.append(f'- For comparison, at {_lan_str(main_lan)} with the same '
+                 f'seed(s), {g.label} needs '
+                 f'{tables.human_seconds(sum(tm) / len(tm))} to {target_s} vs '
+                 f'{tables.human_seconds(sum(bm) / len(bm))} uncompressed '
+                 f'({fmt_reduction(red)} less time).')
+  return lines if len(lines) > 1 else []
 
 
 def co3_section(data: SweepData, compression: SweepData,
@@ -990,7 +1384,13 @@ def _baseline_same_config(base: Entry, entries: Sequence[Entry]) -> list[str]:
 
 
 def plot_accuracy_vs_compression(section: Section, path: str) -> str | None:
-  """Final accuracy vs intra-DC compression factor (log x), with the anchors.
+  """Final accuracy and paired Δ vs intra-DC compression factor (log x).
+
+  Top: one point per density of the main LAN, mean final accuracy over its
+  finished seeds (error bar ±1 sample std where there are several), with the
+  published anchors. Bottom: the paired Δ (same seed, compressed −
+  uncompressed; mean ± std over seeds), the quantity "loses ≤ 0.5 pts" is
+  judged on.
 
   Args:
     section: the compression section.
@@ -1005,45 +1405,90 @@ def plot_accuracy_vs_compression(section: Section, path: str) -> str | None:
               None)
   if base is None or not pts:
     return None
-  fig = Figure(figsize=(7.2, 4.6), dpi=120, layout='constrained')
+  pts = sorted([dict(base, factor=1.0)] + pts, key=lambda r: r['factor'])
+  fig = Figure(figsize=(7.2, 7.2), dpi=120, layout='constrained')
   FigureCanvasAgg(fig)
-  ax = fig.add_subplot()
+  ax, ax2 = fig.subplots(2, 1, sharex=True, height_ratios=(3, 2))
   a_dgc = anchors.get('dgc.compression_factor')
   a_ratio = anchors.get('thesis.compression.ratio')
-  ax.axvspan(a_dgc.value, a_dgc.value_high, color='tab:orange', alpha=0.15,
-             label=f'DGC claim: {a_dgc.text()}, no loss')
   thesis_x = 1.0 / (1.0 - a_ratio.value)
-  ax.axvline(thesis_x, color='tab:green', linestyle=':', linewidth=1.2,
-             label=f'thesis: {a_ratio.text()} ({thesis_x:.0f}×)')
+  for i, a in enumerate((ax, ax2)):
+    a.axvspan(a_dgc.value, a_dgc.value_high, color='tab:orange', alpha=0.15,
+              label=f'DGC claim: {a_dgc.text()}, no loss' if i == 0 else None)
+    a.axvline(thesis_x, color='tab:green', linestyle=':', linewidth=1.2,
+              label=(f'thesis: {a_ratio.text()} ({thesis_x:.0f}×)' if i == 0
+                     else None))
   b = 100 * base['final_acc']
+  nb = base['n_seeds']
   ax.axhline(b, color='0.3', linestyle='--', linewidth=1,
-             label=f'uncompressed {b:.2f}%')
+             label=f'uncompressed {b:.2f}%'
+             + (f' (mean of {nb} seeds)' if nb > 1 else ''))
   ax.axhline(b - TOL, color='0.5', linestyle='-.', linewidth=1,
              label=f'uncompressed − {TOL:g} pts')
-  pts.sort(key=lambda r: r['factor'])
   xs = [r['factor'] for r in pts]
   ys = [100 * r['final_acc'] for r in pts]
-  ax.plot(xs, ys, color='tab:blue', marker='o', linewidth=1.5, zorder=3,
-          label='ours: final test accuracy')
+  errs = [100 * (r.get('final_acc_std') or 0.0) for r in pts]
+  several = any(r['n_seeds'] > 1 for r in pts)
+  ax.errorbar(xs, ys, yerr=errs if several else None, color='tab:blue',
+              marker='o', linewidth=1.5, capsize=4, zorder=3,
+              label='ours: final test accuracy'
+              + (', mean ± std over seeds' if several else ''))
+  x_lo, x_hi = 0.7, max(max(xs) * 1.5, a_dgc.value_high * 1.3)
+
+  def label(a, r, x, y, text):
+    # The rightmost label goes to the left of its point if it would run out
+    # of the axes.
+    right = x == xs[-1] and math.log(x / x_lo) / math.log(x_hi / x_lo) > 0.65
+    a.annotate(text, (x, y), textcoords='offset points',
+               xytext=(-8, 5) if right else (8, 5),
+               ha='right' if right else 'left', va='bottom',
+               fontsize='small', zorder=2.5,
+               bbox=dict(boxstyle='round,pad=0.1', fc='white', ec='none',
+                         alpha=0.7))
+
   for r, x, y in zip(pts, xs, ys):
     text = ('uncompressed' if r['baseline'] else
             f'ρ={_pct_str(float(r["density"]))} ({100 * r["ratio"]:.1f}%)')
-    ax.annotate(text, (x, y), textcoords='offset points', xytext=(4, 6),
-                ha='left', va='bottom', fontsize='small', zorder=2.5,
-                bbox=dict(boxstyle='round,pad=0.1', fc='white', ec='none',
-                          alpha=0.7))
+    label(ax, r, x, y, text + f', n={r["n_seeds"]}')
   ax.set_xscale('log')
-  ax.set_xlim(0.7, max(max(xs) * 1.5, a_dgc.value_high * 1.3))
-  lo = min(min(ys), b - TOL)
-  hi = max(max(ys), b)
+  ax.set_xlim(x_lo, x_hi)
+  lo = min(min(y - e for y, e in zip(ys, errs)), b - TOL)
+  hi = max(max(y + e for y, e in zip(ys, errs)), b)
   pad = max(0.5, 0.15 * (hi - lo))
   ax.set_ylim(lo - pad, hi + 2 * pad)
-  ax.set_xlabel('intra-DC compression factor (uncompressed / ours, up + down '
-                'bytes; log scale)')
   ax.set_ylabel('final test accuracy (%)')
-  ax.set_title('Accuracy vs compression: bidirectional top-k + bf16 small')
+  lan = section.records[0].get('lan_gbps') if section.records else None
+  ax.set_title('Accuracy vs compression: bidirectional top-k + bf16 small'
+               + (f' ({_lan_str(lan)} LAN)' if lan else ''))
   ax.grid(True, which='major', alpha=0.3)
   ax.legend(loc='lower left', fontsize='small')
+
+  paired = [r for r in pts if not r['baseline']
+            and r.get('paired_delta') is not None]
+  ax2.axhline(0.0, color='0.3', linestyle='--', linewidth=1)
+  ax2.axhline(-TOL, color='0.5', linestyle='-.', linewidth=1,
+              label=f'−{TOL:g} pts: the "no loss" bound')
+  if paired:
+    px = [r['factor'] for r in paired]
+    py = [r['paired_delta'] for r in paired]
+    pe = [r['paired_std'] or 0.0 for r in paired]
+    ax2.errorbar(px, py, yerr=pe, color='tab:red', marker='s', linewidth=1.5,
+                 capsize=4, zorder=3,
+                 label='paired Δ (same seed), mean ± std over seeds')
+    for r, x, y in zip(paired, px, py):
+      label(ax2, r, x, y, f'{y:+.2f}, n={r["paired_n"]}'.replace('-', '−'))
+    lo2 = min(min(y - e for y, e in zip(py, pe)), -TOL)
+    hi2 = max(max(y + e for y, e in zip(py, pe)), 0.0)
+    pad2 = max(0.3, 0.15 * (hi2 - lo2))
+    ax2.set_ylim(lo2 - pad2, hi2 + 2 * pad2)
+  else:
+    ax2.text(0.5, 0.5, 'no paired seeds yet', transform=ax2.transAxes,
+             ha='center', va='center')
+  ax2.set_ylabel('accuracy Δ vs uncompressed (pts)')
+  ax2.set_xlabel('intra-DC compression factor (uncompressed / ours, up + down '
+                 'bytes; log scale)')
+  ax2.grid(True, which='major', alpha=0.3)
+  ax2.legend(loc='lower left', fontsize='small')
   fig.savefig(path)
   return path
 
@@ -1106,7 +1551,11 @@ HOW_TO_READ = """\
 - **To target**: the first crossing of the runs' `train.target_accuracy`,
   linearly interpolated between evaluations; `never` = not reached in the
   run. **Reduction** = 1 − ours / baseline (positive = better).
-- Bytes use decimal units (1 MB = 10^6 bytes). One seed per configuration.
+- Bytes use decimal units (1 MB = 10^6 bytes). One seed per configuration,
+  except in the compression comparison: there, points run with several seeds
+  are one row, mean ± sample std over the finished seeds, and the accuracy
+  cost is also given as a **paired Δ** (compressed − uncompressed with the
+  same seed, then mean ± std over seeds).
 - **Published** numbers come from `hfl/report/anchors.py` (DESIGN §6 with
   citations); they were measured on other models, data and hardware, so they
   are context, not a pass/fail bar. "Not met" below says so where ours fall
@@ -1200,8 +1649,11 @@ def render_page(sections: Sequence[Section], plot_files: Mapping[str, list],
     lines.append(s.markdown)
     files = plot_files.get(s.key, [])
     if files:
-      lines += ['**Plots** (one line per finished run; dashed line: target '
-                f'{fmt_acc(s.target)}):', '']
+      seeds = any(len(r.runs) > 1 for r in s.rows)
+      lines += ['**Plots** (one line per finished '
+                + ('point: mean over its finished seeds, shaded ±1 std, '
+                   '(n=…) seeds' if seeds else 'run')
+                + f'; dashed line: target {fmt_acc(s.target)}):', '']
       lines += [f'![{os.path.splitext(os.path.basename(f))[0]}]({f})'
                 for f in files]
       lines.append('')
