@@ -425,6 +425,20 @@ def train_and_evaluate(config: ml_collections.ConfigDict, workdir: str) -> dict:
                 round_loss=list(round_loss))
     return host
 
+  def log_progress(at, m):
+    nonlocal t_log, step_log
+    now = time.time()
+    rate = (at - step_log) / max(now - t_log, 1e-9)
+    t_log, step_log = now, at
+    logging.info(
+        'step %d/%d round %d K=%s loss %.4f acc %s sim %.1fs bytes up %s down %s wan %s '
+        '| %.1f steps/s ETA %.0fs', at, num_steps, rnd, plan.k_base,
+        float(np.dot(s.dc_weights, m['loss'])),
+        f'{last_eval["test_accuracy"]:.4f}' if last_eval else '-', clock.now,
+        _fmt_bytes(totals['intra_up']), _fmt_bytes(totals['intra_down']),
+        _fmt_bytes(totals['inter_dc']), rate, (num_steps - at) / max(rate, 1e-9))
+
+  pending = []  # (device metrics, active) of this round's iterations so far
   while step < num_steps:
     # ---- Indicator: where in the round are we, and does this iteration end it?
     kmax = int(np.max(plan.k_d))
@@ -447,53 +461,57 @@ def train_and_evaluate(config: ml_collections.ConfigDict, workdir: str) -> dict:
     t_step = time.perf_counter()
     state, m = step_fn_at(step)(state, batch, distributed.put_global(active, dc_sh),
                        distributed.put_global(weights, rep_sh), do_round)
-    m = distributed.to_host(jax.block_until_ready(m))  # all DCs' metrics on every process
+    jax.block_until_ready(m)
     if program in compiled:  # a program's first call includes its compilation
       step_wall['round' if do_round else 'local'].append(time.perf_counter() - t_step)
     compiled.add(program)
-
-    # ---- Accounting and the simulated clock.
-    totals['intra_up'] += float(np.sum(m['up_bits'], dtype=np.float64)) / 8
-    totals['intra_down'] += float(np.sum(m['down_bits'], dtype=np.float64)) / 8
-    clock = network.advance_iteration(
-        clock, network.iteration_time(s.net, m['up_bits'], m['down_bits']), active)
-    if not np.all(np.isfinite(m['loss'])):
-      raise FloatingPointError(
-          f'the train loss is {m["loss"].tolist()} (per DC) at step {step + 1}, round {rnd}: '
-          'training diverged. Lower optimizer.learning_rate or use milder compression '
-          f'(compression.uplink.name={cfg.compression.uplink.name!r}); the checkpoints in '
-          f'{workdir} (before the divergence) are kept.')
-    loss_sum += float(np.dot(s.dc_weights, m['loss']))
-    loss_n += 1
+    # The metrics stay on the devices until the round ends: with DCs on different
+    # hosts, fetching every DC's metrics is an inter-DC collective, which local
+    # iterations must not pay. The round's metrics then cross in one gather.
+    pending.append((m, active))
     step += 1
     it_in_round += 1
-    if do_round:
-      wan_bits = m['wan_bits'].astype(np.float64)
-      totals['inter_dc'] += network.link_bytes(wan_bits, present)
-      clock = network.advance_round(clock, network.round_comm_time(s.net, wan_bits, present))
-      rnd += 1
-      it_in_round = 0
-      round_loss.append(loss_sum / loss_n)
-      plan, sched_state = s.schedule.next_round(sched_state, loss_sum / loss_n)
-      loss_sum, loss_n = 0.0, 0
-      if rnd % cfg.train.eval_every == 0 or step == num_steps:
-        rec = do_eval()
-        logging.info('eval step %d round %d: test_accuracy %.4f test_loss %.4f', step, rnd,
-                     rec['test_accuracy'], rec['test_loss'])
-      every = cfg.train.checkpoint_every
-      if step == num_steps or (every and rnd % every == 0):
-        ckpt_lib.save(mngr, step, state, save_host())
+    if not do_round:
+      continue
+
+    # ---- Accounting and the simulated clock, iteration by iteration.
+    round_ms = distributed.to_host_stacked([pm for pm, _ in pending])
+    for i, (m, (_, act)) in enumerate(zip(round_ms, pending)):
+      at = step - len(pending) + i + 1  # this iteration's step number (1-based)
+      totals['intra_up'] += float(np.sum(m['up_bits'], dtype=np.float64)) / 8
+      totals['intra_down'] += float(np.sum(m['down_bits'], dtype=np.float64)) / 8
+      clock = network.advance_iteration(
+          clock, network.iteration_time(s.net, m['up_bits'], m['down_bits']), act)
+      if not np.all(np.isfinite(m['loss'])):
+        raise FloatingPointError(
+            f'the train loss is {m["loss"].tolist()} (per DC) at step {at}, round {rnd}: '
+            'training diverged. Lower optimizer.learning_rate or use milder compression '
+            f'(compression.uplink.name={cfg.compression.uplink.name!r}); the checkpoints in '
+            f'{workdir} (before the divergence) are kept.')
+      loss_sum += float(np.dot(s.dc_weights, m['loss']))
+      loss_n += 1
+      if at < step and at % cfg.train.log_every == 0:
+        log_progress(at, m)
+    pending.clear()
+
+    # ---- The inter-DC round.
+    wan_bits = m['wan_bits'].astype(np.float64)
+    totals['inter_dc'] += network.link_bytes(wan_bits, present)
+    clock = network.advance_round(clock, network.round_comm_time(s.net, wan_bits, present))
+    rnd += 1
+    it_in_round = 0
+    round_loss.append(loss_sum / loss_n)
+    plan, sched_state = s.schedule.next_round(sched_state, loss_sum / loss_n)
+    loss_sum, loss_n = 0.0, 0
+    if rnd % cfg.train.eval_every == 0 or step == num_steps:
+      rec = do_eval()
+      logging.info('eval step %d round %d: test_accuracy %.4f test_loss %.4f', step, rnd,
+                   rec['test_accuracy'], rec['test_loss'])
+    every = cfg.train.checkpoint_every
+    if step == num_steps or (every and rnd % every == 0):
+      ckpt_lib.save(mngr, step, state, save_host())
     if step % cfg.train.log_every == 0 or step == num_steps:
-      now = time.time()
-      rate = (step - step_log) / max(now - t_log, 1e-9)
-      t_log, step_log = now, step
-      logging.info(
-          'step %d/%d round %d K=%s loss %.4f acc %s sim %.1fs bytes up %s down %s wan %s '
-          '| %.1f steps/s ETA %.0fs', step, num_steps, rnd, plan.k_base,
-          float(np.dot(s.dc_weights, m['loss'])),
-          f'{last_eval["test_accuracy"]:.4f}' if last_eval else '-', clock.now,
-          _fmt_bytes(totals['intra_up']), _fmt_bytes(totals['intra_down']),
-          _fmt_bytes(totals['inter_dc']), rate, (num_steps - step) / max(rate, 1e-9))
+      log_progress(step, m)
 
   # ---- Summary. ---------------------------------------------------------------
   records = metrics_lib.read_jsonl(mw.path)

@@ -133,6 +133,7 @@ def read_outputs(workdir: str):
   for r in [summary] + records:
     r.pop('wall_time_s', None)
   summary.pop('config')
+  summary.pop('step_wall_s')  # measured wall-clock
   return summary, records
 
 
@@ -284,3 +285,21 @@ def test_put_rows_and_put_global_equal_device_put_bitwise():
   np.testing.assert_array_equal(np.asarray(distributed.put_global(host, sh2)), host)
   metrics = {'loss': jax.device_put(np.arange(2, dtype=np.float32), NamedSharding(mesh, P('dc')))}
   np.testing.assert_array_equal(distributed.to_host(metrics)['loss'], [0, 1])
+
+
+def test_to_host_stacked_equals_to_host_of_each_tree():
+  mesh = mesh_lib.make_mesh(2, 4)
+  sh = NamedSharding(mesh, P('dc'))
+  rng = np.random.default_rng(1)
+  trees = [{'loss': jax.device_put(rng.normal(size=2).astype(np.float32), sh),
+            'bits': jax.device_put(rng.normal(size=2).astype(np.float32), sh)} for _ in range(3)]
+  got = distributed.to_host_stacked(trees)
+  assert len(got) == 3
+  for g, t in zip(got, trees):
+    want = distributed.to_host(t)
+    assert set(g) == set(want)
+    for k in want:
+      np.testing.assert_array_equal(g[k], want[k])
+  assert distributed.to_host_stacked([]) == []
+  with pytest.raises(ValueError, match='share one shape'):
+    distributed.to_host_stacked([{'a': trees[0]['loss'], 'b': jax.numpy.zeros(3)}])
