@@ -9,8 +9,11 @@ iterations, compilations left out), so
   measured C = median round iteration over the WAN - the same over loopback
 
 is the wall-clock the inter-DC exchange adds to a round. It is compared with the
-model's C_d = max(egress, ingress) / bandwidth + 2 x one-way latency
-(``hfl.network.round_comm_time``, from the bits the run counted).
+model's C_d = max(egress, ingress) / bandwidth + H x one-way latency
+(``hfl.network.round_comm_time``, from the bits the run counted). First H is
+calibrated on K=1 without compression, from runs without and with the delay
+(H = (C(delay) - C(0)) / delay; C(0) also checks the bandwidth term); then every
+(payload, K) is compared with the model at the default H=2 and at the fitted H.
 
 XLA:CPU sends a bf16 collective as f32 (it upcasts it in the compiled program),
 so on CPU a bf16 WAN payload puts the *f32* bytes on the wire; the half-precision
@@ -19,6 +22,8 @@ are required.
 
   python bench/wan_model_check.py [--wan_mbps=100] [--wan_latency_ms=20] [--ks=1,4,16]
       [--wans=identity,fp16] [--rounds=10]
+
+Each run writes its rounds' timing to a temporary workdir; about 16 runs of ~20 s.
 """
 
 import argparse
@@ -52,45 +57,65 @@ def main():
   ap.add_argument('--wans', default='identity,fp16')
   args = ap.parse_args()
   root = tempfile.mkdtemp(prefix='hfl_wan_')
+  num_dcs = 2
+  loops = {}
+
+  def measure(wan, k, latency_ms):
+    """(measured C, bits per DC per round, timed rounds, delay method) of one WAN run."""
+    common = ['--config=configs/smoke.py', f'--config.sync.k={k}',
+              f'--config.train.num_steps={args.rounds * k}', '--config.train.eval_every=100000',
+              '--config.train.checkpoint_every=0', '--config.train.log_every=100000',
+              f'--config.compression.wan.name={wan}',
+              f'--config.network.wan_bandwidth_mbps={args.wan_mbps}',
+              f'--config.network.wan_latency_s={latency_ms / 1000}']
+    if (wan, k) not in loops:  # the loopback reference does not depend on the latency
+      loop = os.path.join(root, f'loop_{wan}_k{k}')
+      loops[wan, k] = run([sys.executable, 'launch/local_multiprocess.py',
+                           '--num_processes=2', '--', *common, f'--workdir={loop}'], loop)
+    shaped = os.path.join(root, f'wan_{wan}_k{k}_{latency_ms:g}ms')
+    s_wan = run([sys.executable, 'launch/emulated_wan.py', f'--wan_mbps={args.wan_mbps}',
+                 f'--wan_latency_ms={latency_ms}', '--', *common, f'--workdir={shaped}'], shaped)
+    with open(os.path.join(shaped, 'wan_info.json')) as f:
+      info = json.load(f)
+    if latency_ms and not info['one_way_delay_ms']:
+      raise RuntimeError(f'no delay could be added ({info}); cannot measure latencies.')
+    measured = s_wan['step_wall_s']['round_median'] - loops[wan, k]['step_wall_s']['round_median']
+    # Bits each DC put on the WAN per round (the counted payload; each DC's reaches
+    # the one other DC).
+    bits = s_wan['bytes']['inter_dc'] * 8 / s_wan['inter_dc_rounds'] / num_dcs
+    return measured, bits, s_wan['step_wall_s']['round_n'], info['delay_method']
+
+  def model(bits, latency_ms, hops):
+    net = network.NetworkModel(
+        compute_s=np.zeros(num_dcs), lan_bps=1e12, lan_latency_s=0.0,
+        wan_bps=args.wan_mbps * 1e6, wan_latency_s=latency_ms / 1000,
+        wan_latencies_per_round=hops)
+    return float(np.max(network.round_comm_time(net, np.full(num_dcs, bits))))
+
+  # ---- 1. Calibration: K=1, uncompressed, without and with the delay.
+  lat = args.wan_latency_ms
+  c0, bits0, _, _ = measure('identity', 1, 0.0)
+  c1, _, _, how = measure('identity', 1, lat)
+  hops = (c1 - c0) / (lat / 1000)
+  print(f'Calibration (K=1, identity, {bits0 / 8e6:.3f} MB per DC per round): '
+        f'C at 0 ms = {c0 * 1e3:.1f} ms (model bandwidth term {model(bits0, 0, 0) * 1e3:.1f} ms, '
+        f'ratio {c0 / model(bits0, 0, 0):.2f}); C at {lat:g} ms = {c1 * 1e3:.1f} ms '
+        f'-> H = {hops:.1f} one-way latencies per round ({how}).', flush=True)
+
+  # ---- 2. Validation over K and WAN payloads at the configured delay.
   rows = []
   for wan in args.wans.split(','):
     for k in [int(x) for x in args.ks.split(',')]:
-      common = ['--config=configs/smoke.py', f'--config.sync.k={k}',
-                f'--config.train.num_steps={args.rounds * k}', '--config.train.eval_every=100000',
-                '--config.train.checkpoint_every=0', '--config.train.log_every=100000',
-                f'--config.compression.wan.name={wan}',
-                f'--config.network.wan_bandwidth_mbps={args.wan_mbps}',
-                f'--config.network.wan_latency_s={args.wan_latency_ms / 1000}']
-      shaped = os.path.join(root, f'wan_{wan}_k{k}')
-      s_wan = run([sys.executable, 'launch/emulated_wan.py', f'--wan_mbps={args.wan_mbps}',
-                   f'--wan_latency_ms={args.wan_latency_ms}', '--',
-                   *common, f'--workdir={shaped}'], shaped)
-      with open(os.path.join(shaped, 'wan_info.json')) as f:
-        info = json.load(f)
-      loop = os.path.join(root, f'loop_{wan}_k{k}')
-      s_loop = run([sys.executable, 'launch/local_multiprocess.py', '--num_processes=2', '--',
-                    *common, f'--workdir={loop}'], loop)
-      rounds = s_wan['inter_dc_rounds']
-      num_dcs = 2
-      # Bits each DC put on the WAN per round (the counted payload; each DC's reaches
-      # the one other DC), and the model's C_d for them.
-      per_dc_bits = s_wan['bytes']['inter_dc'] * 8 / rounds / num_dcs
-      net = network.NetworkModel(
-          compute_s=np.zeros(num_dcs), lan_bps=1e12, lan_latency_s=0.0,
-          wan_bps=args.wan_mbps * 1e6, wan_latency_s=float(info['one_way_delay_ms']) / 1000)
-      model = float(np.max(network.round_comm_time(net, np.full(num_dcs, per_dc_bits))))
-      measured = s_wan['step_wall_s']['round_median'] - s_loop['step_wall_s']['round_median']
-      rows.append((wan, k, rounds, s_wan['step_wall_s']['round_n'], per_dc_bits / 8,
-                   s_wan['step_wall_s']['round_median'], s_loop['step_wall_s']['round_median'],
-                   measured, model, info['delay_method']))
+      c, bits, n, how = (c1, bits0, None, how) if (wan, k) == ('identity', 1) else \
+          measure(wan, k, lat)
+      rows.append((wan, k, n, bits / 8, c, model(bits, lat, 2.0), model(bits, lat, hops), how))
       print(rows[-1], flush=True)
-  print('| WAN payload | K | rounds (timed) | bytes per DC per round | round iteration, WAN (ms) '
-        '| round iteration, loopback (ms) | measured C (ms) | model C_d (ms) | measured / model '
-        '| delay |')
-  print('|---|---|---|---|---|---|---|---|---|---|')
-  for wan, k, rounds, n, b, ww, wl, meas, mod, how in rows:
-    print(f'| {wan} | {k} | {rounds} ({n}) | {b / 1e6:.3f} MB | {ww * 1e3:.1f} | {wl * 1e3:.1f} '
-          f'| {meas * 1e3:.1f} | {mod * 1e3:.1f} | {meas / mod:.2f} | {how} |')
+  print(f'| WAN payload | K | bytes per DC per round | measured C (ms) | model, H=2 (ms) '
+        f'| measured / model | model, H={hops:.1f} (ms) | measured / model | delay |')
+  print('|---|---|---|---|---|---|---|---|---|')
+  for wan, k, n, b, c, m2, mh, how in rows:
+    print(f'| {wan} | {k} | {b / 1e6:.3f} MB | {c * 1e3:.1f} | {m2 * 1e3:.1f} | {c / m2:.2f} '
+          f'| {mh * 1e3:.1f} | {c / mh:.2f} | {how} |')
 
 
 if __name__ == '__main__':

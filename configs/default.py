@@ -79,6 +79,7 @@ def get_config(arg: str | None = None) -> ml_collections.ConfigDict:
   c.network.lan_latency_s = 1e-4
   c.network.wan_bandwidth_mbps = 100.0  # per-DC WAN bandwidth (Mbit/s)
   c.network.wan_latency_s = 0.02
+  c.network.wan_latencies_per_round = 2.0  # one-way WAN latencies per round (2: one exchange)
   return c
 
 

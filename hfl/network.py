@@ -16,7 +16,15 @@ Between DCs, the PSs exchange their (compressed) pseudo-gradients all-to-all (an
 all-gather over the 'dc' axis): DC d sends its payload to each of the other D-1 DCs
 and receives theirs. Its WAN link is full duplex at ``wan_bandwidth_mbps``, so
 
-    C_d = max(egress_bits_d, ingress_bits_d) / wan_bps + 2 * wan_latency_s.
+    C_d = max(egress_bits_d, ingress_bits_d) / wan_bps + H * wan_latency_s,
+
+with H = ``network.wan_latencies_per_round`` one-way latencies (default 2: one
+message out and one back, the ideal of a combined collective). A real transport
+can pay more: gloo over TCP (XLA:CPU's multi-process collectives) runs each
+operand of the combined inter-DC all-reduce as its own ring all-reduce with a
+rendezvous per message, and the host loop adds one metrics gather per round, so
+each round costs about 4 one-way latencies per WAN payload array plus 2. H is
+measured on an emulated WAN by ``bench/wan_model_check.py`` (docs/benchmarks.md).
 
 A round lasts T = max_d(K_d t_d + C_d) (DESIGN 4.3): every DC keeps its own clock,
 DCs that finish their K_d iterations early wait for the slowest, and that wait is
@@ -35,6 +43,7 @@ class NetworkModel(NamedTuple):
   lan_latency_s: float       # one-way LAN latency, seconds
   wan_bps: float             # per-DC WAN bandwidth, bits per second
   wan_latency_s: float       # one-way WAN latency, seconds
+  wan_latencies_per_round: float = 2.0  # one-way latencies a round costs (H)
 
 
 def from_config(net, num_dcs: int) -> NetworkModel:
@@ -55,12 +64,17 @@ def from_config(net, num_dcs: int) -> NetworkModel:
   for field in ('lan_latency_s', 'wan_latency_s', 'compute_time_s'):
     if not float(net[field]) >= 0:
       raise ValueError(f'network.{field}={net[field]} must be >= 0 (seconds).')
+  hops = net.get('wan_latencies_per_round', 2.0)
+  if isinstance(hops, bool) or not isinstance(hops, (int, float)) or not hops >= 0:
+    raise ValueError(f'network.wan_latencies_per_round={hops!r} must be a number >= 0 (one-way '
+                     'WAN latencies per inter-DC round; 2 = one exchange).')
   return NetworkModel(
       compute_s=float(net.compute_time_s) / speed,
       lan_bps=float(net.lan_bandwidth_gbps) * 1e9,
       lan_latency_s=float(net.lan_latency_s),
       wan_bps=float(net.wan_bandwidth_mbps) * 1e6,
-      wan_latency_s=float(net.wan_latency_s))
+      wan_latency_s=float(net.wan_latency_s),
+      wan_latencies_per_round=float(hops))
 
 
 def iteration_time(net: NetworkModel, up_bits: np.ndarray, down_bits: np.ndarray) -> np.ndarray:
@@ -86,8 +100,8 @@ def round_comm_time(net: NetworkModel, payload_bits: np.ndarray,
     present: bool [D], DCs taking part (default: all).
 
   Returns:
-    C_d = max(egress, ingress) / wan_bps + 2 * wan_latency_s for present DCs; 0 for
-    absent ones.
+    C_d = max(egress, ingress) / wan_bps + H * wan_latency_s for present DCs (H =
+    ``net.wan_latencies_per_round``); 0 for absent ones.
   """
   bits = np.asarray(payload_bits, dtype=np.float64)
   present = np.ones(bits.shape, bool) if present is None else np.asarray(present, bool)
@@ -95,7 +109,8 @@ def round_comm_time(net: NetworkModel, payload_bits: np.ndarray,
   peers = present.sum() - 1
   egress = bits * peers
   ingress = bits.sum() - bits
-  c = np.maximum(egress, ingress) / net.wan_bps + 2 * net.wan_latency_s
+  c = (np.maximum(egress, ingress) / net.wan_bps
+       + net.wan_latencies_per_round * net.wan_latency_s)
   return np.where(present & (peers > 0), c, 0.0)
 
 

@@ -42,7 +42,8 @@ RESUMABLE_FIELDS = ('train.num_steps', 'train.eval_every', 'train.checkpoint_eve
 # resume.
 ADDED_SECTIONS = {('compression', 'dgc'): dict(momentum=0.0, clip_norm=0.0, warmup_steps=0,
                                                initial_density=0.25, num_stages=4),
-                  ('optimizer', 'shard_state'): False}
+                  ('optimizer', 'shard_state'): False,
+                  ('network', 'wan_latencies_per_round'): 2.0}
 
 
 @dataclasses.dataclass

@@ -31,6 +31,9 @@ def test_round_comm_time_all_gather_over_wan():
   # An absent DC neither sends nor waits.
   c = network.round_comm_time(net, np.array([1e6, 3e6]), present=np.array([True, False]))
   np.testing.assert_allclose(c, [0.0, 0.0])
+  # H one-way latencies per round instead of the default 2.
+  c = network.round_comm_time(_net(wan_latencies_per_round=26.0), np.array([1e6, 3e6]))
+  np.testing.assert_allclose(c, [3e6 / 1e8 + 26 * 0.02] * 2)
 
 
 def test_idle_times_add_up():
@@ -51,6 +54,8 @@ def test_idle_times_add_up():
 
 @pytest.mark.parametrize('field,value', [('lan_bandwidth_gbps', 0.0), ('wan_bandwidth_mbps', -1.0),
                                          ('wan_latency_s', -0.1), ('dc_speed', (1.0,)),
+                                         ('wan_latencies_per_round', -1.0),
+                                         ('wan_latencies_per_round', 'two'),
                                          ('dc_speed', (1.0, 0.0))])
 def test_bad_network_config_names_the_field(field, value):
   with pytest.raises(ValueError, match=f'network.{field}'):
