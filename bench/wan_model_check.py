@@ -55,6 +55,7 @@ def main():
   ap.add_argument('--rounds', type=int, default=10, help='inter-DC rounds per run')
   ap.add_argument('--ks', default='1,4,16')
   ap.add_argument('--wans', default='identity,fp16')
+  ap.add_argument('--config', default='configs/smoke.py', help='experiment config (its model sets the WAN payload arrays)')
   args = ap.parse_args()
   root = tempfile.mkdtemp(prefix='hfl_wan_')
   num_dcs = 2
@@ -62,7 +63,7 @@ def main():
 
   def measure(wan, k, latency_ms):
     """(measured C, bits per DC per round, timed rounds, delay method) of one WAN run."""
-    common = ['--config=configs/smoke.py', f'--config.sync.k={k}',
+    common = [f'--config={args.config}', f'--config.sync.k={k}',
               f'--config.train.num_steps={args.rounds * k}', '--config.train.eval_every=100000',
               '--config.train.checkpoint_every=0', '--config.train.log_every=100000',
               f'--config.compression.wan.name={wan}',
