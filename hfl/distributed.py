@@ -24,12 +24,16 @@ a watchdog turns JAX's own abort after a missing process or an unreachable
 coordinator (a C++ ``DEADLINE_EXCEEDED`` stack trace) into one clear line and
 exit status :data:`INIT_FAILED_EXIT_CODE`.
 
-Data (:func:`put_global`, :func:`put_rows`): every process holds the host
-data (numpy) and transfers to its devices only the blocks those devices own
-under the array's sharding, through ``jax.make_array_from_callback``; with one
-process this is exactly ``jax.device_put`` of the whole array (same bytes, same
-sharding). Metrics sharded over ``'dc'`` are gathered back to every process
-with :func:`to_host`.
+Data (:func:`put_global`, :func:`put_rows`): every process builds each global
+array from process-local data, transferring to its devices only the blocks
+those devices own under the array's sharding, through
+``jax.make_array_from_callback`` (which calls back only for this process's
+devices); with one process this is exactly ``jax.device_put`` of the whole
+array (same bytes, same sharding). Small arrays (labels, masks, weights) are
+held whole by every process (:func:`put_global`); images are row sources
+(:class:`hfl.data.rows.NormalisedRows`) from which :func:`put_rows` reads, and
+converts to float32, only the rows of this process's devices. Metrics sharded
+over ``'dc'`` are gathered back to every process with :func:`to_host`.
 """
 
 import dataclasses
@@ -342,22 +346,28 @@ def put_global(host: np.ndarray, sharding) -> Any:
   return jax.make_array_from_callback(host.shape, sharding, lambda index: host[index])
 
 
-def put_rows(source: np.ndarray, idx: np.ndarray, sharding) -> Any:
-  """Builds the global array ``source[idx]`` gathering only this process's rows.
+def put_rows(source, idx: np.ndarray, sharding) -> Any:
+  """Builds the global array ``source[idx]`` reading only this process's rows.
 
   The training batch is ``images[idx]`` with ``idx`` int [D, W, B]: a process
-  whose devices hold the mesh positions (d, w) gathers only ``idx[d, w]`` —
-  the rows of its own DCs/workers — and never materialises the others.
+  whose devices hold the mesh positions (d, w) reads only ``idx[d, w]`` —
+  the rows of its own DCs/workers — and never reads or materialises the others.
+  ``source`` is indexed once per addressable device, with that device's block
+  of ``idx``.
 
   Args:
-    source: numpy [N, ...] (e.g. all training images, or labels).
+    source: the rows [N, ...]: a numpy array (e.g. labels) or a row source with
+      ``shape``, ``dtype`` and numpy-style ``source[int_array]`` (e.g.
+      ``Dataset.train_images``, a NormalisedRows that reads and converts only
+      the rows asked for).
     idx: int array [*lead] of row indices into ``source``; the same on every
       process (it is a pure function of the partition, step and seed).
-    sharding: sharding of the result, of rank ``idx.ndim + source.ndim - 1``.
+    sharding: sharding of the result, of rank ``idx.ndim + len(source.shape) - 1``.
 
   Returns:
-    A global jax.Array of shape ``idx.shape + source.shape[1:]``; with one
-    process bitwise equal to ``jax.device_put(source[idx], sharding)``.
+    A global jax.Array of shape ``idx.shape + source.shape[1:]`` and the dtype
+    of ``source[...]`` (float32 for NormalisedRows); with one process bitwise
+    equal to ``jax.device_put(np.asarray(source)[idx], sharding)``.
   """
   import jax  # pylint: disable=g-import-not-at-top
   idx = np.asarray(idx)

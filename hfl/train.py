@@ -161,6 +161,10 @@ def setup(config: ml_collections.ConfigDict) -> Setup:
   optimizer = optim.make_optimizer(config.optimizer)
   mesh = mesh_lib.make_mesh(d, w)
   dataset = data_lib.load(config.dataset.name, config.dataset.data_dir)
+  logging.info('Dataset %s: train %s, test %s, raw %s images converted on demand; '
+               '%.1f MB of host memory', dataset.name, dataset.train_images.shape,
+               dataset.test_images.shape, np.dtype(dataset.train_images.raw.dtype).name,
+               dataset.host_nbytes() / 1e6)
   part = data_lib.partition(dataset.train_labels, d, w, config.dataset.partition,
                             float(config.dataset.dirichlet_alpha), config.seed,
                             min_size=_min_shard(config, len(dataset.train_labels)))
@@ -223,24 +227,35 @@ def _check_workdir_config(workdir: str, config) -> list[str]:
 # Evaluation.
 # ------------------------------------------------------------------------------
 
-def make_eval(model, mesh, images: np.ndarray, labels: np.ndarray, batch_size: int):
+def make_eval(model, mesh, images, labels: np.ndarray, batch_size: int):
   """Returns ``evaluate(params) -> (accuracy, loss)`` on the whole test set.
 
-  The test set is padded to a multiple of the device count and sharded over all
-  devices once; padded entries are masked out.
+  The test set is padded with zero images to a multiple of the device count and
+  sharded over all devices once; padded entries are masked out. Each process
+  reads (and, for a NormalisedRows source, converts) only the test rows of its
+  own devices.
+
+  Args:
+    model: the Flax model.
+    mesh: the ('dc', 'worker') mesh.
+    images: test images [M, ...]: a numpy array or a row source such as
+      ``Dataset.test_images`` (float32 rows on indexing).
+    labels: int [M] test labels.
+    batch_size: evaluation batch size (rounded to a multiple of the devices).
   """
   n_dev = mesh.devices.size
   chunk = max(n_dev, (batch_size // n_dev) * n_dev)
   n = len(labels)
   total = -(-n // chunk) * chunk
   pad = total - n
-  x = np.concatenate([images, np.zeros((pad,) + images.shape[1:], images.dtype)])
   y = np.concatenate([labels, np.zeros((pad,), labels.dtype)])
   mask = np.concatenate([np.ones(n, np.float32), np.zeros(pad, np.float32)])
   sh = NamedSharding(mesh, P(None, (mesh_lib.DC, mesh_lib.WORKER)))
   # Each process transfers only its own devices' blocks (hfl.distributed).
   put = lambda a: distributed.put_global(a.reshape((total // chunk, chunk) + a.shape[1:]), sh)
-  x, y, mask = put(x), put(y), put(mask)
+  rows = np.arange(total).reshape(total // chunk, chunk)
+  x = distributed.put_rows(data_lib.PaddedRows(images, total), rows, sh)
+  y, mask = put(y), put(mask)
 
   @jax.jit
   def run(params, x, y, mask):  # arguments, not closures: they span all processes

@@ -1,6 +1,7 @@
 """Tests for hfl.data: IDX reader, TFDS source, partitioning, batch sampler."""
 
 import gzip
+import hashlib
 import io
 import os
 import sys
@@ -13,6 +14,11 @@ from hfl.data import idx as idx_lib
 from hfl.data import sampler as sampler_lib
 
 FASHION_DIR = '/usr/share/datasets/fashion-mnist'
+# sha256 of Debian's Fashion-MNIST normalised by the eager pipeline (float32).
+_FMNIST_TRAIN_SHA256 = ('da3f3c3650c3c1e4c235ef6988d95ea6'
+                        '384ac4617a94d0d27363e1f27aa8ce20')
+_FMNIST_TEST_SHA256 = ('72e0a49e46ed60aa4fc501851ca21e78'
+                       'fc7f6b05da1d88c263f18f1693bcc432')
 
 
 # ----------------------------------------------------------------- IDX files
@@ -65,8 +71,9 @@ def test_idx_roundtrip_and_load(tmp_path, gz):
   np.testing.assert_array_equal(ds.train_labels,
                                 arrays['train-labels-idx1-ubyte'])
   # Standardised with the training statistics.
-  assert abs(float(ds.train_images.mean())) < 1e-5
-  assert abs(float(ds.train_images.std()) - 1.0) < 1e-4
+  train_x = ds.train_images[:]
+  assert abs(float(train_x.mean())) < 1e-5
+  assert abs(float(train_x.std()) - 1.0) < 1e-4
   x = arrays['train-images-idx3-ubyte'] / 255.0
   expect = (arrays['t10k-images-idx3-ubyte'] / 255.0 - x.mean()) / x.std()
   np.testing.assert_allclose(ds.test_images[..., 0], expect, atol=1e-5)
@@ -179,8 +186,157 @@ def test_real_fashion_mnist():
   assert ds.train_labels.min() == 0 and ds.train_labels.max() == 9
   np.testing.assert_array_equal(np.bincount(ds.train_labels),
                                 np.full(10, 6000))
-  assert np.all(np.isfinite(ds.train_images))
-  assert abs(float(ds.train_images.mean())) < 1e-3
+  # Bitwise the values of the former eager pipeline (normalise() of the whole
+  # sets, float32 C order), recorded before images became lazy: experiments
+  # compare against runs made with it.
+  for images, want in ((ds.train_images, _FMNIST_TRAIN_SHA256),
+                       (ds.test_images, _FMNIST_TEST_SHA256)):
+    digest = hashlib.sha256()
+    for i in range(0, len(images), 8192):
+      digest.update(images[i:i + 8192].tobytes())
+    assert digest.hexdigest() == want
+  x = ds.train_images[:]
+  assert np.all(np.isfinite(x))
+  assert abs(float(x.mean())) < 1e-3
+  assert isinstance(ds.train_images.raw, np.ndarray)  # gzip'd: decompressed
+  assert ds.train_images.raw.dtype == np.uint8
+  # uint8 images and int32 labels, no float32 copy of the sets.
+  assert ds.host_nbytes() == (60000 + 10000) * (28 * 28 + 4) == 55_160_000
+
+
+# ----------------------------------------------------------------- lazy rows
+
+
+def _frozen_normalise(train, test):
+  """hfl.data.normalise as it was before images became lazy (frozen copy).
+
+  The reference for the bitwise tests: whole arrays, float64 sums over
+  8192-row chunks, then float32(x) * mul + add.
+  """
+  chunk_rows = 8192
+  scale = float(np.iinfo(train.dtype).max)
+  channels = train.shape[-1]
+  total = np.zeros(channels, np.float64)
+  total_sq = np.zeros(channels, np.float64)
+  count = 0
+  for i in range(0, train.shape[0], chunk_rows):
+    chunk = train[i:i + chunk_rows].reshape(-1, channels).astype(np.float64)
+    chunk /= scale
+    total += chunk.sum(axis=0)
+    total_sq += np.square(chunk).sum(axis=0)
+    count += chunk.shape[0]
+  mean = total / count
+  std = np.sqrt(np.maximum(total_sq / count - np.square(mean), 0.0))
+  std = np.where(std > 1e-8, std, 1.0)
+  mul = (1.0 / (scale * std)).astype(np.float32)
+  add = (-mean / std).astype(np.float32)
+
+  def apply(x):
+    out = np.empty(x.shape, np.float32)
+    for i in range(0, x.shape[0], chunk_rows):
+      out[i:i + chunk_rows] = x[i:i + chunk_rows].astype(np.float32) * mul + add
+    return out
+  return apply(train), apply(test)
+
+
+def _assert_bitwise(got, want):
+  assert got.dtype == want.dtype == np.float32 and got.shape == want.shape
+  np.testing.assert_array_equal(got.view(np.uint32), want.view(np.uint32))
+
+
+@pytest.mark.parametrize('gz', [True, False])
+def test_lazy_rows_bitwise_equal_eager_normalise(tmp_path, gz):
+  # 9000 rows: the statistics span two 8192-row chunks.
+  arrays = _write_idx_dir(str(tmp_path), n_train=9000, n_test=700, gz=gz)
+  train_raw = arrays['train-images-idx3-ubyte'][..., None]
+  test_raw = arrays['t10k-images-idx3-ubyte'][..., None]
+  want_train, want_test = _frozen_normalise(train_raw, test_raw)
+  ds = data.load('fashion_mnist', str(tmp_path))
+  assert ds.train_images.shape == want_train.shape
+  assert ds.train_images.dtype == np.float32
+  rng = np.random.default_rng(0)
+  idx = rng.integers(0, 9000, (2, 4, 16))  # a [D, W, B] batch, repeats allowed
+  _assert_bitwise(ds.train_images[idx], want_train[idx])
+  _assert_bitwise(ds.test_images[idx % 700], want_test[idx % 700])
+  _assert_bitwise(ds.train_images[8000:8400], want_train[8000:8400])
+  _assert_bitwise(np.asarray(ds.train_images), want_train)
+  _assert_bitwise(np.asarray(ds.test_images), want_test)
+  _assert_bitwise(data.normalise(train_raw, test_raw)[0], want_train)
+
+
+def test_lazy_rows_index_like_numpy_multichannel():
+  rng = np.random.default_rng(1)
+  raw = rng.integers(0, 256, (30, 2, 3, 3), dtype=np.uint8)
+  raw[..., 2] = 7  # a constant channel gets std 1
+  want, _ = _frozen_normalise(raw, raw[:1])
+  rows = data.NormalisedRows(raw, data.fit_normaliser(raw))
+  mask = np.zeros(30, bool)
+  mask[[1, 5, 29]] = True
+  keys = [3, -1, np.int64(4), slice(2, 9, 3), [0, 29, 0], np.array([[1, 2], [3, 4]]),
+          mask, (5, 1), (np.array([1, 2]), slice(None), 0), (slice(1, 4), ..., 2),
+          (..., 0), (np.array([1, 2]), np.array([0, 1])), (), [], np.arange(0)]
+  for key in keys:
+    _assert_bitwise(rows[key], want[key])
+  for bad in (30, -31, [0, 30]):
+    with pytest.raises(IndexError):
+      rows[bad]  # pylint: disable=pointless-statement
+
+
+def test_dataset_holds_uint8_storage_not_float32(tmp_path):
+  # Raw IDX files are memory-mapped: the Dataset holds the labels only.
+  _write_idx_dir(str(tmp_path / 'raw'), n_train=100, n_test=20, gz=False)
+  ds = data.load('fashion_mnist', str(tmp_path / 'raw'))
+  for images in (ds.train_images, ds.test_images):
+    assert isinstance(images, data.NormalisedRows)
+    assert isinstance(images.raw, np.memmap) and images.raw.dtype == np.uint8
+    # Nothing but the raw storage and the per-channel statistics.
+    assert set(vars(images)) == {'raw', 'normaliser'}
+    assert all(a.nbytes == 4 for a in images.normaliser)  # float32 [1]
+  assert ds.host_nbytes() == (100 + 20) * 4
+  # gzip'd files are decompressed whole: uint8 in memory, still no float32 copy.
+  _write_idx_dir(str(tmp_path / 'gz'), n_train=100, n_test=20, gz=True)
+  ds = data.load('fashion_mnist', str(tmp_path / 'gz'))
+  assert type(ds.train_images.raw) is np.ndarray  # pylint: disable=unidiomatic-typecheck
+  assert ds.train_images.raw.dtype == np.uint8
+  assert ds.host_nbytes() == (100 + 20) * (4 * 3 + 4)
+  assert data.host_nbytes(np.asarray(ds.train_images)) == 100 * 4 * 3 * 4
+
+
+def test_open_idx_memory_maps_raw_and_validates_eagerly(tmp_path):
+  arrays = _write_idx_dir(str(tmp_path), gz=False)
+  path = str(tmp_path / 'train-images-idx3-ubyte')
+  mm = idx_lib.open_idx(path, expected_ndim=3)
+  assert isinstance(mm, np.memmap) and not mm.flags.writeable
+  np.testing.assert_array_equal(mm, arrays['train-images-idx3-ubyte'])
+  rows = mm[np.array([3, 1])]  # a fancy index copies just those rows
+  assert type(rows) is np.ndarray  # pylint: disable=unidiomatic-typecheck
+  np.testing.assert_array_equal(rows, arrays['train-images-idx3-ubyte'][[3, 1]])
+  # A file that is one byte short fails at open time, not at the first read.
+  with open(path, 'r+b') as f:
+    f.truncate(os.path.getsize(path) - 1)
+  with pytest.raises(ValueError, match='truncated'):
+    idx_lib.open_idx(path, expected_ndim=3)
+  # No rows: an empty array (mmap refuses empty mappings), then a clear error.
+  (tmp_path / 'train-images-idx3-ubyte').write_bytes(
+      _idx_bytes(np.zeros((0, 4, 3), np.uint8)))
+  (tmp_path / 'train-labels-idx1-ubyte').write_bytes(
+      _idx_bytes(np.zeros(0, np.uint8)))
+  assert idx_lib.open_idx(path).shape == (0, 4, 3)
+  with pytest.raises(ValueError, match='holds no images'):
+    data.load('fashion_mnist', str(tmp_path))
+
+
+def test_padded_rows_equal_zero_padded_concatenation():
+  raw = np.random.default_rng(2).integers(0, 256, (5, 2, 2, 1), dtype=np.uint8)
+  rows = data.NormalisedRows(raw, data.fit_normaliser(raw))
+  full = np.concatenate([np.asarray(rows), np.zeros((3, 2, 2, 1), np.float32)])
+  padded = data.PaddedRows(rows, 8)
+  assert padded.shape == (8, 2, 2, 1) and padded.dtype == np.float32
+  idx = np.arange(8).reshape(2, 4)
+  _assert_bitwise(padded[idx], full[idx])
+  _assert_bitwise(padded[np.array([7, 6])], full[[7, 6]])
+  with pytest.raises(IndexError):
+    padded[np.array([8])]  # pylint: disable=expression-not-assigned
 
 
 # ----------------------------------------------------------------- TFDS
@@ -244,9 +400,39 @@ def test_tfds_cifar10_layout_offline(tmp_path):
   assert ds.train_images.dtype == np.float32
   assert ds.train_labels.dtype == np.int32
   assert sorted(ds.train_labels.tolist()) == sorted(i % 10 for i in range(20))
-  np.testing.assert_allclose(ds.train_images.mean(axis=(0, 1, 2)), 0,
+  np.testing.assert_allclose(ds.train_images[:].mean(axis=(0, 1, 2)), 0,
                              atol=1e-4)
   assert 'tensorflow' not in sys.modules
+  # Images are read on demand: only the distinct requested records, batched.
+  assert isinstance(ds.train_images.raw, data.TfdsImages)
+  assert ds.host_nbytes() == (20 + 7) * 4  # the labels
+  calls = []
+
+  class Counting:
+
+    def __init__(self, source):
+      self.source = source
+
+    def __len__(self):
+      return len(self.source)
+
+    def __getitems__(self, keys):
+      calls.append(list(keys))
+      return self.source.__getitems__(keys)
+
+  ds.train_images.raw.source = Counting(ds.train_images.raw.source)
+  idx = np.array([[3, 3], [0, 17]])
+  got = ds.train_images[idx]
+  assert calls == [[0, 3, 17]]
+  # Bitwise what reading the whole split and normalising it eagerly gives.
+  import tensorflow_datasets as tfds  # pylint: disable=g-import-not-at-top
+  builder = tfds.builder('cifar10', data_dir=str(tmp_path))
+  eager = {split: np.stack([np.asarray(r['image']) for r in
+                            builder.as_data_source(split=split)])
+           for split in ('train', 'test')}
+  want_train, want_test = _frozen_normalise(eager['train'], eager['test'])
+  _assert_bitwise(got, want_train[idx])
+  _assert_bitwise(np.asarray(ds.test_images), want_test)
 
 
 def test_tfds_unregistered_grayscale_from_env(tmp_path, monkeypatch):

@@ -17,6 +17,10 @@ equal within 1e-6: XLA's in-process CPU all-reduce and gloo's all-reduce add the
 4 workers' gradients in a different order, and float addition is not
 associative, so the two differ by rounding (~1 ulp per step).
 
+Process-local data: with 2 processes x 4 devices each process reads, from a
+lazily normalised row source, exactly the training-batch and test rows of its own
+devices and no others.
+
 Failure tests: a missing process and an unreachable coordinator end with exit
 status hfl.distributed.INIT_FAILED_EXIT_CODE and a one-line error within a
 bounded time.
@@ -36,6 +40,7 @@ import numpy as np
 import pytest
 from jax.sharding import NamedSharding, PartitionSpec as P
 
+from hfl import data as data_lib
 from hfl import distributed
 from hfl import mesh as mesh_lib
 
@@ -303,3 +308,101 @@ def test_to_host_stacked_equals_to_host_of_each_tree():
   assert distributed.to_host_stacked([]) == []
   with pytest.raises(ValueError, match='share one shape'):
     distributed.to_host_stacked([{'a': trees[0]['loss'], 'b': jax.numpy.zeros(3)}])
+
+
+class _CountingRaw:
+  """Raw uint8 images that record every first-axis index they are asked for."""
+
+  def __init__(self, raw):
+    self.raw, self.requests = raw, []
+    self.shape, self.dtype = raw.shape, raw.dtype
+
+  def __getitem__(self, key):
+    self.requests.append(np.asarray(key).copy())
+    return self.raw[key]
+
+
+def test_put_rows_reads_only_each_devices_rows_from_lazy_source():
+  mesh = mesh_lib.make_mesh(2, 4)
+  rng = np.random.default_rng(3)
+  raw = rng.integers(0, 256, (60, 2, 2, 1), dtype=np.uint8)
+  counting = _CountingRaw(raw)
+  rows = data_lib.NormalisedRows(counting, data_lib.fit_normaliser(raw))
+  idx = rng.integers(0, 60, (2, 4, 5))
+  sh = NamedSharding(mesh, P('dc', 'worker'))
+  got = distributed.put_rows(rows, idx, sh)
+  # One read per addressable device, of exactly its (dc, worker) block of idx.
+  want = sorted(idx[d, w].ravel().tolist() for d in range(2) for w in range(4))
+  assert sorted(r.ravel().tolist() for r in counting.requests) == want
+  np.testing.assert_array_equal(np.asarray(got), np.asarray(rows)[idx])
+
+
+# Run by each of 2 processes (4 CPU devices each): places a training batch and
+# the padded test set from lazy row sources and writes which rows it read.
+_LOCALITY_SCRIPT = r"""
+import json, sys
+import numpy as np
+sys.path.insert(0, {repo!r})
+from hfl import distributed, mesh as mesh_lib
+distributed.maybe_initialize({address!r}, 2, int(sys.argv[1]), timeout_s=60, auto_detect=False)
+mesh_lib.configure_cpu_devices(4)
+import jax
+from jax.sharding import NamedSharding, PartitionSpec as P
+from hfl import data
+from hfl import train
+
+class Counting:
+  def __init__(self, raw):
+    self.raw, self.shape, self.dtype, self.rows = raw, raw.shape, raw.dtype, []
+  def __getitem__(self, key):
+    self.rows += np.asarray(key).ravel().tolist()
+    return self.raw[key]
+
+rng = np.random.default_rng(0)  # the same data and batch in both processes
+raw = rng.integers(0, 256, (200, 3, 3, 1), dtype=np.uint8)
+norm = data.fit_normaliser(raw)
+train_src, test_src = Counting(raw), Counting(raw[:37])
+mesh = mesh_lib.make_mesh(2, 4)
+idx = rng.integers(0, 200, (2, 4, 6))
+batch = distributed.put_rows(data.NormalisedRows(train_src, norm), idx,
+                             NamedSharding(mesh, P('dc', 'worker')))
+want = np.asarray(data.NormalisedRows(raw, norm)[idx])
+for shard in batch.addressable_shards:
+  np.testing.assert_array_equal(np.asarray(shard.data), want[shard.index])
+# The test set as make_eval places it: 37 rows padded to 40, over all 8 devices.
+rows = np.arange(40).reshape(5, 8)
+test = distributed.put_rows(data.PaddedRows(data.NormalisedRows(test_src, norm), 40),
+                            rows, NamedSharding(mesh, P(None, ('dc', 'worker'))))
+positions = [[int(d), int(w)] for d in range(2) for w in range(4)
+             if mesh.devices[d, w].process_index == jax.process_index()]
+test_cols = sorted({{c for s in test.addressable_shards for c in range(40)[s.index[1]]}})
+json.dump(dict(positions=positions, train_rows=train_src.rows, test_rows=test_src.rows,
+               test_cols=test_cols), open(sys.argv[2], 'w'))
+"""
+
+
+def test_two_processes_read_only_their_own_rows(tmp_path):
+  script = tmp_path / 'locality.py'
+  script.write_text(_LOCALITY_SCRIPT.format(repo=REPO, address=f'127.0.0.1:{free_port()}'))
+  procs = [subprocess.Popen([sys.executable, str(script), str(p), str(tmp_path / f'{p}.json')],
+                            cwd=REPO, env=_env(), stdout=subprocess.PIPE,
+                            stderr=subprocess.STDOUT, text=True) for p in range(2)]
+  for proc in procs:
+    out, _ = proc.communicate(timeout=RUN_TIMEOUT_S)
+    assert proc.returncode == 0, out[-3000:]
+  results = [json.load(open(tmp_path / f'{p}.json')) for p in range(2)]
+  idx = np.random.default_rng(0)
+  idx.integers(0, 256, (200, 3, 3, 1), dtype=np.uint8)  # same stream as the script
+  idx = idx.integers(0, 200, (2, 4, 6))
+  # 'dc' spans the processes: process p holds DC p's 4 workers.
+  assert [sorted(map(tuple, r['positions'])) for r in results] == [
+      [(p, w) for w in range(4)] for p in range(2)]
+  for r in results:
+    own = [idx[d, w] for d, w in r['positions']]
+    assert sorted(r['train_rows']) == sorted(np.concatenate(own).tolist())
+    # Test rows: only those of its own devices' columns, padding never read.
+    cols = r['test_cols']
+    assert len(cols) == 4  # 4 of the 8 columns (devices)
+    assert sorted(r['test_rows']) == sorted(
+        i for i in np.arange(40).reshape(5, 8)[:, cols].ravel().tolist() if i < 37)
+  assert set(results[0]['test_cols']).isdisjoint(results[1]['test_cols'])

@@ -60,9 +60,15 @@ def final_state(workdir):
   return last, ocp.PyTreeCheckpointer().restore(os.path.join(ckpts, str(last), 'state'))
 
 
-def test_smoke_run_writes_outputs(fake_data, tmp_path):
-  workdir = str(tmp_path / 'run')
-  summary = train.train_and_evaluate(smoke_config(fake_data), workdir)
+@pytest.fixture(scope='module')
+def smoke_run(fake_data, tmp_path_factory):
+  """(workdir, summary) of the smoke config on the gzip'd fake data."""
+  workdir = str(tmp_path_factory.mktemp('smoke') / 'run')
+  return workdir, train.train_and_evaluate(smoke_config(fake_data), workdir)
+
+
+def test_smoke_run_writes_outputs(smoke_run):
+  workdir, summary = smoke_run
   with open(os.path.join(workdir, 'summary.json')) as f:
     on_disk = json.load(f)
   for key in ('final_test_accuracy', 'best_test_accuracy', 'inter_dc_rounds',
@@ -92,6 +98,29 @@ def test_smoke_run_writes_outputs(fake_data, tmp_path):
   assert (wall['round_n'], wall['local_n']) == (5, 5)
   assert 0 < wall['local_median'] < on_disk['wall_time_s']
   assert 0 < wall['round_median'] < on_disk['wall_time_s']
+
+
+def test_memory_mapped_idx_files_train_like_gzipped_ones(fake_data, smoke_run, tmp_path):
+  # The same files uncompressed are memory-mapped (rows read from disk on
+  # demand) instead of decompressed into memory: the run must not change.
+  raw_dir = tmp_path / 'raw'
+  raw_dir.mkdir()
+  for name in os.listdir(fake_data):
+    with gzip.open(os.path.join(fake_data, name), 'rb') as f:
+      (raw_dir / name[:-len('.gz')]).write_bytes(f.read())
+  assert isinstance(data_lib.load('fashion_mnist', str(raw_dir)).train_images.raw, np.memmap)
+  workdir = str(tmp_path / 'run')
+  summary = train.train_and_evaluate(smoke_config(str(raw_dir)), workdir)
+  ref_dir, ref = smoke_run
+  for key in ('final_test_accuracy', 'best_test_accuracy', 'final_test_loss', 'bytes',
+              'sim_time_s', 'inter_dc_rounds', 'intra_dc_iterations'):
+    assert summary[key] == ref[key], key
+  records = lambda w: [{k: v for k, v in json.loads(l).items() if k != 'wall_time_s'}
+                       for l in open(os.path.join(w, 'metrics.jsonl'))]
+  assert records(workdir) == records(ref_dir)
+  import jax  # pylint: disable=g-import-not-at-top
+  for x, y in zip(jax.tree.leaves(final_state(workdir)[1]), jax.tree.leaves(final_state(ref_dir)[1])):
+    np.testing.assert_array_equal(np.asarray(x), np.asarray(y))
 
 
 def test_interrupted_run_resumes_bitwise(fake_data, tmp_path, monkeypatch):

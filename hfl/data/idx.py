@@ -9,6 +9,11 @@ order. MNIST and Fashion-MNIST ship four such files::
     t10k-images-idx3-ubyte[.gz]    uint8 [M, 28, 28]
     t10k-labels-idx1-ubyte[.gz]    uint8 [M]
 
+:func:`load_idx` validates every file's header and size at once but does not
+read the images: a raw file is memory-mapped (:func:`open_idx`; only the pages
+of the rows indexed are read from disk), a gzip'd one, which has no random
+access, is decompressed whole into memory (as uint8). Labels are read whole.
+
 Every error names the config field ``dataset.data_dir``, the file, what was
 wrong and how to fix it, because a wrong data directory is the most common way
 an experiment fails to start.
@@ -49,10 +54,12 @@ class IdxSplits(NamedTuple):
   """Raw IDX arrays, before normalisation.
 
   Attributes:
-    train_images: uint8 [N, H, W].
-    train_labels: uint8 [N].
-    test_images: uint8 [M, H, W].
-    test_labels: uint8 [M].
+    train_images: uint8 [N, H, W], read-only: an ``np.memmap`` of a raw file
+      (rows read from disk on demand), or an in-memory array decompressed from
+      a gzip'd one (see :func:`open_idx`).
+    train_labels: uint8 [N], in memory.
+    test_images: uint8 [M, H, W], like train_images.
+    test_labels: uint8 [M], in memory.
   """
   train_images: np.ndarray
   train_labels: np.ndarray
@@ -95,6 +102,58 @@ def _read_bytes(path: str, data_dir: str, name: str) -> bytes:
         f'{fix_hint(name)}') from e
 
 
+def _parse_header(head: bytes, size: int, where: str, name: str,
+                  expected_ndim: Optional[int]):
+  """Validates an IDX header against the total size of the (decompressed) file.
+
+  Args:
+    head: the file's first bytes (at least its header, or the whole file).
+    size: the file's total length in bytes, decompressed.
+    where: error-message prefix naming dataset.data_dir and the file.
+    name: dataset name, for the fix hint.
+    expected_ndim: if given, the number of dimensions the file must have.
+
+  Returns:
+    (dtype, dims, header_length): the big-endian element dtype, the dimension
+    sizes, and the offset of the data.
+
+  Raises:
+    ValueError: bad magic number, unknown type, wrong number of dimensions,
+      truncated header, or a data size that does not match the header.
+  """
+  if size < 4:
+    raise ValueError(f'{where} is truncated: {size} bytes, shorter than '
+                     f'the 4-byte magic number. {fix_hint(name)}')
+  magic = int.from_bytes(head[:4], 'big')
+  type_code, ndim = head[2], head[3]
+  if head[0] != 0 or head[1] != 0 or type_code not in _IDX_DTYPES or ndim == 0:
+    raise ValueError(
+        f'{where} has a bad magic number 0x{magic:08X} (an IDX file starts '
+        'with 0x0000TTNN, TT a type code in '
+        f'{sorted(hex(t) for t in _IDX_DTYPES)}, NN >= 1 dimensions); it is '
+        f'not an IDX file or it is corrupt. {fix_hint(name)}')
+  if expected_ndim is not None and ndim != expected_ndim:
+    raise ValueError(
+        f'{where} has {ndim} dimensions (magic 0x{magic:08X}); expected '
+        f'{expected_ndim}. Are the image and label files swapped? '
+        f'{fix_hint(name)}')
+  header = 4 + 4 * ndim
+  if size < header:
+    raise ValueError(f'{where} is truncated inside its header ({size} '
+                     f'bytes, header needs {header}). {fix_hint(name)}')
+  dims = tuple(int.from_bytes(head[4 + 4 * i:8 + 4 * i], 'big')
+               for i in range(ndim))
+  dtype = _IDX_DTYPES[type_code]
+  expected = int(np.prod(dims, dtype=np.int64)) * dtype.itemsize
+  got = size - header
+  if got != expected:
+    what = 'truncated' if got < expected else 'longer than its header says'
+    raise ValueError(
+        f'{where} is {what}: header dims {dims} need {expected} data bytes, '
+        f'file has {got}. {fix_hint(name)}')
+  return dtype, dims, header
+
+
 def read_idx(path: str, data_dir: str = '', name: str = 'fashion_mnist',
              expected_ndim: Optional[int] = None) -> np.ndarray:
   """Reads one IDX file into a native-endian numpy array.
@@ -115,39 +174,55 @@ def read_idx(path: str, data_dir: str = '', name: str = 'fashion_mnist',
       truncated or oversized payload, or a corrupt gzip stream.
   """
   buf = _read_bytes(path, data_dir, name)
-  where = _error_prefix(data_dir, path)
-  if len(buf) < 4:
-    raise ValueError(f'{where} is truncated: {len(buf)} bytes, shorter than '
-                     f'the 4-byte magic number. {fix_hint(name)}')
-  magic = int.from_bytes(buf[:4], 'big')
-  type_code, ndim = buf[2], buf[3]
-  if buf[0] != 0 or buf[1] != 0 or type_code not in _IDX_DTYPES or ndim == 0:
-    raise ValueError(
-        f'{where} has a bad magic number 0x{magic:08X} (an IDX file starts '
-        'with 0x0000TTNN, TT a type code in '
-        f'{sorted(hex(t) for t in _IDX_DTYPES)}, NN >= 1 dimensions); it is '
-        f'not an IDX file or it is corrupt. {fix_hint(name)}')
-  if expected_ndim is not None and ndim != expected_ndim:
-    raise ValueError(
-        f'{where} has {ndim} dimensions (magic 0x{magic:08X}); expected '
-        f'{expected_ndim}. Are the image and label files swapped? '
-        f'{fix_hint(name)}')
-  header = 4 + 4 * ndim
-  if len(buf) < header:
-    raise ValueError(f'{where} is truncated inside its header ({len(buf)} '
-                     f'bytes, header needs {header}). {fix_hint(name)}')
-  dims = tuple(int.from_bytes(buf[4 + 4 * i:8 + 4 * i], 'big')
-               for i in range(ndim))
-  dtype = _IDX_DTYPES[type_code]
-  expected = int(np.prod(dims, dtype=np.int64)) * dtype.itemsize
-  got = len(buf) - header
-  if got != expected:
-    what = 'truncated' if got < expected else 'longer than its header says'
-    raise ValueError(
-        f'{where} is {what}: header dims {dims} need {expected} data bytes, '
-        f'file has {got}. {fix_hint(name)}')
+  dtype, dims, header = _parse_header(buf, len(buf), _error_prefix(data_dir, path),
+                                      name, expected_ndim)
   arr = np.frombuffer(buf, dtype=dtype, offset=header).reshape(dims)
   return arr.astype(dtype.newbyteorder('='), copy=True)
+
+
+def open_idx(path: str, data_dir: str = '', name: str = 'fashion_mnist',
+             expected_ndim: Optional[int] = None) -> np.ndarray:
+  """Opens one IDX file for reading rows on demand; validates it now.
+
+  The header and the file size are checked here, before anything is
+  returned, so a corrupt file fails at load time, not at the first read. A raw
+  (not gzip'd) file is memory-mapped: no data is read now, and indexing reads
+  only the pages of the rows it selects. A gzip'd file has no random access: it
+  is decompressed whole into memory once (for Fashion-MNIST's training images
+  47 MB), and the array is a read-only view of that buffer (no second copy).
+
+  Args:
+    path: the file; gzip'd or raw (detected from the content).
+    data_dir: the configured ``dataset.data_dir``, only for error messages.
+    name: the dataset name, only for the fix hint in error messages.
+    expected_ndim: if given, the number of dimensions the file must have.
+
+  Returns:
+    A read-only array of the file's shape and dtype: an ``np.memmap`` for a
+    raw file (big-endian for multi-byte types; values convert correctly), an
+    in-memory native-endian array for a gzip'd one.
+
+  Raises:
+    FileNotFoundError: the file is missing or unreadable.
+    ValueError: bad magic number, unknown type, wrong number of dimensions,
+      truncated or oversized payload, or a corrupt gzip stream.
+  """
+  where = _error_prefix(data_dir, path)
+  try:
+    with open(path, 'rb') as f:
+      head = f.read(4 + 4 * 255)  # the longest possible header
+      size = os.fstat(f.fileno()).st_size
+  except OSError as e:
+    raise FileNotFoundError(f'{where} cannot be read ({e}). {fix_hint(name)}') from e
+  if head[:2] == _GZIP_MAGIC:
+    buf = _read_bytes(path, data_dir, name)
+    dtype, dims, header = _parse_header(buf, len(buf), where, name, expected_ndim)
+    arr = np.frombuffer(buf, dtype=dtype, offset=header).reshape(dims)
+    return arr if arr.dtype.isnative else arr.astype(dtype.newbyteorder('='))
+  dtype, dims, header = _parse_header(head, size, where, name, expected_ndim)
+  if size == header:  # no rows: nothing to map (mmap refuses empty mappings)
+    return np.empty(dims, dtype)
+  return np.memmap(path, dtype=dtype, mode='r', offset=header, shape=dims)
 
 
 def find_idx_file(data_dir: str, stem: str, name: str = 'fashion_mnist') -> str:
@@ -180,7 +255,9 @@ def load_idx(data_dir: str, name: str = 'fashion_mnist',
     num_classes: labels must lie in ``[0, num_classes)``.
 
   Returns:
-    IdxSplits with uint8 images [N, H, W] and uint8 labels [N].
+    IdxSplits with uint8 images [N, H, W] opened with :func:`open_idx`
+    (memory-mapped when the files are not gzip'd; every file's header and
+    size are validated now) and uint8 labels [N] read into memory.
 
   Raises:
     FileNotFoundError: a file or the directory is missing.
@@ -191,8 +268,8 @@ def load_idx(data_dir: str, name: str = 'fashion_mnist',
   arrays = {}
   for (split, kind), stem in IDX_STEMS.items():
     path = find_idx_file(data_dir, stem, name)
-    arr = read_idx(path, data_dir, name,
-                   expected_ndim=3 if kind == 'images' else 1)
+    read = open_idx if kind == 'images' else read_idx
+    arr = read(path, data_dir, name, expected_ndim=3 if kind == 'images' else 1)
     if arr.dtype != np.uint8:
       raise ValueError(
           f'{_error_prefix(data_dir, path)} holds {arr.dtype} data; expected '

@@ -6,14 +6,25 @@ is downloaded: this module never calls ``download_and_prepare``. A dataset
 that is not prepared under the data directory raises an error that says how
 to prepare it, because the training machines are often offline.
 
+Images are read lazily: :func:`load_tfds` reads every label (records
+deserialised with the image left encoded, so no image is decoded) and returns
+the images as :class:`TfdsImages`, which decodes only the records a caller
+indexes, in batches, and keeps nothing. Normalisation statistics
+(:func:`hfl.data.rows.fit_normaliser`) then decode the training split once at
+load time (CIFAR-10: 50,000 PNGs); every training step decodes the batch rows
+of this process's devices again (nothing big is cached), which costs host CPU
+per step in exchange for host memory independent of the dataset size.
+
 Data directory resolution: ``dataset.data_dir`` if set, else the environment
 variable ``TFDS_DATA_DIR``, else TFDS's default (``~/tensorflow_datasets``).
 """
 
 import os
-from typing import NamedTuple
+from typing import Any, NamedTuple
 
 import numpy as np
+
+from hfl.data import rows as rows_lib
 
 # Datasets known to work through this module (32x32x3 or 28x28x1 images with
 # an integer 'label'). Other TFDS image-classification datasets with fixed-size
@@ -22,22 +33,82 @@ import numpy as np
 TFDS_IMAGE_DATASETS = ('cifar10', 'cifar100', 'emnist', 'kmnist',
                        'svhn_cropped')
 
+# Records per data-source request.
 _CHUNK = 4096
 
 
-class TfdsSplits(NamedTuple):
-  """Raw TFDS arrays, before normalisation.
+class TfdsImages:
+  """The images of a TFDS random-access split, decoded on demand.
+
+  Indexing (first axis, numpy semantics: int, slice, integer array of any
+  shape, 1-D boolean mask) fetches the distinct requested records in batches
+  of 4096 through the data source's ``__getitems__``, decodes their images and
+  returns them as one array; nothing is cached.
 
   Attributes:
-    train_images: [N, H, W, C], the feature's dtype (uint8 for PNG images).
-    train_labels: int64 [N].
-    test_images: [M, H, W, C].
+    source: the ``tfds`` data source of the split (decodes images).
+    shape: [N, H, W, C] (a 2-D image feature gets C = 1).
+    dtype: the image feature's numpy dtype (uint8 for PNG images).
+    where: dataset/split description for error messages.
+  """
+
+  def __init__(self, source: Any, image_shape: tuple, dtype: np.dtype,
+               where: str = ''):
+    image_shape = tuple(int(d) for d in image_shape)
+    if len(image_shape) == 2:  # [H, W] -> [H, W, 1]
+      image_shape += (1,)
+    self.source = source
+    self.shape = (len(source),) + image_shape
+    self.dtype = np.dtype(dtype)
+    self.where = where
+
+  @property
+  def ndim(self) -> int:
+    return len(self.shape)
+
+  def __len__(self) -> int:
+    return self.shape[0]
+
+  def __repr__(self) -> str:
+    return f'TfdsImages({self.where}, shape={self.shape}, dtype={self.dtype.name})'
+
+  def __getitem__(self, key) -> np.ndarray:
+    """Images ``[key]``: array ``row_index(key, N).shape + shape[1:]``.
+
+    Raises:
+      IndexError / TypeError: see :func:`hfl.data.rows.row_index`.
+      ValueError: a record's image does not have the feature's shape.
+    """
+    rows = rows_lib.row_index(key, len(self))
+    wanted, inverse = np.unique(rows.ravel(), return_inverse=True)
+    out = np.empty((len(wanted),) + self.shape[1:], self.dtype)
+    for start in range(0, len(wanted), _CHUNK):
+      keys = wanted[start:start + _CHUNK].tolist()
+      for j, record in enumerate(self.source.__getitems__(keys)):
+        image = np.asarray(record['image'])
+        if image.size != out[0].size:
+          raise ValueError(f'TFDS {self.where}: record {keys[j]} has an image of '
+                           f'shape {image.shape}; expected {self.shape[1:]}.')
+        out[start + j] = image.reshape(self.shape[1:])
+    if len(wanted) == rows.size and np.array_equal(wanted, rows.ravel()):
+      return out.reshape(rows.shape + self.shape[1:])  # sorted, distinct: no gather
+    return out[inverse.ravel()].reshape(rows.shape + self.shape[1:])
+
+
+class TfdsSplits(NamedTuple):
+  """TFDS images (read on demand) and labels, before normalisation.
+
+  Attributes:
+    train_images: TfdsImages [N, H, W, C], the feature's dtype (uint8 for PNG
+      images).
+    train_labels: int64 [N], in memory.
+    test_images: TfdsImages [M, H, W, C].
     test_labels: int64 [M].
     num_classes: number of label classes.
   """
-  train_images: np.ndarray
+  train_images: TfdsImages
   train_labels: np.ndarray
-  test_images: np.ndarray
+  test_images: TfdsImages
   test_labels: np.ndarray
   num_classes: int
 
@@ -64,24 +135,21 @@ def prepare_hint(name: str, data_dir: str) -> str:
       'TensorFlow; reading it here does not.')
 
 
-def _read_split(source, n: int, name: str, split: str):
-  """Reads all n records of a data source into stacked numpy arrays."""
-  images, labels = [], []
+def _read_labels(source, name: str, split: str) -> np.ndarray:
+  """Reads every label of a data source (built with the image undecoded)."""
+  n = len(source)
+  if not n:
+    raise ValueError(f'TFDS dataset {name!r} split {split!r} is empty.')
+  labels = np.empty(n, np.int64)
   for start in range(0, n, _CHUNK):
     records = source.__getitems__(list(range(start, min(n, start + _CHUNK))))
-    images.extend(np.asarray(r['image']) for r in records)
-    labels.extend(int(r['label']) for r in records)
-  if not images:
-    raise ValueError(f'TFDS dataset {name!r} split {split!r} is empty.')
-  images = np.stack(images)
-  if images.ndim == 3:  # [N, H, W] -> [N, H, W, 1]
-    images = images[..., None]
-  return images, np.asarray(labels, dtype=np.int64)
+    labels[start:start + len(records)] = [int(r['label']) for r in records]
+  return labels
 
 
 def load_tfds(name: str, data_dir: str = '', train_split: str = 'train',
               test_split: str = 'test') -> TfdsSplits:
-  """Loads a prepared TFDS image-classification dataset into numpy arrays.
+  """Opens a prepared TFDS image-classification dataset; reads its labels.
 
   Args:
     name: TFDS name, optionally with config/version, e.g. ``'cifar10'`` or
@@ -92,7 +160,9 @@ def load_tfds(name: str, data_dir: str = '', train_split: str = 'train',
     test_split: split used for evaluation.
 
   Returns:
-    TfdsSplits with images [N, H, W, C] and int64 labels.
+    TfdsSplits with images [N, H, W, C] read on demand (:class:`TfdsImages`)
+    and int64 labels in memory. Reading the labels deserialises every record
+    once but decodes no image.
 
   Raises:
     ValueError: the name is unknown to TFDS, the dataset is not an image
@@ -145,16 +215,20 @@ def load_tfds(name: str, data_dir: str = '', train_split: str = 'train',
       raise ValueError(f'TFDS dataset {where} has no split {split!r}; it has '
                        f'{sorted(splits.keys())}.')
   file_format = str(getattr(builder.info, 'file_format', ''))
+  dtype = np.dtype(getattr(features['image'], 'np_dtype', np.uint8))
   out = []
   for split in (train_split, test_split):
     try:
       source = builder.as_data_source(split=split)
+      label_source = builder.as_data_source(
+          split=split, decoders={'image': tfds.decode.SkipDecoding()})
     except NotImplementedError as e:
       raise ValueError(
           f'TFDS dataset {where} is prepared in a format without random '
           f'access ({file_format or "unknown"}); hfl reads array_record '
           f'without TensorFlow. Rebuild it with --file_format=array_record. '
           f'{prepare_hint(name, resolved)}') from e
-    out.append(_read_split(source, len(source), name, split))
+    labels = _read_labels(label_source, name, split)
+    out.append((TfdsImages(source, image_shape, dtype, f'{name!r} split {split!r}'), labels))
   (train_x, train_y), (test_x, test_y) = out
   return TfdsSplits(train_x, train_y, test_x, test_y, int(num_classes))
