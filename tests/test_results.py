@@ -559,3 +559,16 @@ def test_formatting_helpers():
   assert results.fmt_factor(1234.0) == '1234×'
   assert results.fmt_to_target(None, str) == 'never'
   assert results.fmt_points(0.123) == '+0.12 pts'
+
+
+def test_monotonicity_note_flags_a_denser_density_failing_within_the_noise():
+  from hfl.report import results as res  # pylint: disable=g-import-not-at-top
+  best = dict(density=0.003, paired_delta=-0.44, paired_std=0.24, paired_n=3)
+  worse = dict(density=0.01, paired_delta=-0.51, paired_std=0.07, paired_n=3)
+  ok = dict(density=0.02, paired_delta=-0.35, paired_std=0.58, paired_n=3)
+  note = res._monotonicity_note([ok, worse, best], best)
+  assert len(note) == 2 and 'ρ=1% fails' in note[1] and '0.07 pts' in note[1]
+  assert 'less than the larger standard error (0.14 pts)' in note[1]
+  far = dict(worse, paired_delta=-2.0)
+  assert 'more than their standard errors' in res._monotonicity_note([far, best], best)[1]
+  assert res._monotonicity_note([ok, best], best) == []

@@ -1203,9 +1203,37 @@ def _lossless_lines(records: Sequence[dict], best: dict | None,
           f'{seed}: {fmt_points(d)}' for seed, d in sorted(
               r['paired'].items(), key=lambda kv: (kv[0] is None, kv[0])))
     lines.append('- ' + s)
+  if best is not None:
+    lines += _monotonicity_note(judged, best)
   if not base_done:
     lines.append('- ⚠ the uncompressed baseline has not finished')
   return lines
+
+
+def _se(r: dict) -> float:
+  """Standard error of a record's paired Δ (0 with one seed: unknown spread)."""
+  n, std = r['paired_n'], r['paired_std']
+  return 0.0 if std is None or n < 2 else std / math.sqrt(n)
+
+
+def _monotonicity_note(judged: Sequence[dict], best: dict) -> list[str]:
+  """A note when a denser (less compressed) density fails the bar the best one passes."""
+  denser = [r for r in judged if r['density'] is not None and best['density'] is not None
+            and float(r['density']) > float(best['density']) and r['paired_delta'] < -TOL]
+  if not denser:
+    return []
+  parts = []
+  for r in denser:
+    gap = abs(r['paired_delta'] - best['paired_delta'])
+    within = gap < max(_se(r), _se(best))
+    parts.append(f'ρ={_pct_str(float(r["density"]))} fails while the sparser '
+                 f'ρ={_pct_str(float(best["density"]))} passes; their paired Δs differ by '
+                 f'{gap:.2f} pts, ' + ('less than the larger standard error '
+                                        f'({max(_se(r), _se(best)):.2f} pts)' if within else
+                                        'more than their standard errors'))
+  return ['', '- Not monotone in density: ' + '; '.join(parts) + '. At this number of seeds '
+          'the verdicts near the bar are within the noise: these densities lose about '
+          'the same, close to the 0.5-pt bar.']
 
 
 def _other_lan_notes(groups: Sequence[SeedGroup], main: Sequence[SeedGroup],
