@@ -85,10 +85,14 @@ def _parse_flags(argv):
   try:
     return flags.FLAGS(argv)
   except flags.Error as e:
-    print(f'error: {e}\nPass --helpfull to see the flags.', file=sys.stderr)
+    msg = ' '.join(str(e).split())
+    if 'boolean' in msg:
+      msg += ' (a boolean field takes true or false)'
+    print(f'error: {msg}. Pass --helpfull to see the flags.', file=sys.stderr)
     sys.exit(2)
   except (KeyError, AttributeError, FileNotFoundError, ImportError, SyntaxError) as e:
-    msg = str(e).strip('"\'')
+    # A KeyError's str() is the repr of its message (quotes, literal \n): use the message.
+    msg = ' '.join(str(e.args[0] if e.args else e).split()).strip('"\'')
     print(f'error: bad --config or --config.* override: {type(e).__name__}: {msg}. '
           'Config fields are listed in the README (config reference) and configs/default.py.',
           file=sys.stderr)

@@ -9,9 +9,12 @@ shapes (compressor hyper-parameters) run in :mod:`hfl.data` and
 import ml_collections
 
 from hfl import models, optim
+from hfl.sync import aggregation as aggregation_lib
+from hfl.sync import schedule as schedule_lib
 
-STRATEGIES = ('sync', 'periodic', 'semi_sync', 'adacomm')
-AGGREGATIONS = ('fedavg', 'fednova')
+# One source for the names: the modules that implement them.
+STRATEGIES = schedule_lib.STRATEGIES
+AGGREGATIONS = aggregation_lib.AGGREGATIONS
 PARTITIONS = ('iid', 'dirichlet')
 SMALL_PRECISIONS = ('float32', 'bfloat16', 'float16')
 REQUIRED = ('seed', 'mesh', 'dataset', 'model', 'optimizer', 'train', 'sync', 'compression',

@@ -50,7 +50,8 @@ def from_config(net, num_dcs: int) -> NetworkModel:
   """Builds the model from the ``network`` config section.
 
   Raises:
-    ValueError: a bandwidth is not positive, a latency or compute time negative, or
+    ValueError: a bandwidth is not positive, a latency or compute time negative, a
+      value not finite, or
       ``network.dc_speed`` does not hold ``num_dcs`` positive numbers.
   """
   speed = np.asarray(tuple(net.dc_speed), dtype=np.float64)
@@ -58,15 +59,18 @@ def from_config(net, num_dcs: int) -> NetworkModel:
     raise ValueError(
         f'network.dc_speed={tuple(net.dc_speed)} must hold mesh.num_dcs={num_dcs} '
         'positive relative speeds (1.0 = the reference speed).')
+  if not np.all(np.isfinite(speed)):
+    raise ValueError(f'network.dc_speed={tuple(net.dc_speed)} must be finite.')
   for field in ('lan_bandwidth_gbps', 'wan_bandwidth_mbps'):
-    if not float(net[field]) > 0:
-      raise ValueError(f'network.{field}={net[field]} must be > 0.')
+    if not 0 < float(net[field]) < np.inf:
+      raise ValueError(f'network.{field}={net[field]} must be finite and > 0.')
   for field in ('lan_latency_s', 'wan_latency_s', 'compute_time_s'):
-    if not float(net[field]) >= 0:
-      raise ValueError(f'network.{field}={net[field]} must be >= 0 (seconds).')
+    if not 0 <= float(net[field]) < np.inf:
+      raise ValueError(f'network.{field}={net[field]} must be finite and >= 0 (seconds).')
   hops = net.get('wan_latencies_per_round', 2.0)
-  if isinstance(hops, bool) or not isinstance(hops, (int, float)) or not hops >= 0:
-    raise ValueError(f'network.wan_latencies_per_round={hops!r} must be a number >= 0 (one-way '
+  if (isinstance(hops, bool) or not isinstance(hops, (int, float))
+      or not 0 <= hops < np.inf):
+    raise ValueError(f'network.wan_latencies_per_round={hops!r} must be a finite number >= 0 (one-way '
                      'WAN latencies per inter-DC round; 2 = one exchange).')
   return NetworkModel(
       compute_s=float(net.compute_time_s) / speed,

@@ -415,9 +415,21 @@ def train_and_evaluate(config: ml_collections.ConfigDict, workdir: str) -> dict:
   t_log = time.time()
   step_log = step
 
+  all_finite = jax.jit(lambda t: jnp.all(jnp.stack(
+      [jnp.all(jnp.isfinite(x)) for x in jax.tree.leaves(t)])))
+
+  def diverged(what):
+    return FloatingPointError(
+        f'{what} at step {step}, round {rnd}: training diverged. The checkpoints in '
+        f'{workdir} (before the divergence) are kept; lower optimizer.learning_rate or use '
+        f'milder compression (compression.uplink.name={cfg.compression.uplink.name!r}) in a '
+        'new --workdir (a workdir keeps its config).')
+
   def do_eval():
     nonlocal last_eval
     acc, tloss = evaluate(state.global_params)
+    if not np.isfinite(tloss):  # nothing non-finite is written or checkpointed
+      raise diverged(f'the test loss of the global model is {tloss}')
     rec = dict(step=step, round=rnd, test_accuracy=acc, test_loss=tloss,
                train_loss=(float(np.mean(round_loss)) if round_loss else None),
                bytes=dict(totals), sim_time_s=clock.now,
@@ -499,11 +511,7 @@ def train_and_evaluate(config: ml_collections.ConfigDict, workdir: str) -> dict:
       clock = network.advance_iteration(
           clock, network.iteration_time(s.net, m['up_bits'], m['down_bits']), act)
       if not np.all(np.isfinite(m['loss'])):
-        raise FloatingPointError(
-            f'the train loss is {m["loss"].tolist()} (per DC) at step {at}, round {rnd}: '
-            'training diverged. Lower optimizer.learning_rate or use milder compression '
-            f'(compression.uplink.name={cfg.compression.uplink.name!r}); the checkpoints in '
-            f'{workdir} (before the divergence) are kept.')
+        raise diverged(f'the train loss is {m["loss"].tolist()} (per DC) at iteration {at}')
       loss_sum += float(np.dot(s.dc_weights, m['loss']))
       loss_n += 1
       if at < step and at % cfg.train.log_every == 0:
@@ -519,6 +527,9 @@ def train_and_evaluate(config: ml_collections.ConfigDict, workdir: str) -> dict:
     round_loss.append(loss_sum / loss_n)
     plan, sched_state = s.schedule.next_round(sched_state, loss_sum / loss_n)
     loss_sum, loss_n = 0.0, 0
+    # Every DC restarts from the global model: checked before it is evaluated or saved.
+    if not bool(distributed.to_host(all_finite(state.global_params))):
+      raise diverged('the global model has non-finite parameters')
     if rnd % cfg.train.eval_every == 0 or step == num_steps:
       rec = do_eval()
       logging.info('eval step %d round %d: test_accuracy %.4f test_loss %.4f', step, rnd,

@@ -56,6 +56,11 @@ def test_idle_times_add_up():
                                          ('wan_latency_s', -0.1), ('dc_speed', (1.0,)),
                                          ('wan_latencies_per_round', -1.0),
                                          ('wan_latencies_per_round', 'two'),
+                                         ('wan_latencies_per_round', float('inf')),
+                                         ('wan_latency_s', float('inf')),
+                                         ('compute_time_s', float('inf')),
+                                         ('wan_bandwidth_mbps', float('inf')),
+                                         ('dc_speed', (1.0, float('inf'))),
                                          ('dc_speed', (1.0, 0.0))])
 def test_bad_network_config_names_the_field(field, value):
   with pytest.raises(ValueError, match=f'network.{field}'):

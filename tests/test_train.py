@@ -266,3 +266,22 @@ def test_heterogeneous_semi_sync_fednova_nesterov_runs(fake_data, tmp_path):
   assert records[0]['k_d'][1] == 2 and 4 <= records[0]['k_d'][0] <= 6
   assert summary['idle_s'][0] >= 0 and summary['idle_s'][1] >= 0
   assert np.isfinite(summary['final_test_loss'])
+
+
+def test_divergence_stops_before_anything_non_finite_is_written(fake_data, tmp_path):
+  workdir = str(tmp_path / 'div')
+  cfg = smoke_config(fake_data, **{'optimizer.learning_rate': 1e6})
+  with pytest.raises(FloatingPointError, match='new --workdir'):
+    train.train_and_evaluate(cfg, workdir)
+  assert not os.path.exists(os.path.join(workdir, 'summary.json'))
+  path = os.path.join(workdir, 'metrics.jsonl')
+  if os.path.exists(path):  # strict JSON: no NaN/Infinity tokens
+    for line in open(path):
+      rec = json.loads(line, parse_constant=lambda c: pytest.fail(f'{c} in metrics.jsonl'))
+      assert np.isfinite(rec['test_loss'])
+  if os.path.isdir(os.path.join(workdir, 'checkpoints')) and os.listdir(
+      os.path.join(workdir, 'checkpoints')):
+    _, state = final_state(workdir)
+    import jax  # pylint: disable=g-import-not-at-top
+    for x in jax.tree.leaves(state['global_params']):
+      assert np.all(np.isfinite(np.asarray(x)))
