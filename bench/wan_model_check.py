@@ -23,12 +23,14 @@ are required.
   python bench/wan_model_check.py [--wan_mbps=100] [--wan_latency_ms=20] [--ks=1,4,16]
       [--wans=identity,fp16] [--rounds=10]
 
-Each run writes its rounds' timing to a temporary workdir; about 16 runs of ~20 s.
+Each run writes its rounds' timing to a temporary workdir (removed at the end
+unless --keep); about 13 runs of ~20 s.
 """
 
 import argparse
 import json
 import os
+import shutil
 import subprocess
 import sys
 import tempfile
@@ -49,16 +51,35 @@ def run(cmd, workdir):
 
 
 def main():
-  ap = argparse.ArgumentParser()
-  ap.add_argument('--wan_mbps', type=float, default=100.0)
-  ap.add_argument('--wan_latency_ms', type=float, default=20.0)
+  ap = argparse.ArgumentParser(
+      description='Measured inter-DC round time over an emulated WAN (root, network '
+      'namespaces) vs the network model: calibrates H (one-way latencies per round) and '
+      'prints a markdown table of measured / model per K and WAN payload. About 13 runs '
+      'of ~20 s each.', formatter_class=argparse.ArgumentDefaultsHelpFormatter)
+  ap.add_argument('--wan_mbps', type=float, default=100.0, help='WAN rate per DC, Mbit/s')
+  ap.add_argument('--wan_latency_ms', type=float, default=20.0, help='one-way WAN delay, ms')
   ap.add_argument('--rounds', type=int, default=10, help='inter-DC rounds per run')
-  ap.add_argument('--ks', default='1,4,16')
-  ap.add_argument('--wans', default='identity,fp16')
-  ap.add_argument('--config', default='configs/smoke.py', help='experiment config (its model sets the WAN payload arrays)')
+  ap.add_argument('--ks', default='1,4,16', help='comma-separated K (local steps per round)')
+  ap.add_argument('--wans', default='identity,fp16',
+                  help='comma-separated WAN compressors (compression.wan.name)')
+  ap.add_argument('--keep', action='store_true', help='keep the runs\' temporary workdirs')
+  ap.add_argument('--config', default='configs/smoke.py',
+                  help='experiment config (its model sets the WAN payload arrays; one '
+                  'process per DC)')
   args = ap.parse_args()
   root = tempfile.mkdtemp(prefix='hfl_wan_')
-  num_dcs = 2
+  sys.path.insert(0, os.path.join(REPO, 'launch'))
+  import emulated_wan  # pylint: disable=g-import-not-at-top
+  num_dcs = emulated_wan.config_value([f'--config={args.config}'], 'mesh.num_dcs', 2)
+  try:
+    bench(args, root, num_dcs)
+  finally:
+    if not args.keep:
+      shutil.rmtree(root, ignore_errors=True)
+
+
+def bench(args, root, num_dcs):
+  """Runs the calibration and the table (see the module docstring)."""
   loops = {}
 
   def measure(wan, k, latency_ms):
@@ -72,7 +93,7 @@ def main():
     if (wan, k) not in loops:  # the loopback reference does not depend on the latency
       loop = os.path.join(root, f'loop_{wan}_k{k}')
       loops[wan, k] = run([sys.executable, 'launch/local_multiprocess.py',
-                           '--num_processes=2', '--', *common, f'--workdir={loop}'], loop)
+                           f'--num_processes={num_dcs}', '--', *common, f'--workdir={loop}'], loop)
     shaped = os.path.join(root, f'wan_{wan}_k{k}_{latency_ms:g}ms')
     s_wan = run([sys.executable, 'launch/emulated_wan.py', f'--wan_mbps={args.wan_mbps}',
                  f'--wan_latency_ms={latency_ms}', '--', *common, f'--workdir={shaped}'], shaped)
@@ -81,9 +102,9 @@ def main():
     if latency_ms and not info['one_way_delay_ms']:
       raise RuntimeError(f'no delay could be added ({info}); cannot measure latencies.')
     measured = s_wan['step_wall_s']['round_median'] - loops[wan, k]['step_wall_s']['round_median']
-    # Bits each DC put on the WAN per round (the counted payload; each DC's reaches
-    # the one other DC).
-    bits = s_wan['bytes']['inter_dc'] * 8 / s_wan['inter_dc_rounds'] / num_dcs
+    # Bits of each DC's payload per round (the counted payload; inter_dc counts each
+    # DC's payload once per receiving DC, hfl.network.link_bytes).
+    bits = s_wan['bytes']['inter_dc'] * 8 / s_wan['inter_dc_rounds'] / (num_dcs * (num_dcs - 1))
     return measured, bits, s_wan['step_wall_s']['round_n'], info['delay_method']
 
   def model(bits, latency_ms, hops):

@@ -210,26 +210,41 @@ def config_value(main_args, field: str, default):
 
 
 def main() -> int:
-  p = argparse.ArgumentParser(description=__doc__.split('\n\n')[0])
+  p = argparse.ArgumentParser(
+      description=__doc__.split('\n\n')[0] + ' Usage: emulated_wan.py [options] -- '
+      '<main.py flags, with --workdir=DIR>.',
+      formatter_class=argparse.ArgumentDefaultsHelpFormatter)
   p.add_argument('--wan_mbps', type=float, default=None,
                  help='per-DC WAN rate, Mbit/s (default: config network.wan_bandwidth_mbps)')
   p.add_argument('--wan_latency_ms', type=float, default=None,
                  help='one-way WAN latency, ms (default: config network.wan_latency_s)')
-  p.add_argument('--init_timeout_s', type=int, default=60)
-  p.add_argument('--timeout_s', type=float, default=1800)
+  p.add_argument('--init_timeout_s', type=int, default=60,
+                 help='seconds the processes wait for each other at start-up')
+  p.add_argument('--timeout_s', type=float, default=1800,
+                 help='seconds before the whole run is stopped (exit 124)')
   p.add_argument('--keep', action='store_true', help='keep the namespaces after the run')
   p.add_argument('--_delay_line', type=float, default=None, help=argparse.SUPPRESS)
-  p.add_argument('main_args', nargs=argparse.REMAINDER)
+  p.add_argument('main_args', nargs=argparse.REMAINDER,
+                 help='-- then the flags for main.py (--config=..., --workdir=DIR, ...)')
   args = p.parse_args()
   if args._delay_line is not None:  # pylint: disable=protected-access
     delay_line(TUN, args._delay_line)  # pylint: disable=protected-access
     return 0
   margs = args.main_args[1:] if args.main_args[:1] == ['--'] else args.main_args
-  num_dcs = config_value(margs, 'mesh.num_dcs', 2)
-  rate = args.wan_mbps or config_value(margs, 'network.wan_bandwidth_mbps', 100.0)
-  delay = (args.wan_latency_ms if args.wan_latency_ms is not None
-           else 1000 * config_value(margs, 'network.wan_latency_s', 0.02))
-  workdir = next(a.split('=', 1)[1] for a in margs if a.startswith('--workdir='))
+  workdir = next((a.split('=', 1)[1] for a in margs if a.startswith('--workdir=')), None)
+  if not workdir:
+    p.error('pass the run\'s workdir after --, as --workdir=DIR')
+  try:
+    num_dcs = config_value(margs, 'mesh.num_dcs', 2)
+    rate = (args.wan_mbps if args.wan_mbps is not None
+            else config_value(margs, 'network.wan_bandwidth_mbps', 100.0))
+    delay = (args.wan_latency_ms if args.wan_latency_ms is not None
+             else 1000 * config_value(margs, 'network.wan_latency_s', 0.02))
+  except (OSError, KeyError, ValueError, TypeError, AttributeError) as e:
+    p.error(f'could not read the config from {margs}: {type(e).__name__}: {e}')
+  if not rate > 0 or not delay >= 0 or num_dcs < 2:
+    p.error(f'need a WAN rate > 0 Mbit/s (got {rate}), a latency >= 0 ms (got {delay}) and '
+            f'mesh.num_dcs >= 2 (got {num_dcs})')
   logs = os.path.join(workdir, 'logs')
   os.makedirs(logs, exist_ok=True)
   procs, line = [], None

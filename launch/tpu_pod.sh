@@ -2,7 +2,7 @@
 # Runs one hfl experiment on every host of a Cloud TPU VM pod slice or multi-slice.
 #
 #   launch/tpu_pod.sh TPU_NAME ZONE [PROJECT] -- --config=configs/default.py \
-#       --workdir=gs://BUCKET/hfl/run1 [--config.sync.k=8 ...]
+#       --workdir=/mnt/shared/hfl/run1 [--config.sync.k=8 ...]
 #
 # One process per TPU VM host (`gcloud compute tpu-vm ssh --worker=all`); JAX
 # detects the pod by itself (hfl.distributed.maybe_initialize -> JAX's cluster
@@ -10,8 +10,9 @@
 # joined over DCN), 'dc' spans slices and 'worker' stays on one slice's ICI
 # (mesh_utils.create_hybrid_device_mesh in hfl/mesh.py); mesh.num_dcs must be a
 # multiple of the number of processes and num_dcs * workers_per_dc the number of
-# chips. The workdir must be visible to every host (a gs:// bucket for orbax, or
-# an NFS/Filestore mount): all hosts write their checkpoint shards there.
+# chips. The workdir must be a path every host sees (an NFS/Filestore mount, or a
+# gs:// bucket mounted with gcsfuse: metrics are written with plain open(), see
+# docs/multihost.md): all hosts write their checkpoint shards there.
 #
 # Environment: HFL_REPO (checkout path on the VMs, default ~/hfl; it must already
 # hold this repository and its requirements), HFL_INIT_TIMEOUT_S (start-up bound).
