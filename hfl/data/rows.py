@@ -153,7 +153,20 @@ def row_index(key, n: int) -> np.ndarray:
   return np.where(arr < 0, arr + n, arr).astype(np.int64)
 
 
-class NormalisedRows:
+class RowArray:
+  """What the row sources share with numpy arrays: ``ndim`` and ``len`` from ``shape``."""
+
+  shape: tuple
+
+  @property
+  def ndim(self) -> int:
+    return len(self.shape)
+
+  def __len__(self) -> int:
+    return self.shape[0]
+
+
+class NormalisedRows(RowArray):
   """Standardised float32 images, converted from raw storage row by row.
 
   Attributes:
@@ -174,13 +187,6 @@ class NormalisedRows:
   def dtype(self) -> np.dtype:
     """Always float32."""
     return np.dtype(np.float32)
-
-  @property
-  def ndim(self) -> int:
-    return len(self.shape)
-
-  def __len__(self) -> int:
-    return self.shape[0]
 
   def __repr__(self) -> str:
     return (f'NormalisedRows(shape={self.shape}, raw={type(self.raw).__name__} '

@@ -37,7 +37,7 @@ TFDS_IMAGE_DATASETS = ('cifar10', 'cifar100', 'emnist', 'kmnist',
 _CHUNK = 4096
 
 
-class TfdsImages:
+class TfdsImages(rows_lib.RowArray):
   """The images of a TFDS random-access split, decoded on demand.
 
   Indexing (first axis, numpy semantics: int, slice, integer array of any
@@ -61,13 +61,6 @@ class TfdsImages:
     self.shape = (len(source),) + image_shape
     self.dtype = np.dtype(dtype)
     self.where = where
-
-  @property
-  def ndim(self) -> int:
-    return len(self.shape)
-
-  def __len__(self) -> int:
-    return self.shape[0]
 
   def __repr__(self) -> str:
     return f'TfdsImages({self.where}, shape={self.shape}, dtype={self.dtype.name})'
