@@ -607,12 +607,22 @@ def _verdict_up_to(ours: float | None, anchor: anchors.Anchor, what: str,
           f'{fmt_reduction(anchor.value)}'), False
 
 
-def _verdict_no_loss(delta: float | None) -> tuple[str, bool | None]:
+def _verdict_no_loss(delta: float | None, what: str = 'Δ'
+                     ) -> tuple[str, bool | None]:
+  """Verdict on a "no accuracy loss" claim: ``delta`` ≥ −``TOL`` points.
+
+  Args:
+    delta: ours − baseline in points (None if not measured).
+    what: name of the quantity in the verdict (e.g. ``'paired Δ'``).
+
+  Returns:
+    (verdict text, met: True / False / None when not measured).
+  """
   if delta is None:
     return 'not measured', None
   if delta >= -TOL:
-    return f'met: Δ {fmt_points(delta)} ≥ −{TOL:g} pts', True
-  return f'not met: Δ {fmt_points(delta)} < −{TOL:g} pts', False
+    return f'met: {what} {fmt_points(delta)} ≥ −{TOL:g} pts', True
+  return f'not met: {what} {fmt_points(delta)} < −{TOL:g} pts', False
 
 
 def _claims_lines(claims: Sequence[dict]) -> list[str]:
@@ -742,17 +752,43 @@ def semisync_section(data: SweepData, root_display: str) -> Section:
                          data)
 
 
-def _finish_section(key, md, notes, claims, records, missing, entries, base, data) -> Section:
-  """Appends the shared notes (unmet claims, step mismatches, config drift) and builds it."""
+def _run_checks(data: SweepData, entries: Sequence[Entry],
+                base: Entry | None) -> list[str]:
+  """Step-count mismatches against ``base`` and config drift, as notes.
+
+  Args:
+    data: the sweep the entries belong to.
+    entries: its points, labelled as the notes should name them.
+    base: the run whose intra-DC iteration count the others must match.
+  """
+  return _steps_mismatch(entries, base) + _config_drift(data, entries)
+
+
+def _finish_section(key, md, notes, claims, records, missing, entries, base,
+                    data, rows=None, extra=None, checks=None) -> Section:
+  """Appends the shared notes (unmet claims, step mismatches, config drift) and builds it.
+
+  Args:
+    key, md, notes, claims, records, missing: as in :class:`Section` (``md``
+      and ``notes`` are lists of lines; ``notes`` go after ``md``).
+    entries: the section's runs (every sweep it reads).
+    base: the baseline run (an Entry) or None.
+    data: the sweep of ``entries`` (for the checks).
+    rows: GroupRows for the plots (default: one per finished entry).
+    extra: more :attr:`Section.extra` facts.
+    checks: the step/config notes (default: :func:`_run_checks` over
+      ``data``, ``entries`` and ``base``).
+  """
   for c in claims:
     if c['met'] is False:
       notes.append(f'- Not met: {c["anchor"].quantity} — {c["verdict"]}.')
-  notes += _steps_mismatch(entries, base) + _config_drift(data)
+  notes += _run_checks(data, entries, base) if checks is None else checks
   md += notes
+  rows = [e.row for e in entries if e.done] if rows is None else rows
   return Section(key, md[0][3:], records, claims, missing,
-                 '\n'.join(md) + '\n', [e.row for e in entries if e.done],
-                 data.target, dict(baseline=base.label if base else None,
-                                   workdirs=_workdirs(entries)))
+                 '\n'.join(md) + '\n', rows, data.target,
+                 dict(dict(baseline=base.label if base else None,
+                           workdirs=_workdirs(entries)), **(extra or {})))
 
 
 # --------------------------------------------------------------------------
@@ -882,12 +918,33 @@ def _seeds_cell(rec: Mapping[str, Any]) -> str:
 
 
 def _compression_record(g: SeedGroup, base: SeedGroup | None) -> dict:
-  """Raw numbers of one seed group against the uncompressed group."""
+  """Raw numbers of one seed group against the uncompressed group.
+
+  Serves the compression and the CO3 tables: each reads the keys it shows.
+
+  Args:
+    g: the group (one point of a sweep, its seeds).
+    base: the uncompressed group it is compared with (may be ``g`` itself).
+
+  Returns:
+    Dict with ``label``, ``lan_gbps``, ``done`` (some seed finished),
+    ``baseline``, ``density`` (top-k / random-k uplink density, else None),
+    ``seeds`` / ``n_seeds`` (finished), ``n_total`` (points); when done also
+    bytes (``intra_up``, ``intra_down``, ``intra_bytes``: means over seeds,
+    bytes), ``ratio`` / ``factor`` (up + down vs ``base``), ``up_factor``
+    (uplink bytes of ``base`` / ours) and ``bits_per_entry`` (32 × ours /
+    ``base``, uplink), ``final_acc`` / ``final_acc_std`` (fractions),
+    ``delta_points`` (Δ of the seed means, pts), ``paired`` (seed -> Δ, pts),
+    ``paired_delta`` / ``paired_std`` / ``paired_n`` (over ``paired``), time
+    to target (s) and ``time_cell``. Comparisons are None for the baseline
+    itself and when ``base`` has not finished.
+  """
   is_base = g is base
+  sparse = _get(g.config, 'compression.uplink.name') in ('topk', 'randomk')
   rec = dict(label=g.label, lan_gbps=g.lan, done=g.row is not None,
              baseline=is_base,
-             density=(None if tables.is_uncompressed(g.config) else
-                      _get(g.config, 'compression.uplink.density')),
+             density=(_get(g.config, 'compression.uplink.density')
+                      if sparse else None),
              seeds=[_seed(e) for e in g.done], n_seeds=len(g.done),
              n_total=len(g.entries))
   if g.row is None:
@@ -903,6 +960,11 @@ def _compression_record(g: SeedGroup, base: SeedGroup | None) -> dict:
   ratio = None if is_base else reduction(intra, b_intra)
   factor = (None if ratio is None else
             (b_intra / intra if intra > 0 else math.inf))
+  b_up = b.bytes['intra_up'].mean if b is not None else None
+  has_up = up is not None and b_up is not None and b_up > 0
+  up_factor = (None if is_base or not has_up else
+               (b_up / up if up > 0 else math.inf))
+  bits = 32.0 * up / b_up if has_up else None
   acc = r.final_acc
   delta = (100.0 * (acc.mean - b.final_acc.mean)
            if not is_base and b is not None and acc.mean is not None
@@ -912,7 +974,8 @@ def _compression_record(g: SeedGroup, base: SeedGroup | None) -> dict:
   t = r.time_to_target_s
   rec.update(
       intra_up=up, intra_down=down, intra_bytes=intra, ratio=ratio,
-      factor=factor, final_acc=acc.mean, final_acc_std=acc.std,
+      factor=factor, up_factor=up_factor, bits_per_entry=bits,
+      final_acc=acc.mean, final_acc_std=acc.std,
       delta_points=delta, paired=pairs, paired_delta=pst.mean,
       paired_std=pst.std, paired_n=pst.n, time_to_target_s=t.mean,
       time_to_target_std=t.std, n_reached=t.n,
@@ -1175,8 +1238,7 @@ def _lossless_lines(records: Sequence[dict], best: dict | None,
             f'({best["label"]}): {100 * best["ratio"]:.2f}% fewer intra-DC '
             f'bytes ({fmt_factor(best["factor"])}), paired Δ '
             f'{fmt_points_pm(best["paired_delta"], best["paired_std"], n)}'
-            + (f', standard error {best["paired_std"] / math.sqrt(n):.2f} pts'
-               if best['paired_std'] is not None else '')
+            + _se_text(best)
             + f'; Δ of the seed means {fmt_points(best["delta_points"])}.')
     if n < best['n_total']:
       line += (f' Provisional: {n} of {best["n_total"]} seeds compared so '
@@ -1190,24 +1252,45 @@ def _lossless_lines(records: Sequence[dict], best: dict | None,
            f'loses ≤ {TOL:g} pts):', '']
   for r in comp:
     rho = ('?' if r['density'] is None else _pct_str(float(r['density'])))
-    if not r['done'] or r.get('paired_delta') is None:
-      lines.append(f'- ρ={rho}: not measured yet')
-      continue
-    ok = r['paired_delta'] >= -TOL
-    s = ('✓' if ok else '✗') + f' ρ={rho}: ' + fmt_points_pm(
-        r['paired_delta'], r['paired_std'], r['paired_n'])
-    if r['paired_n'] < r['n_total']:
-      s += f', {r["paired_n"]} of {r["n_total"]} seeds'
-    if len(r['paired']) > 1:
-      s += ' — per seed: ' + ', '.join(
-          f'{seed}: {fmt_points(d)}' for seed, d in sorted(
-              r['paired'].items(), key=lambda kv: (kv[0] is None, kv[0])))
-    lines.append('- ' + s)
+    lines.append(_paired_item(r, f'ρ={rho}'))
   if best is not None:
     lines += _monotonicity_note(judged, best)
   if not base_done:
     lines.append('- ⚠ the uncompressed baseline has not finished')
   return lines
+
+
+def _se_text(r: Mapping[str, Any]) -> str:
+  """', standard error 0.15 pts' (std / √n of the paired Δ), '' without a std."""
+  if r.get('paired_std') is None:
+    return ''
+  return f', standard error {r["paired_std"] / math.sqrt(r["paired_n"]):.2f} pts'
+
+
+def _paired_item(r: Mapping[str, Any], name: str) -> str:
+  """One bullet of a per-point paired Δ list.
+
+  Args:
+    r: a :func:`_compression_record` record.
+    name: how the point is named (``'ρ=2%'``, ``'γ=0.9'``).
+
+  Returns:
+    ``'- ✓ ρ=2%: −0.45 ± 0.21 pts (n=2), 2 of 3 seeds — per seed: 0: −0.30
+    pts, 1: −0.60 pts'`` (✓ = loses ≤ ``TOL`` pts, ✗ = more), or ``'- ρ=0.1%:
+    not measured yet'``.
+  """
+  if not r['done'] or r.get('paired_delta') is None:
+    return f'- {name}: not measured yet'
+  ok = r['paired_delta'] >= -TOL
+  s = ('✓' if ok else '✗') + f' {name}: ' + fmt_points_pm(
+      r['paired_delta'], r['paired_std'], r['paired_n'])
+  if r['paired_n'] < r['n_total']:
+    s += f', {r["paired_n"]} of {r["n_total"]} seeds'
+  if len(r['paired']) > 1:
+    s += ' — per seed: ' + ', '.join(
+        f'{seed}: {fmt_points(d)}' for seed, d in sorted(
+            r['paired'].items(), key=lambda kv: (kv[0] is None, kv[0])))
+  return '- ' + s
 
 
 def _se(r: dict) -> float:
