@@ -21,7 +21,7 @@ REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 PNG_MAGIC = b'\x89PNG\r\n\x1a\n'
 NOW = datetime.datetime(2025, 1, 2, 3, 4, tzinfo=datetime.timezone.utc)
 
-# configs/sweeps/compression.py: FIXED, shared with configs/sweeps/co3.py.
+# configs/sweeps/compression.py: FIXED, shared with the CO3 sweeps.
 FIXED = ('network.lan_bandwidth_gbps=1.0__train.eval_every=10__'
          'train.num_steps=600')
 FIXED_OVERRIDES = {'train.num_steps': 600, 'train.eval_every': 10,
@@ -59,8 +59,42 @@ IDENTITY_SEED = ('compression.uplink.name=identity__network.lan_bandwidth_gbps='
 IDENTITY_SLOW = ('compression.uplink.name=identity__network.lan_bandwidth_gbps='
                  '0.1__train.eval_every=10__train.num_steps=600')
 TOPK = 'top-k ρ={}% up/down, bf16 small'
-CO3 = ('compression.uplink.fmt=fp4__compression.uplink.gamma={g}__'
-       'compression.uplink.name=co3__' + FIXED)
+# configs/sweeps/co3_paper.py (SGD) and co3_iid.py (SGD + IID, K = 1).
+SGD_OVERRIDES = dict(FIXED_OVERRIDES, **{'optimizer.name': 'sgd',
+                                         'optimizer.learning_rate': 0.01})
+IID_OVERRIDES = dict(SGD_OVERRIDES, **{'dataset.partition': 'iid',
+                                       'sync.k': 1, 'train.eval_every': 25})
+# The uncompressed seed-0 points, as in the real workdirs.
+IID_IDENTITY = ('compression.uplink.name=identity__dataset.partition=iid__'
+                'network.lan_bandwidth_gbps=1.0__optimizer.learning_rate=0.01__'
+                'optimizer.name=sgd__seed={s}__sync.k=1__train.eval_every=25__'
+                'train.num_steps=600')
+HFL_IDENTITY = ('compression.uplink.name=identity__network.lan_bandwidth_gbps='
+                '1.0__optimizer.learning_rate=0.01__optimizer.name=sgd__'
+                'train.eval_every=10__train.num_steps=600')
+
+
+def co3_overrides(base, gamma=None, seed=None):
+  """A CO3 sweep point: uncompressed (``gamma`` None) or CO3 fp4 at γ."""
+  o = dict(base, **({'compression.uplink.name': 'identity'} if gamma is None
+                    else {'compression.uplink.name': 'co3',
+                          'compression.uplink.fmt': 'fp4',
+                          'compression.uplink.gamma': gamma}))
+  if seed is not None:
+    o['seed'] = seed
+  return o
+
+
+def co3_name(base, gamma=None, seed=None):
+  return sweep.run_name(co3_overrides(base, gamma, seed))
+
+
+# Grid order of configs/sweeps/co3_iid.py (seed always set) and co3_paper.py
+# (seed 0 is the default config's, not an override): (gamma, seed).
+IID_POINTS = ([(g, s) for s in (0, 1, 2) for g in (None, 0.9)]
+              + [(0.0, s) for s in (0, 1, 2)] + [(0.5, 0), (1.0, 0)])
+HFL_POINTS = ([(None, None)] + [(g, None) for g in (0.0, 0.5, 0.9, 1.0)]
+              + [(None, 1), (None, 2), (0.9, 1), (0.9, 2)])
 SEMI = {
     'sync': 'sync.strategy=sync__train.eval_every=40',
     'periodic': 'sync.strategy=periodic__train.eval_every=10',
@@ -197,17 +231,58 @@ def fixture_root(tmp_path):
              sparse(0.02, **slow), curve(4.0, 24.0, 50.0, 0.896),
              (30e6, 20e6, 5e6))
 
-  # CO3 (baseline: identity above, uplink 1000 MB).
-  co3 = lambda g: comp(**{'compression.uplink.name': 'co3',
-                          'compression.uplink.fmt': 'fp4',
-                          'compression.uplink.gamma': g})
-  for g, acc, up in ((0.0, 0.85, 125e6), (0.5, 0.89, 100e6),
-                     (0.9, 0.898, 100e6)):
-    _write_run(f'{root}/co3/{CO3.format(g=g)}', co3(g),
-               [(10, acc - 0.05, 5.0), (150, acc, 40.0)], (up, 1000e6, 5e6))
-  _write_run(f'{root}/co3/{CO3.format(g=1.0)}', co3(1.0),
-             [(10, 0.7, 5.0)], (1e6, 1e6, 1e6), done=False)
+  # CO3 in the paper's setting (co3_iid), target 0.88. Every run but γ=0 is
+  # at 0.87 (t = 30 s), 0.89 (t = 45 s), so it crosses 0.88 at t = 37.5 s;
+  # γ=0 never does. Uplink: uncompressed 1000 MB; γ=0: 125 MB (8×, 4 bits per
+  # entry); γ=0.5: 110 MB; γ=0.9: 100 MB (10×, 3.2 bits).
+  write_co3_iid(root)
+  # CO3 in hfl's setting (co3_paper): the secondary table.
+  write_co3_hfl(root)
   return root
+
+
+def _co3_run(root, sweep_name, base, gamma, seed, final, up, done=True):
+  """One CO3-sweep run: uncompressed (``gamma`` None) or CO3 fp4 at γ."""
+  o = co3_overrides(base, gamma, seed)
+  curve = ([(300, 0.80, 30.0), (600, final, 60.0)] if final < 0.88 else
+           [(300, 0.87, 30.0), (450, 0.89, 45.0), (600, final, 60.0)])
+  if not done:
+    curve = [(100, 0.87, 10.0)]
+  _write_run(f'{root}/{sweep_name}/{sweep.run_name(o)}',
+             _config('configs/default.py', **o), curve, (up, 1000e6, 5e6),
+             done=done)
+
+
+# Final accuracies of the co3_iid runs. Uncompressed: 0.90 / 0.88 / 0.91 (mean
+# 0.896667, std 0.015275). γ=0.9: seed 0 0.898 (−0.2 pts vs its seed),
+# seed 1 0.884 (+0.4 pts), seed 2 interrupted: paired +0.1 ± 0.4243 (n=2,
+# standard error 0.3) although the Δ of the seed means is −0.5667 pts.
+# γ=0: 0.85 / 0.86 / 0.85: paired −5, −2, −6 -> −4.3333 ± 2.0817 (n=3).
+# γ=0.5: seed 0 0.893 (−0.7, n=1). γ=1: not started.
+IID_FINALS = {(None, 0): 0.90, (None, 1): 0.88, (None, 2): 0.91,
+              (0.9, 0): 0.898, (0.9, 1): 0.884,
+              (0.0, 0): 0.85, (0.0, 1): 0.86, (0.0, 2): 0.85, (0.5, 0): 0.893}
+CO3_UP = {None: 1000e6, 0.0: 125e6, 0.5: 110e6, 0.9: 100e6, 1.0: 100e6}
+
+
+def write_co3_iid(root, finals=None):
+  """Writes the co3_iid runs of ``finals`` ((γ, seed) -> final accuracy)."""
+  finals = IID_FINALS if finals is None else finals
+  for (g, seed), final in finals.items():
+    _co3_run(root, 'co3_iid', IID_OVERRIDES, g, seed, final, CO3_UP[g])
+  if (0.9, 2) not in finals:
+    _co3_run(root, 'co3_iid', IID_OVERRIDES, 0.9, 2, 0.0, 1e6, done=False)
+
+
+def write_co3_hfl(root):
+  """co3_paper: uncompressed 0.90 / 0.90 / 0.89; γ=0.9 0.892 / 0.899 / 0.881
+  (paired −0.8, −0.1, −0.9 -> −0.6 ± 0.4359, n=3, standard error 0.2517;
+  Δ of the means −0.6); γ=0 0.85 (−5); γ=1 0.80 (−10); γ=0.5 not started."""
+  for (g, seed), final in {(None, None): 0.90, (None, 1): 0.90,
+                           (None, 2): 0.89, (0.9, None): 0.892,
+                           (0.9, 1): 0.899, (0.9, 2): 0.881,
+                           (0.0, None): 0.85, (1.0, None): 0.80}.items():
+    _co3_run(root, 'co3_paper', SGD_OVERRIDES, g, seed, final, CO3_UP[g])
 
 
 def _sections(root):
@@ -427,36 +502,230 @@ def test_compression_settings_and_missing_runs(root):
   assert 'differs from what the sweep file gives now' not in md
 
 
+def test_co3_sweep_points_land_in_the_expected_workdirs(root):
+  iid = results.load_sweep_data(results.SWEEPS[2], root, results.co3_label)
+  hfl = results.load_sweep_data(results.SWEEPS[3], root, results.co3_label)
+  assert (iid.sweep.name, hfl.sweep.name) == ('co3_iid', 'co3_paper')
+  assert [e.spec.name for e in iid.entries] == [
+      co3_name(IID_OVERRIDES, g, s) for g, s in IID_POINTS]
+  assert [e.spec.name for e in hfl.entries] == [
+      co3_name(SGD_OVERRIDES, g, s) for g, s in HFL_POINTS]
+  assert iid.entries[0].spec.name == IID_IDENTITY.format(s=0)
+  assert hfl.entries[0].spec.name == HFL_IDENTITY
+  assert [e.status for e in iid.entries] == (
+      ['done'] * 5 + ['partial'] + ['done'] * 4 + ['pending'])
+  assert [e.status for e in hfl.entries] == (
+      ['done'] * 2 + ['pending'] + ['done'] * 6)
+  for e in iid.entries:
+    assert results._get(e.config, 'dataset.partition') == 'iid'
+    assert results._get(e.config, 'sync.k') == 1
+
+
+def test_co3_seed_groups_and_paired_deltas(root):
+  data = results.load_sweep_data(results.SWEEPS[2], root, results.co3_label)
+  groups = {g.label: g for g in results.group_seeds(data.entries,
+                                                    data.target)}
+  assert list(groups) == ['uncompressed', 'co3 fp4 γ=0.9', 'co3 fp4 γ=0',
+                          'co3 fp4 γ=0.5', 'co3 fp4 γ=1']
+  base, g9 = groups['uncompressed'], groups['co3 fp4 γ=0.9']
+  assert [results._seed(e) for e in base.entries] == [0, 1, 2]
+  assert [results._seed(e) for e in g9.done] == [0, 1]
+  assert len(g9.entries) == 3 and g9.row.final_acc.n == 2
+  assert results.paired_deltas(g9, base) == pytest.approx({0: -0.2, 1: 0.4})
+  assert results.paired_deltas(groups['co3 fp4 γ=0'], base) == pytest.approx(
+      {0: -5.0, 1: -2.0, 2: -6.0})
+  assert results.paired_deltas(groups['co3 fp4 γ=1'], base) == {}
+
+
 def test_co3_table(root):
   s = _sections(root)['co3']
   recs = _by_label(s)
+  # Uncompressed first, then by γ (not in grid order).
   assert list(recs) == ['uncompressed', 'co3 fp4 γ=0', 'co3 fp4 γ=0.5',
                         'co3 fp4 γ=0.9', 'co3 fp4 γ=1']
-  assert recs['uncompressed']['baseline']
-  g0, g9 = recs['co3 fp4 γ=0'], recs['co3 fp4 γ=0.9']
-  assert g0['up_factor'] == pytest.approx(8.0)
-  assert g0['bits_per_entry'] == pytest.approx(4.0)
-  assert g0['delta_points'] == pytest.approx(-5.0)
+  base = recs['uncompressed']
+  assert base['baseline'] and base['seeds'] == [0, 1, 2]
+  assert base['final_acc'] == pytest.approx(2.69 / 3)
+  assert base['final_acc_std'] == pytest.approx(math.sqrt(7e-4 / 3))
+  assert base['cells'] == ['uncompressed', '0, 1, 2', '89.67 ± 1.53%',
+                           'baseline', '1.00 GB', 'baseline', '32.00',
+                           '37.5 s']
+  g9 = recs['co3 fp4 γ=0.9']
+  assert g9['gamma'] == 0.9 and g9['seeds'] == [0, 1] and g9['n_total'] == 3
+  assert g9['paired'] == pytest.approx({0: -0.2, 1: 0.4})
+  assert g9['paired_delta'] == pytest.approx(0.1)
+  assert g9['paired_std'] == pytest.approx(math.sqrt(0.18))
+  assert g9['paired_n'] == 2
+  # The Δ of the seed means (3-seed baseline mean) would say −0.57 pts.
+  assert g9['delta_points'] == pytest.approx(100 * (0.891 - 2.69 / 3))
   assert g9['up_factor'] == pytest.approx(10.0)
   assert g9['bits_per_entry'] == pytest.approx(3.2)
-  assert g9['delta_points'] == pytest.approx(-0.2)
-  assert g9['cells'][4:8] == ['−0.20 pts', '100.00 MB', '10.0×', '3.20']
+  assert g9['cells'] == ['co3 fp4 γ=0.9', '0, 1 (2 of 3)', '89.10 ± 0.99%',
+                         '+0.10 ± 0.42 pts (n=2)', '100.00 MB', '10.0×',
+                         '3.20', '37.5 s']
+  g0 = recs['co3 fp4 γ=0']
+  assert g0['paired_delta'] == pytest.approx(-13 / 3)
+  assert g0['paired_std'] == pytest.approx(math.sqrt(13 / 3))
+  assert g0['up_factor'] == pytest.approx(8.0)
+  assert g0['bits_per_entry'] == pytest.approx(4.0)
+  assert g0['cells'][3] == '−4.33 ± 2.08 pts (n=3)'
+  assert g0['cells'][7] == 'never'
+  g5 = recs['co3 fp4 γ=0.5']
+  assert g5['paired'] == pytest.approx({0: -0.7}) and g5['paired_std'] is None
+  assert g5['cells'][1:4] == ['0', '89.30%', '−0.70 pts (n=1)']
+  assert g5['up_factor'] == pytest.approx(1000 / 110)
   assert not recs['co3 fp4 γ=1']['done']
+  assert recs['co3 fp4 γ=1']['cells'][1] == '*not finished*'
+  assert s.extra['headline']['label'] == 'co3 fp4 γ=0.9'
+  assert s.extra['baseline'] == 'uncompressed'
+  # Plots: the main table's groups (mean over seeds).
+  assert [(r.label, len(r.runs)) for r in s.rows] == [
+      ('uncompressed', 3), ('co3 fp4 γ=0', 3), ('co3 fp4 γ=0.5', 1),
+      ('co3 fp4 γ=0.9', 2)]
+
+
+def test_co3_claim_met_on_the_paired_delta(root):
+  s = _sections(root)['co3']
   claim, = s.claims
   assert claim['anchor'].key == 'co3.accuracy_delta' and claim['met'] is True
+  assert claim['ours'] == ('paired Δ +0.10 ± 0.42 pts (n=2), standard error '
+                           '0.30 pts at 10.0× fewer uplink bytes (3.20 '
+                           'bits/entry)')
+  assert claim['verdict'] == ('met: paired Δ (mean) +0.10 pts ≥ −0.5 pts '
+                              '(provisional: 2 of 3 seeds compared)')
+  md = s.markdown
+  assert ("**The CO3 paper's claim, γ=0.9 ≈ uncompressed accuracy** (by the "
+          'paired Δ): paired Δ +0.10 ± 0.42 pts (n=2), standard error 0.30 pts '
+          '— within the 0.5-pt no-loss bar, at 10.0× fewer uplink bytes (3.20 '
+          'bits per entry); Δ of the seed means −0.57 pts. Provisional: 2 of 3 '
+          'seeds compared so far.') in md
+  assert ('- ✓ γ=0.9: +0.10 ± 0.42 pts (n=2), 2 of 3 seeds — per seed: '
+          '0: −0.20 pts, 1: +0.40 pts') in md
+  assert '- ✗ γ=0: −4.33 ± 2.08 pts (n=3) — per seed: 0: −5.00 pts' in md
+  assert '- ✗ γ=0.5: −0.70 pts (n=1)\n' in md
+  assert '- γ=1: not measured yet' in md
+  assert ('| co3 fp4 γ=0.9 | 0, 1 (2 of 3) | 89.10 ± 0.99% | +0.10 ± 0.42 pts '
+          '(n=2) | 100.00 MB | 10.0× | 3.20 | 37.5 s |') in md
+  assert 'Not met' not in md
+
+
+def test_co3_claim_not_met(root):
+  """Seed 1 of γ=0.9 at 0.870: paired −0.2, −1.0 -> −0.6 ± 0.5657 (n=2)."""
+  write_co3_iid(root, {(0.9, 1): 0.870})
+  s = _sections(root)['co3']
+  g9 = _by_label(s)['co3 fp4 γ=0.9']
+  assert g9['paired'] == pytest.approx({0: -0.2, 1: -1.0})
+  assert g9['paired_delta'] == pytest.approx(-0.6)
+  assert g9['paired_std'] == pytest.approx(math.sqrt(0.32))
+  claim, = s.claims
+  assert claim['met'] is False
+  assert claim['verdict'] == ('not met: paired Δ (mean) −0.60 pts < −0.5 pts '
+                              '(provisional: 2 of 3 seeds compared)')
+  assert claim['ours'].startswith('paired Δ −0.60 ± 0.57 pts (n=2), standard '
+                                  'error 0.40 pts at 10.0×')
+  md = s.markdown
+  assert '— beyond the 0.5-pt no-loss bar' in md.split('### hfl')[0]
+  assert ('- Not met: accuracy of fp4 + GenNorm Huffman + EF γ=0.9 vs '
+          'uncompressed — not met: paired Δ (mean) −0.60 pts') in md
+
+
+def test_co3_missing_seed_and_unfinished_runs(root):
+  """Without the uncompressed seed 1, γ=0.9 is paired on seed 0 only."""
+  os.remove(os.path.join(root, 'co3_iid', IID_IDENTITY.format(s=1),
+                         'summary.json'))
+  s = _sections(root)['co3']
+  recs = _by_label(s)
+  base, g9 = recs['uncompressed'], recs['co3 fp4 γ=0.9']
+  assert base['seeds'] == [0, 2] and base['cells'][1] == '0, 2 (2 of 3)'
+  assert base['final_acc'] == pytest.approx(0.905)
+  assert g9['paired'] == pytest.approx({0: -0.2})
+  assert g9['paired_std'] is None and g9['paired_n'] == 1
+  assert g9['cells'][3] == '−0.20 pts (n=1)'
+  claim, = s.claims
+  assert claim['met'] is True
+  assert claim['ours'].startswith('paired Δ −0.20 pts (n=1) at 10.0×')
+  assert claim['verdict'].endswith('(provisional: 1 of 3 seeds compared)')
+  missing = [m['label'] for m in s.missing]
+  assert missing == ['uncompressed, seed 1', 'co3 fp4 γ=0.9, seed 2',
+                     'co3 fp4 γ=1, seed 0', 'co3 fp4 γ=0.5, seed 0']
+  assert s.missing[-1]['workdir'].endswith(
+      '/co3_paper/' + co3_name(SGD_OVERRIDES, 0.5))
+  md = s.markdown
+  assert ('- co3 fp4 γ=0.9, seed 2: running or interrupted: step 400/600, '
+          'round 100, last test accuracy 87.00%') in md
+  assert '- co3 fp4 γ=1, seed 0: not started' in md
+  # Each table lists its own missing runs under it.
+  main_md, hfl_md = md.split("### hfl's setting")
+  assert '**Missing runs (3)**' in main_md and '**Missing runs (1)**' in hfl_md
+  assert 'co3 fp4 γ=0.5, seed 0: not started' in hfl_md
+
+
+def test_co3_no_claim_without_the_uncompressed_runs(root):
+  for seed in (0, 1, 2):
+    os.remove(os.path.join(root, 'co3_iid', IID_IDENTITY.format(s=seed),
+                           'summary.json'))
+  s = _sections(root)['co3']
+  g9 = _by_label(s)['co3 fp4 γ=0.9']
+  assert g9['done'] and g9['paired'] == {} and g9['up_factor'] is None
+  assert g9['cells'][3] == '–' and g9['cells'][5:7] == ['–', '–']
+  claim, = s.claims
+  assert claim['met'] is None and claim['verdict'].startswith('not measured')
+  assert ("**The CO3 paper's claim, γ=0.9 ≈ uncompressed accuracy** (by the "
+          'paired Δ): not measured yet') in s.markdown
+  assert ('- ⚠ the uncompressed runs of this sweep have not finished'
+          in s.markdown.split('### hfl')[0])
+
+
+def test_co3_hfl_setting_table(root):
+  s = _sections(root)['co3']
+  md = s.markdown
+  main_at = md.index("### The CO3 paper's setting: synchronous PS over IID "
+                     'shards')
+  hfl_at = md.index("### hfl's setting: hierarchical PS, non-IID (Dirichlet "
+                    'α = 0.5) shards, periodic K = 4')
+  claims_at = md.index('**Published vs ours**')
+  assert main_at < hfl_at < claims_at
+  assert 'sweep file `configs/sweeps/co3_iid.py`' in md[main_at:hfl_at]
+  assert 'sweep file `configs/sweeps/co3_paper.py`' in md[hfl_at:]
+  recs = {r['label']: r for r in s.extra['hfl_setting']}
+  assert list(recs) == ['uncompressed', 'co3 fp4 γ=0', 'co3 fp4 γ=0.5',
+                        'co3 fp4 γ=0.9', 'co3 fp4 γ=1']
+  # Its baseline is its own uncompressed runs (0.90 / 0.90 / 0.89).
+  assert recs['uncompressed']['final_acc'] == pytest.approx(2.69 / 3)
+  g9 = recs['co3 fp4 γ=0.9']
+  assert g9['seeds'] == [0, 1, 2]
+  assert g9['paired'] == pytest.approx({0: -0.8, 1: -0.1, 2: -0.9})
+  assert g9['paired_delta'] == pytest.approx(-0.6)
+  assert g9['paired_std'] == pytest.approx(math.sqrt(0.19))
+  assert g9['delta_points'] == pytest.approx(-0.6)
+  assert recs['co3 fp4 γ=0']['paired'] == pytest.approx({0: -5.0})
+  assert recs['co3 fp4 γ=1']['paired'] == pytest.approx({0: -10.0})
+  assert not recs['co3 fp4 γ=0.5']['done']
+  table = md[hfl_at:claims_at]
+  assert ('| co3 fp4 γ=0.9 | 0, 1, 2 | 89.07 ± 0.91% | −0.60 ± 0.44 pts (n=3) '
+          '| 100.00 MB | 10.0× | 3.20 | 37.5 s |') in table
+  assert ("**γ=0.9 in this setting** (context, not the verdict on the CO3 "
+          "paper's claim): paired Δ −0.60 ± 0.44 pts (n=3), standard error "
+          '0.25 pts — beyond the 0.5-pt no-loss bar') in table
+  # No verdict of its own: the one claim is the paper setting's, met.
+  assert len(s.claims) == 1 and s.claims[0]['met'] is True
+  assert 'Not met' not in md
 
 
 def test_missing_runs_and_anchors_on_the_page(root, tmp_path):
   out = str(tmp_path / 'docs')
   written = results.write_results(root, out, now=NOW)
   text = open(written['results.md'], encoding='utf-8').read()
-  # 24 distinct runs (the CO3 baseline is the compression sweep's), 7 missing.
-  assert 'Incomplete: 17 of 24 runs have finished.' in text
-  # Table rows: 2 semisync, 0.1 % (no seed finished), CO3 γ=1.
-  assert text.count('| *not finished* |') == 4
-  for name in (SEMI['progress'], SEMI['adacomm'], CO3.format(g=1.0),
-               sparse_name(0.001), sparse_name(0.02, 2),
-               sparse_name(0.003, 1), sparse_name(0.003, 2)):
+  # 40 runs (5 semisync, 15 compression, 11 co3_iid, 9 co3_paper), 9 missing.
+  assert 'Incomplete: 31 of 40 runs have finished.' in text
+  # Table rows: 2 semisync, 0.1 % (no seed finished), CO3 γ=1 (paper's
+  # setting) and γ=0.5 (hfl's).
+  assert text.count('| *not finished* |') == 5
+  for name in (SEMI['progress'], SEMI['adacomm'],
+               co3_name(IID_OVERRIDES, 1.0, 0), co3_name(IID_OVERRIDES, 0.9, 2),
+               co3_name(SGD_OVERRIDES, 0.5), sparse_name(0.001),
+               sparse_name(0.02, 2), sparse_name(0.003, 1),
+               sparse_name(0.003, 2)):
     assert name in text
   assert 'not started' in text
   assert 'step 16/600, round 4, last test accuracy 61.00%' in text
@@ -517,21 +786,21 @@ def test_plots_written_and_regenerated_from_scratch(root, tmp_path):
   text = (out / 'results.md').read_text(encoding='utf-8')
   for n in expected:
     assert f'](results/{n})' in text
-  # Compression lines are seed means; the other sections have one seed.
+  # Compression and CO3 lines are seed means; semisync has one seed.
   assert text.count('**Plots** (one line per finished point: mean over its '
-                    'finished seeds') == 1
-  assert text.count('**Plots** (one line per finished run;') == 2
+                    'finished seeds') == 2
+  assert text.count('**Plots** (one line per finished run;') == 1
 
 
 def test_empty_root_lists_everything_as_missing(tmp_path):
   written = results.write_results(str(tmp_path / 'none'),
                                   str(tmp_path / 'out'), now=NOW)
   text = open(written['results.md'], encoding='utf-8').read()
-  assert 'Incomplete: 0 of 24 runs have finished.' in text
-  # 24 runs, and the missing CO3 baseline is listed in the CO3 section too.
-  assert text.count('not started') == 25
-  # Rows: 5 semisync, 5 + 2 compression (seed groups), 5 CO3.
-  assert text.count('| *not finished* |') == 17
+  assert 'Incomplete: 0 of 40 runs have finished.' in text
+  # Every run listed once (each CO3 table has its own uncompressed runs).
+  assert text.count('not started') == 40
+  # Rows: 5 semisync, 5 + 2 compression (seed groups), 5 + 5 CO3.
+  assert text.count('| *not finished* |') == 22
   assert written['plots'] == []
   assert text.count('*No plots yet') == 3
   assert 'not measured' in text
@@ -547,7 +816,8 @@ def test_cli(root, tmp_path, monkeypatch):
   assert calls == [] and os.path.exists(os.path.join(out, 'results.md'))
   assert results.main(['--root', root, '--out', str(tmp_path / 'o2')]) == 0
   assert calls == [os.path.join(root, n)
-                   for n in ('compression', 'semisync', 'co3')]
+                   for n in ('compression', 'semisync', 'co3_iid',
+                             'co3_paper')]
 
 
 def test_formatting_helpers():
