@@ -6,8 +6,11 @@ shapes (compressor hyper-parameters) run in :mod:`hfl.data` and
 :mod:`hfl.compress.policy`, still before anything is compiled or written.
 """
 
+import os
+
 import ml_collections
 
+from hfl import data as data_lib
 from hfl import models, optim
 from hfl.sync import aggregation as aggregation_lib
 from hfl.sync import schedule as schedule_lib
@@ -54,6 +57,7 @@ def validate(config: ml_collections.ConfigDict) -> ml_collections.ConfigDict:
   _int(config, 'mesh.workers_per_dc', 1)
   _choice(config.model.name, 'model.name', models.MODELS)
   optim.make_optimizer(config.optimizer)
+  validate_data_dir(config)
   _choice(config.dataset.partition, 'dataset.partition', PARTITIONS)
   if config.dataset.partition == 'dirichlet' and not float(config.dataset.dirichlet_alpha) > 0:
     raise ValueError(f'dataset.dirichlet_alpha={config.dataset.dirichlet_alpha} must be > 0')
@@ -76,6 +80,31 @@ def validate(config: ml_collections.ConfigDict) -> ml_collections.ConfigDict:
   validate_dgc(config)
   validate_shard_state(config)
   return config
+
+
+def validate_data_dir(config: ml_collections.ConfigDict) -> None:
+  """Refuses an IDX dataset read from another IDX dataset's default directory.
+
+  ``configs/default.py`` points ``dataset.data_dir`` at Fashion-MNIST's IDX
+  files, which have MNIST's layout: ``dataset.name='mnist'`` alone would train
+  on Fashion-MNIST while logging "Dataset mnist".
+
+  Raises:
+    ValueError: ``dataset.name`` is an IDX dataset and ``dataset.data_dir`` is
+      the default directory of a different one.
+  """
+  name, data_dir = config.dataset.name, config.dataset.get('data_dir', '')
+  if name not in data_lib.IDX_DATASETS or not data_dir:
+    return
+  here = os.path.realpath(os.path.expanduser(os.fspath(data_dir)))
+  for other, default in data_lib.IDX_DATASETS.items():
+    if other != name and default and here == os.path.realpath(default):
+      raise ValueError(
+          f'dataset.data_dir={os.fspath(data_dir)!r} is the default directory of '
+          f'dataset.name={other!r}, but dataset.name={name!r}: set dataset.data_dir to '
+          f"{name}'s own IDX directory (its train-images-idx3-ubyte[.gz], "
+          'train-labels-idx1-ubyte[.gz], t10k-images-idx3-ubyte[.gz] and '
+          't10k-labels-idx1-ubyte[.gz])')
 
 
 def validate_shard_state(config: ml_collections.ConfigDict) -> None:

@@ -11,6 +11,7 @@ import orbax.checkpoint as ocp
 import pytest
 
 from configs import smoke
+from hfl import config as config_lib
 from hfl import data as data_lib
 from hfl import train
 
@@ -183,6 +184,20 @@ def test_bad_config_fails_before_compilation_naming_the_field(fake_data, tmp_pat
   assert not os.path.exists(tmp_path / 'w')
 
 
+@pytest.mark.parametrize('data_dir', [data_lib.FASHION_MNIST_DIR, data_lib.FASHION_MNIST_DIR + '/'])
+def test_mnist_from_the_fashion_mnist_directory_is_refused(data_dir):
+  # configs/default.py's data_dir holds Fashion-MNIST, in MNIST's file layout.
+  cfg = smoke_config(data_dir, **{'dataset.name': 'mnist'})
+  with pytest.raises(ValueError) as e:
+    config_lib.validate(cfg)
+  msg = str(e.value)
+  assert msg.startswith(f'dataset.data_dir={data_dir!r} is the default directory of '
+                        "dataset.name='fashion_mnist', but dataset.name='mnist'")
+  assert "set dataset.data_dir to mnist's own IDX directory" in msg
+  config_lib.validate(smoke_config(data_dir))  # fashion_mnist from its own directory
+  config_lib.validate(smoke_config('/data/mnist', **{'dataset.name': 'mnist'}))
+
+
 def test_corrupt_data_file_names_the_file(fake_data, tmp_path):
   bad = tmp_path / 'bad'
   bad.mkdir()
@@ -285,3 +300,4 @@ def test_divergence_stops_before_anything_non_finite_is_written(fake_data, tmp_p
     import jax  # pylint: disable=g-import-not-at-top
     for x in jax.tree.leaves(state['global_params']):
       assert np.all(np.isfinite(np.asarray(x)))
+
