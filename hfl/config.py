@@ -2,8 +2,9 @@
 
 Errors are ``ValueError``s that name the field, the value and what is allowed.
 Checks that need the data (a batch larger than a worker's shard) or the model's
-shapes (compressor hyper-parameters) run in :mod:`hfl.data` and
-:mod:`hfl.compress.policy`, still before anything is compiled or written.
+shapes (what a compressor's factory refuses, e.g. CO3's gamma) run in
+:mod:`hfl.data` and :mod:`hfl.compress.policy`, still before anything is
+compiled or written.
 """
 
 import os
@@ -12,6 +13,7 @@ import ml_collections
 
 from hfl import data as data_lib
 from hfl import models, optim
+from hfl.compress import policy
 from hfl.sync import aggregation as aggregation_lib
 from hfl.sync import schedule as schedule_lib
 
@@ -77,6 +79,8 @@ def validate(config: ml_collections.ConfigDict) -> ml_collections.ConfigDict:
   _int(config, 'sync.k_max', k, lo_name='sync.k')
   _choice(config.compression.small, 'compression.small', SMALL_PRECISIONS)
   _int(config, 'compression.small_threshold', 0)
+  for link in ('uplink', 'downlink', 'wan'):
+    policy.check_spec(config.compression[link], f'compression.{link}')
   validate_dgc(config)
   validate_shard_state(config)
   return config
