@@ -5,9 +5,16 @@ Checks that need the data (a batch larger than a worker's shard) or the model's
 shapes (what a compressor's factory refuses, e.g. CO3's gamma) run in
 :mod:`hfl.data` and :mod:`hfl.compress.policy`, still before anything is
 compiled or written.
+
+Also the config-file helpers main.py and :mod:`hfl.sweep` share:
+:func:`load_file` and :func:`unknown_field` (the "did you mean" of a misspelled
+field).
 """
 
+import difflib
+import importlib.util
 import os
+import sys
 
 import ml_collections
 
@@ -24,6 +31,8 @@ PARTITIONS = ('iid', 'dirichlet')
 SMALL_PRECISIONS = ('float32', 'bfloat16', 'float16')
 REQUIRED = ('seed', 'mesh', 'dataset', 'model', 'optimizer', 'train', 'sync', 'compression',
             'network')
+REPO_ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+FIELDS_HELP = 'Config fields are listed in the README (config reference) and configs/default.py.'
 
 
 def _int(c, path, lo=None, hi=None, lo_name=None):
@@ -178,3 +187,60 @@ def validate_dgc(config: ml_collections.ConfigDict) -> None:
           f'{"/".join(SPARSIFIERS)} compression.uplink or compression.downlink, but '
           f'compression.uplink.name={config.compression.uplink.name!r} and '
           f'compression.downlink.name={config.compression.downlink.name!r}')
+
+
+# ------------------------------------------------------------------------------
+# Config files and dotted overrides (main.py's --config.KEY=VALUE, hfl.sweep).
+# ------------------------------------------------------------------------------
+
+def load_file(config_arg: str) -> ml_collections.ConfigDict:
+  """Loads ``get_config(arg)`` from a config file, as ``--config=`` does.
+
+  Args:
+    config_arg: ``'path'`` or ``'path:arg'``; a relative path is tried against
+      the current directory, then the repository root.
+
+  Returns:
+    The (unlocked) ``ml_collections.ConfigDict``.
+
+  Raises:
+    FileNotFoundError: the file does not exist.
+  """
+  if REPO_ROOT not in sys.path:  # config files import configs.*
+    sys.path.insert(0, REPO_ROOT)
+  path, _, arg = config_arg.partition(':')
+  if not os.path.isfile(path) and os.path.isfile(os.path.join(REPO_ROOT, path)):
+    path = os.path.join(REPO_ROOT, path)
+  if not os.path.isfile(path):
+    raise FileNotFoundError(f'config file not found: {path}')
+  spec = importlib.util.spec_from_file_location('_hfl_config_file', path)
+  module = importlib.util.module_from_spec(spec)
+  spec.loader.exec_module(module)
+  return module.get_config(arg or None)
+
+
+def field_names(config: ml_collections.ConfigDict, prefix: str = '') -> list[str]:
+  """Dotted names of the leaf fields of ``config``, e.g. ``'optimizer.learning_rate'``."""
+  out = []
+  for key, value in config.items():
+    if isinstance(value, ml_collections.ConfigDict):
+      out += field_names(value, f'{prefix}{key}.')
+    else:
+      out.append(f'{prefix}{key}')
+  return out
+
+
+def unknown_field(config: ml_collections.ConfigDict, field: str) -> str | None:
+  """None when ``field`` is a leaf of ``config``, else what is wrong with it.
+
+  Returns:
+    E.g. ``"unknown config field 'optimizer.learnin_rate'; did you mean
+    'optimizer.learning_rate'?"`` (the closest field name, if one is close).
+  """
+  names = field_names(config)
+  if field in names:
+    return None
+  close = difflib.get_close_matches(field, names, n=1)
+  if not close:
+    return f'unknown config field {field!r}'
+  return f'unknown config field {field!r}; did you mean {close[0]!r}?'

@@ -244,6 +244,21 @@ def test_main_cli_runs_and_rejects_bad_flags(fake_data, tmp_path):
                        capture_output=True, text=True, timeout=300, cwd=REPO)
   assert bad.returncode == 2
   assert 'sync.k=0 must be >= 1' in bad.stderr
+  help_line = ('Config fields are listed in the README (config reference) and '
+               'configs/default.py.')
+  for flag, expected in [
+      ('--config.optimizer.learnin_rate=0.1', "error: unknown config field "
+       "'optimizer.learnin_rate'; did you mean 'optimizer.learning_rate'? "),
+      ('--config.optimiser.learning_rate=0.1', "error: unknown config field "
+       "'optimiser.learning_rate'; did you mean 'optimizer.learning_rate'? "),
+      ('--config.sync.kk=8', "error: unknown config field 'sync.kk'; did you mean 'sync.k'? "),
+      ('--config.zzzz=1', "error: unknown config field 'zzzz'. "),
+  ]:
+    typo = subprocess.run(base + [f'--workdir={tmp_path / "typo"}', flag], env=env,
+                          capture_output=True, text=True, timeout=300, cwd=REPO)
+    assert typo.returncode == 2, flag
+    assert typo.stderr == expected + help_line + '\n', flag
+  assert not os.path.exists(tmp_path / 'typo')
 
 
 def test_semi_sync_with_equal_speeds_equals_periodic(fake_data, tmp_path):

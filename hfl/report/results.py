@@ -46,7 +46,6 @@ listed as missing, with their progress.
 
 import argparse
 import datetime
-import importlib.util
 import json
 import logging
 import math
@@ -152,14 +151,9 @@ def load_config_file(config_arg: str) -> Any:
   Returns:
     The ``ml_collections.ConfigDict``.
   """
-  _ensure_repo_on_path()
-  path, _, arg = config_arg.partition(':')
-  if not os.path.isfile(path):
-    path = os.path.join(REPO_ROOT, path)
-  spec = importlib.util.spec_from_file_location('_hfl_results_cfg', path)
-  module = importlib.util.module_from_spec(spec)
-  spec.loader.exec_module(module)
-  return module.get_config(arg or None)
+  # Imported here: hfl.config imports JAX, which a page of finished runs never needs.
+  from hfl import config as config_lib  # pylint: disable=g-import-not-at-top
+  return config_lib.load_file(config_arg)
 
 
 def resolve_config(config_arg: str, overrides: Mapping[str, Any]) -> dict:
