@@ -316,3 +316,24 @@ def test_divergence_stops_before_anything_non_finite_is_written(fake_data, tmp_p
     for x in jax.tree.leaves(state['global_params']):
       assert np.all(np.isfinite(np.asarray(x)))
 
+
+def test_divergence_message_is_true_of_the_run(fake_data, tmp_path):
+  # Diverges before its only checkpoint (at the end), uncompressed: no checkpoint to
+  # speak of, no compression to make milder.
+  cfg = smoke_config(fake_data, **{'optimizer.learning_rate': 1e6,
+                                   'train.checkpoint_every': 0})
+  with pytest.raises(FloatingPointError) as e:
+    train.train_and_evaluate(cfg, str(tmp_path / 'div'))
+  msg = str(e.value)
+  assert 'checkpoint' not in msg and 'compression' not in msg, msg
+  assert msg.endswith('training diverged. Lower optimizer.learning_rate (now 1000000.0) in '
+                      'a new --workdir (a workdir keeps its config).'), msg
+  # With checkpoints and compressed links: both are mentioned, as they are.
+  cfg = smoke_config(fake_data, **{'compression.uplink.name': 'topk',
+                                   'compression.wan.name': 'bf16'})
+  advice = train.divergence_advice(cfg, '/w', 6)
+  assert advice == (
+      'The checkpoints in /w (up to step 6, before the divergence) are kept. Lower '
+      "optimizer.learning_rate (now 0.1) or use milder compression than "
+      "compression.uplink.name='topk', compression.wan.name='bf16' in a new --workdir "
+      '(a workdir keeps its config).')
