@@ -7,14 +7,15 @@ shapes (what a compressor's factory refuses, e.g. CO3's gamma) run in
 compiled or written.
 
 Also the config-file helpers main.py and :mod:`hfl.sweep` share:
-:func:`load_file` and :func:`unknown_field` (the "did you mean" of a misspelled
-field).
+:func:`load_file`, :func:`apply_overrides` (``--config.KEY=VALUE`` semantics)
+and :func:`unknown_field` (the "did you mean" of a misspelled field).
 """
 
 import difflib
 import importlib.util
 import os
 import sys
+from typing import Any, Mapping
 
 import ml_collections
 
@@ -244,3 +245,37 @@ def unknown_field(config: ml_collections.ConfigDict, field: str) -> str | None:
   if not close:
     return f'unknown config field {field!r}'
   return f'unknown config field {field!r}; did you mean {close[0]!r}?'
+
+
+def apply_overrides(config: ml_collections.ConfigDict,
+                    overrides: Mapping[str, Any]) -> ml_collections.ConfigDict:
+  """Sets dotted fields of ``config`` in place, refusing any the config lacks.
+
+  Like ``--config.KEY=VALUE``: only existing fields can be set, and a value
+  must fit the field's type (an int for a float field is converted).
+
+  Args:
+    config: the config (locked or not; no field is added either way).
+    overrides: dotted field name -> value.
+
+  Returns:
+    ``config``.
+
+  Raises:
+    ValueError: an unknown field (with the closest names) or a value of the
+      wrong type, naming the field.
+  """
+  for key, value in overrides.items():
+    problem = unknown_field(config, key)
+    if problem:
+      raise ValueError(problem)
+    *parents, leaf = key.split('.')
+    section = config
+    for p in parents:
+      section = section[p]
+    try:
+      section[leaf] = value
+    except TypeError:
+      raise ValueError(f'{key}={value!r} has type {type(value).__name__}; the field takes '
+                       f'{type(section[leaf]).__name__}') from None
+  return config

@@ -20,8 +20,12 @@ Each job runs as::
   python main.py --config=BASE --workdir=ROOT/<name> --config.KEY=VALUE ...
 
 sequentially, or ``--parallel N`` at a time, with its output appended to
-``ROOT/<name>/train.log``. At the end ``hfl.report`` is written to
-``ROOT/report`` for all finished runs.
+``ROOT/<name>/train.log``. Before any job starts, the config of every run to
+launch (base + overrides) is checked as main.py checks it (unknown fields,
+values of the wrong type, :func:`hfl.config.validate`); one bad point stops the
+sweep before anything is written. A failed run is reported with its
+``train.log`` and the log's last error line. At the end ``hfl.report`` is
+written to ``ROOT/report`` for all finished runs.
 
 CLI::
 
@@ -31,6 +35,7 @@ CLI::
 
 import argparse
 import concurrent.futures
+import copy
 import hashlib
 import importlib.util
 import itertools
@@ -298,6 +303,41 @@ def make_runs(config_arg: str, grid: Any, root: str,
   return runs
 
 
+def check_runs(base: Any, config_arg: str, runs: Sequence[RunSpec]) -> None:
+  """Checks the config of each run as main.py will, before any is launched.
+
+  Each run's config is the base with its overrides applied as
+  ``--config.KEY=VALUE`` would (only existing fields, values of the field's
+  type), then :func:`hfl.config.validate`. Checks that need the data or the
+  model's shapes still run in each job.
+
+  Args:
+    base: the sweep's base (config path or ConfigDict, see :func:`resolve_base`).
+    config_arg: its ``--config`` value (a path base is loaded from it).
+    runs: the runs about to be launched.
+
+  Raises:
+    ValueError: the first bad run, named with its problem, e.g. ``run 'seed=0'
+      ...: unknown config field 'optimizer.learnin_rate'; did you mean
+      'optimizer.learning_rate'?``.
+  """
+  if not runs:
+    return
+  import ml_collections  # pylint: disable=g-import-not-at-top
+  from hfl import config as config_lib  # pylint: disable=g-import-not-at-top
+  if isinstance(base, str):
+    base_config = config_lib.load_file(config_arg)
+  else:
+    base_config = ml_collections.ConfigDict(copy.deepcopy(
+        base.to_dict() if hasattr(base, 'to_dict') else dict(base)))
+  for r in runs:
+    config = copy.deepcopy(base_config)
+    try:
+      config_lib.validate(config_lib.apply_overrides(config, r.overrides))
+    except ValueError as e:
+      raise ValueError(f'run {r.name!r} (nothing was launched): {e}') from None
+
+
 def subprocess_runner(spec: RunSpec) -> int:
   """Runs the training job, appending its output to ``WORKDIR/train.log``.
 
@@ -315,6 +355,33 @@ def subprocess_runner(spec: RunSpec) -> int:
                           stderr=subprocess.STDOUT, check=False).returncode
 
 
+def last_error_line(log_path: str, max_bytes: int = 65536) -> str | None:
+  """The last error line of a run's latest attempt in its ``train.log``.
+
+  Looks after the last ``$ command`` line for ``error: ...`` (main.py's
+  one-line errors), ``interrupted: ...`` or a traceback's ``SomeError: ...``;
+  falls back to the last non-empty line.
+
+  Returns:
+    The line (at most 500 characters), or None for a missing or empty log.
+  """
+  try:
+    with open(log_path, 'rb') as f:
+      f.seek(max(0, os.path.getsize(log_path) - max_bytes))
+      text = f.read().decode('utf-8', 'replace')
+  except OSError:
+    return None
+  lines = [l.strip() for l in text.splitlines()]
+  starts = [i for i, l in enumerate(lines) if l.startswith('$ ')]
+  lines = [l for l in lines[starts[-1] + 1 if starts else 0:] if l]
+  if not lines:
+    return None
+  pattern = re.compile(r'^(error:|interrupted:|[\w.]*(Error|Exception|Interrupt)\b)')
+  found = [l for l in lines if pattern.match(l)]
+  line = (found or lines)[-1]
+  return line if len(line) <= 500 else line[:497] + '...'
+
+
 def _execute(spec: RunSpec, runner: Runner) -> bool:
   """Runs one spec; True iff it left summary.json. Never raises."""
   logging.info('running %s', spec.name)
@@ -325,8 +392,11 @@ def _execute(spec: RunSpec, runner: Runner) -> bool:
     return False
   done = run_status(spec.workdir) == 'done'
   if not done:
-    logging.error('run %s did not finish (exit status %s, no %s)', spec.name,
-                  rc, SUMMARY)
+    log = os.path.join(spec.workdir, LOG_FILE)
+    last = last_error_line(log)
+    logging.error('run %s did not finish (exit status %s, no %s%s)%s', spec.name, rc,
+                  SUMMARY, f'; log: {log}' if os.path.isfile(log) else '',
+                  f': {last}' if last else '')
   elif rc not in (None, 0):
     logging.warning('run %s wrote %s but exited with %s', spec.name, SUMMARY,
                     rc)
@@ -362,7 +432,8 @@ def run_sweep(base: Any, grid: Any, root: str, *,
               report: bool = True,
               python: str = sys.executable,
               main_py: str = os.path.join(REPO_ROOT, 'main.py'),
-              out: Callable[[str], None] = print) -> SweepResult:
+              out: Callable[[str], None] = print,
+              check: bool = True) -> SweepResult:
   """Runs the unfinished points of a sweep, then writes the report.
 
   Args:
@@ -380,12 +451,17 @@ def run_sweep(base: Any, grid: Any, root: str, *,
     python: interpreter for the jobs.
     main_py: training entry point.
     out: where the dry-run listing and the final summary line go.
+    check: check the config of every run to launch (:func:`check_runs`)
+      before launching or writing anything.
 
   Returns:
     A :class:`SweepResult`.
+
+  Raises:
+    ValueError: a run's config is invalid (``check``); nothing was written.
   """
   runner = runner or subprocess_runner
-  config_arg = resolve_base(base, root, write=not dry_run)
+  config_arg = resolve_base(base, root, write=False)
   runs = make_runs(config_arg, grid, root, python=python, main_py=main_py)
   status = {r.name: run_status(r.workdir) for r in runs}
   skipped = [r.name for r in runs if status[r.name] == 'done']
@@ -394,6 +470,8 @@ def run_sweep(base: Any, grid: Any, root: str, *,
     todo, rest = todo[:max_runs], todo[max_runs:]
   else:
     rest = []
+  if check:
+    check_runs(base, config_arg, todo + (rest if dry_run else []))
 
   if dry_run:
     out(f'{len(runs)} runs ({len(skipped)} done, {len(todo) + len(rest)} to '
@@ -405,6 +483,7 @@ def run_sweep(base: Any, grid: Any, root: str, *,
                        None)
 
   os.makedirs(root, exist_ok=True)
+  resolve_base(base, root, write=True)
   _write_manifest(root, config_arg, runs)
   ran, failed = [], []
   if parallel <= 1:
