@@ -24,8 +24,9 @@ sequentially, or ``--parallel N`` at a time, with its output appended to
 launch (base + overrides) is checked as main.py checks it (unknown fields,
 values of the wrong type, :func:`hfl.config.validate`); one bad point stops the
 sweep before anything is written. A failed run is reported with its
-``train.log`` and the log's last error line. At the end ``hfl.report`` is
-written to ``ROOT/report`` for all finished runs.
+``train.log`` and the log's last error line. Ctrl-C stops the running jobs (they
+resume from their checkpoints when the sweep is rerun). At the end
+``hfl.report`` is written to ``ROOT/report`` for all finished runs.
 
 CLI::
 
@@ -43,8 +44,11 @@ import json
 import logging
 import os
 import re
+import signal
 import subprocess
 import sys
+import threading
+import time
 from typing import Any, Callable, Mapping, NamedTuple, Sequence
 
 REPO_ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
@@ -338,6 +342,12 @@ def check_runs(base: Any, config_arg: str, runs: Sequence[RunSpec]) -> None:
       raise ValueError(f'run {r.name!r} (nothing was launched): {e}') from None
 
 
+# The jobs running now, stopped on Ctrl-C (see stop_children).
+_CHILDREN: set = set()
+_CHILDREN_LOCK = threading.Lock()
+_STOPPING = threading.Event()
+
+
 def subprocess_runner(spec: RunSpec) -> int:
   """Runs the training job, appending its output to ``WORKDIR/train.log``.
 
@@ -345,14 +355,53 @@ def subprocess_runner(spec: RunSpec) -> int:
     spec: the run.
 
   Returns:
-    The job's exit status.
+    The job's exit status (130 without starting it once :func:`stop_children`
+    has been called).
   """
   os.makedirs(spec.workdir, exist_ok=True)
   with open(os.path.join(spec.workdir, LOG_FILE), 'ab') as log:
     log.write(('$ ' + ' '.join(spec.command) + '\n').encode())
     log.flush()
-    return subprocess.run(spec.command, cwd=REPO_ROOT, stdout=log,
-                          stderr=subprocess.STDOUT, check=False).returncode
+    with _CHILDREN_LOCK:
+      if _STOPPING.is_set():
+        return 130
+      proc = subprocess.Popen(spec.command, cwd=REPO_ROOT, stdout=log,
+                              stderr=subprocess.STDOUT)
+      _CHILDREN.add(proc)
+    try:
+      return proc.wait()
+    except BaseException:  # Ctrl-C in a sequential sweep: stop the job, then re-raise.
+      stop_children()
+      raise
+    finally:
+      with _CHILDREN_LOCK:
+        _CHILDREN.discard(proc)
+
+
+def stop_children(grace_s: float = 2.0, timeout_s: float = 10.0) -> None:
+  """Stops the running jobs after a Ctrl-C; no new job starts after this.
+
+  A Ctrl-C in the terminal reaches the jobs too (they exit with their own
+  "interrupted" line), so they first get ``grace_s`` to exit; those still
+  running then get SIGINT (a clean stop, their checkpoints are kept) and after
+  ``timeout_s`` more are killed.
+  """
+  with _CHILDREN_LOCK:
+    _STOPPING.set()
+    procs = list(_CHILDREN)
+
+  def running_after(procs, seconds):
+    deadline = time.monotonic() + seconds
+    while time.monotonic() < deadline and any(p.poll() is None for p in procs):
+      time.sleep(0.05)
+    return [p for p in procs if p.poll() is None]
+  procs = running_after(procs, grace_s)
+  for p in procs:
+    p.send_signal(signal.SIGINT)
+  procs = running_after(procs, timeout_s)
+  for p in procs:
+    p.kill()
+    p.wait()
 
 
 def last_error_line(log_path: str, max_bytes: int = 65536) -> str | None:
@@ -383,7 +432,7 @@ def last_error_line(log_path: str, max_bytes: int = 65536) -> str | None:
 
 
 def _execute(spec: RunSpec, runner: Runner) -> bool:
-  """Runs one spec; True iff it left summary.json. Never raises."""
+  """Runs one spec; True iff it left summary.json. Never raises (but on Ctrl-C)."""
   logging.info('running %s', spec.name)
   try:
     rc = runner(spec)
@@ -391,6 +440,8 @@ def _execute(spec: RunSpec, runner: Runner) -> bool:
     logging.exception('run %s raised', spec.name)
     return False
   done = run_status(spec.workdir) == 'done'
+  if _STOPPING.is_set():  # stopped by Ctrl-C: the sweep says so once
+    return done
   if not done:
     log = os.path.join(spec.workdir, LOG_FILE)
     last = last_error_line(log)
@@ -459,8 +510,11 @@ def run_sweep(base: Any, grid: Any, root: str, *,
 
   Raises:
     ValueError: a run's config is invalid (``check``); nothing was written.
+    KeyboardInterrupt: Ctrl-C; the running jobs were stopped
+      (:func:`stop_children`).
   """
   runner = runner or subprocess_runner
+  _STOPPING.clear()  # a new sweep in this process (an earlier one was interrupted)
   config_arg = resolve_base(base, root, write=False)
   runs = make_runs(config_arg, grid, root, python=python, main_py=main_py)
   status = {r.name: run_status(r.workdir) for r in runs}
@@ -490,8 +544,14 @@ def run_sweep(base: Any, grid: Any, root: str, *,
     for r in todo:
       (ran if _execute(r, runner) else failed).append(r.name)
   else:
-    with concurrent.futures.ThreadPoolExecutor(max_workers=parallel) as pool:
+    pool = concurrent.futures.ThreadPoolExecutor(max_workers=parallel)
+    try:
       results = list(pool.map(lambda r: _execute(r, runner), todo))
+    except KeyboardInterrupt:
+      pool.shutdown(wait=False, cancel_futures=True)
+      stop_children()
+      raise
+    pool.shutdown()
     for r, ok in zip(todo, results):
       (ran if ok else failed).append(r.name)
 
@@ -535,7 +595,7 @@ def parse_args(argv: Sequence[str] | None = None) -> argparse.Namespace:
 
 
 def main(argv: Sequence[str] | None = None) -> int:
-  """CLI entry point; exit status 1 if a run failed, 2 on a bad sweep."""
+  """CLI entry point; exit status 1 if a run failed, 2 on a bad sweep, 130 on Ctrl-C."""
   args = parse_args(argv)
   logging.basicConfig(level=logging.INFO, format='%(levelname)s %(message)s')
   try:
@@ -546,7 +606,18 @@ def main(argv: Sequence[str] | None = None) -> int:
   except (FileNotFoundError, AttributeError, TypeError, ValueError) as e:
     print(f'error: {e}', file=sys.stderr)
     return 2
+  except KeyboardInterrupt:
+    return interrupted()
   return 1 if result.failed else 0
+
+
+def interrupted() -> int:
+  """Ctrl-C: stops the running jobs, prints one line, returns exit status 130."""
+  stop_children()
+  print('interrupted: the running training jobs were stopped; rerun the same command '
+        'to continue (finished runs are skipped, the others resume from their '
+        'checkpoints).', file=sys.stderr)
+  return 130
 
 
 if __name__ == '__main__':

@@ -538,3 +538,54 @@ def test_failed_run_reports_its_log_and_last_error(tmp_path, caplog):
   assert sweep.last_error_line(str(path)) == 'Killed'
   assert sweep.last_error_line(str(tmp_path / 'none.log')) is None
 
+
+def test_ctrl_c_stops_the_sweep_and_its_jobs(tmp_path, capsys, monkeypatch):
+  # Parallel: Ctrl-C (here raised by the first job) cancels the runs not started yet;
+  # the others wait until the sweep stops its jobs.
+  started = []
+
+  def runner(spec):
+    started.append(spec.name)
+    if spec.name == 'seed=0':
+      raise KeyboardInterrupt
+    assert sweep._STOPPING.wait(60)  # pylint: disable=protected-access
+    return 130
+  try:
+    with pytest.raises(KeyboardInterrupt):
+      sweep.run_sweep('configs/default.py', {'seed': list(range(8))}, str(tmp_path / 'p'),
+                      runner=runner, parallel=2, report=False, out=lambda s: None)
+  finally:
+    sweep._STOPPING.clear()  # pylint: disable=protected-access
+  assert 'seed=0' in started and set(started) <= {'seed=0', 'seed=1', 'seed=2'}
+  # A running job is stopped (SIGINT, then kill), and no new one starts.
+  import threading  # pylint: disable=g-import-not-at-top
+  import time  # pylint: disable=g-import-not-at-top
+  sleeper = [sys.executable, '-c', 'import time; print("up", flush=True); time.sleep(120)']
+  spec = sweep.RunSpec('r', str(tmp_path / 'r'), {}, sleeper)
+  rc = []
+  thread = threading.Thread(target=lambda: rc.append(sweep.subprocess_runner(spec)))
+  thread.start()
+  try:
+    deadline = time.monotonic() + 60
+    while 'up' not in ((tmp_path / 'r' / 'train.log').read_text()
+                       if (tmp_path / 'r' / 'train.log').exists() else ''):
+      assert time.monotonic() < deadline
+      time.sleep(0.05)
+    sweep.stop_children(grace_s=0.1, timeout_s=10)
+    thread.join(30)
+    assert not thread.is_alive() and rc and rc[0] != 0
+    assert sweep.subprocess_runner(spec._replace(workdir=str(tmp_path / 'r2'))) == 130
+  finally:
+    sweep._STOPPING.clear()  # pylint: disable=protected-access
+  # The CLI: one line, exit status 130.
+  def interrupted_sweep(*args, **kwargs):
+    raise KeyboardInterrupt
+  monkeypatch.setattr(sweep, 'run_sweep', interrupted_sweep)
+  capsys.readouterr()
+  try:
+    assert sweep.main(['--sweep', os.path.join(REPO, 'configs/sweeps/example.py'),
+                       '--root', str(tmp_path / 'ex')]) == 130
+  finally:
+    sweep._STOPPING.clear()  # pylint: disable=protected-access
+  err = capsys.readouterr().err
+  assert err.startswith('interrupted: ') and err.count('\n') == 1
