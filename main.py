@@ -91,12 +91,47 @@ def _parse_flags(argv):
     print(f'error: {msg}. Pass --helpfull to see the flags.', file=sys.stderr)
     sys.exit(2)
   except (KeyError, AttributeError, FileNotFoundError, ImportError, SyntaxError) as e:
-    # A KeyError's str() is the repr of its message (quotes, literal \n): use the message.
-    msg = ' '.join(str(e.args[0] if e.args else e).split()).strip('"\'')
-    print(f'error: bad --config or --config.* override: {type(e).__name__}: {msg}. '
-          'Config fields are listed in the README (config reference) and configs/default.py.',
-          file=sys.stderr)
+    from hfl import config as config_lib  # pylint: disable=g-import-not-at-top
+    problem = (_unknown_override(argv, config_lib)
+               if isinstance(e, (KeyError, AttributeError)) else None)
+    if problem is None:
+      # ml_collections' messages are reprs (quotes, literal \n): keep their words.
+      msg = ' '.join(str(e.args[0] if e.args else e).replace('\\n', ' ').split())
+      problem = f'bad --config or --config.* override: {type(e).__name__}: {msg.strip(chr(39))}.'
+    elif not problem.endswith('?'):
+      problem += '.'
+    print(f'error: {problem} {config_lib.FIELDS_HELP}', file=sys.stderr)
     sys.exit(2)
+
+
+def _unknown_override(argv, config_lib) -> str | None:
+  """The first --config.FIELD of ``argv`` that the --config file lacks, as a message.
+
+  Returns:
+    E.g. "unknown config field 'sync.kk'; did you mean 'sync.k'?", or None when
+    the config file cannot be loaded or every overridden field exists.
+  """
+  config_arg, fields = None, []
+  args = list(argv[1:])
+  for i, arg in enumerate(args):
+    if arg == '--':
+      break
+    name, eq, value = arg.partition('=')
+    if name == '--config':
+      config_arg = value if eq else (args[i + 1] if i + 1 < len(args) else None)
+    elif name.startswith(('--config.', '--noconfig.')):
+      fields.append(name.split('config.', 1)[1])
+  if not config_arg:
+    return None
+  try:
+    config = config_lib.load_file(config_arg)
+  except Exception:  # pylint: disable=broad-except
+    return None
+  for field in fields:
+    problem = config_lib.unknown_field(config, field)
+    if problem:
+      return problem
+  return None
 
 
 if __name__ == '__main__':

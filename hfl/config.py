@@ -2,13 +2,26 @@
 
 Errors are ``ValueError``s that name the field, the value and what is allowed.
 Checks that need the data (a batch larger than a worker's shard) or the model's
-shapes (compressor hyper-parameters) run in :mod:`hfl.data` and
-:mod:`hfl.compress.policy`, still before anything is compiled or written.
+shapes (what a compressor's factory refuses, e.g. CO3's gamma) run in
+:mod:`hfl.data` and :mod:`hfl.compress.policy`, still before anything is
+compiled or written.
+
+Also the config-file helpers main.py and :mod:`hfl.sweep` share:
+:func:`load_file`, :func:`apply_overrides` (``--config.KEY=VALUE`` semantics)
+and :func:`unknown_field` (the "did you mean" of a misspelled field).
 """
+
+import difflib
+import importlib.util
+import os
+import sys
+from typing import Any, Mapping
 
 import ml_collections
 
+from hfl import data as data_lib
 from hfl import models, optim
+from hfl.compress import policy
 from hfl.sync import aggregation as aggregation_lib
 from hfl.sync import schedule as schedule_lib
 
@@ -19,6 +32,8 @@ PARTITIONS = ('iid', 'dirichlet')
 SMALL_PRECISIONS = ('float32', 'bfloat16', 'float16')
 REQUIRED = ('seed', 'mesh', 'dataset', 'model', 'optimizer', 'train', 'sync', 'compression',
             'network')
+REPO_ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+FIELDS_HELP = 'Config fields are listed in the README (config reference) and configs/default.py.'
 
 
 def _int(c, path, lo=None, hi=None, lo_name=None):
@@ -54,6 +69,7 @@ def validate(config: ml_collections.ConfigDict) -> ml_collections.ConfigDict:
   _int(config, 'mesh.workers_per_dc', 1)
   _choice(config.model.name, 'model.name', models.MODELS)
   optim.make_optimizer(config.optimizer)
+  validate_data_dir(config)
   _choice(config.dataset.partition, 'dataset.partition', PARTITIONS)
   if config.dataset.partition == 'dirichlet' and not float(config.dataset.dirichlet_alpha) > 0:
     raise ValueError(f'dataset.dirichlet_alpha={config.dataset.dirichlet_alpha} must be > 0')
@@ -73,9 +89,36 @@ def validate(config: ml_collections.ConfigDict) -> ml_collections.ConfigDict:
   _int(config, 'sync.k_max', k, lo_name='sync.k')
   _choice(config.compression.small, 'compression.small', SMALL_PRECISIONS)
   _int(config, 'compression.small_threshold', 0)
+  for link in ('uplink', 'downlink', 'wan'):
+    policy.check_spec(config.compression[link], f'compression.{link}')
   validate_dgc(config)
   validate_shard_state(config)
   return config
+
+
+def validate_data_dir(config: ml_collections.ConfigDict) -> None:
+  """Refuses an IDX dataset read from another IDX dataset's default directory.
+
+  ``configs/default.py`` points ``dataset.data_dir`` at Fashion-MNIST's IDX
+  files, which have MNIST's layout: ``dataset.name='mnist'`` alone would train
+  on Fashion-MNIST while logging "Dataset mnist".
+
+  Raises:
+    ValueError: ``dataset.name`` is an IDX dataset and ``dataset.data_dir`` is
+      the default directory of a different one.
+  """
+  name, data_dir = config.dataset.name, config.dataset.get('data_dir', '')
+  if name not in data_lib.IDX_DATASETS or not data_dir:
+    return
+  here = os.path.realpath(os.path.expanduser(os.fspath(data_dir)))
+  for other, default in data_lib.IDX_DATASETS.items():
+    if other != name and default and here == os.path.realpath(default):
+      raise ValueError(
+          f'dataset.data_dir={os.fspath(data_dir)!r} is the default directory of '
+          f'dataset.name={other!r}, but dataset.name={name!r}: set dataset.data_dir to '
+          f"{name}'s own IDX directory (its train-images-idx3-ubyte[.gz], "
+          'train-labels-idx1-ubyte[.gz], t10k-images-idx3-ubyte[.gz] and '
+          't10k-labels-idx1-ubyte[.gz])')
 
 
 def validate_shard_state(config: ml_collections.ConfigDict) -> None:
@@ -145,3 +188,94 @@ def validate_dgc(config: ml_collections.ConfigDict) -> None:
           f'{"/".join(SPARSIFIERS)} compression.uplink or compression.downlink, but '
           f'compression.uplink.name={config.compression.uplink.name!r} and '
           f'compression.downlink.name={config.compression.downlink.name!r}')
+
+
+# ------------------------------------------------------------------------------
+# Config files and dotted overrides (main.py's --config.KEY=VALUE, hfl.sweep).
+# ------------------------------------------------------------------------------
+
+def load_file(config_arg: str) -> ml_collections.ConfigDict:
+  """Loads ``get_config(arg)`` from a config file, as ``--config=`` does.
+
+  Args:
+    config_arg: ``'path'`` or ``'path:arg'``; a relative path is tried against
+      the current directory, then the repository root.
+
+  Returns:
+    The (unlocked) ``ml_collections.ConfigDict``.
+
+  Raises:
+    FileNotFoundError: the file does not exist.
+  """
+  if REPO_ROOT not in sys.path:  # config files import configs.*
+    sys.path.insert(0, REPO_ROOT)
+  path, _, arg = config_arg.partition(':')
+  if not os.path.isfile(path) and os.path.isfile(os.path.join(REPO_ROOT, path)):
+    path = os.path.join(REPO_ROOT, path)
+  if not os.path.isfile(path):
+    raise FileNotFoundError(f'config file not found: {path}')
+  spec = importlib.util.spec_from_file_location('_hfl_config_file', path)
+  module = importlib.util.module_from_spec(spec)
+  spec.loader.exec_module(module)
+  return module.get_config(arg or None)
+
+
+def field_names(config: ml_collections.ConfigDict, prefix: str = '') -> list[str]:
+  """Dotted names of the leaf fields of ``config``, e.g. ``'optimizer.learning_rate'``."""
+  out = []
+  for key, value in config.items():
+    if isinstance(value, ml_collections.ConfigDict):
+      out += field_names(value, f'{prefix}{key}.')
+    else:
+      out.append(f'{prefix}{key}')
+  return out
+
+
+def unknown_field(config: ml_collections.ConfigDict, field: str) -> str | None:
+  """None when ``field`` is a leaf of ``config``, else what is wrong with it.
+
+  Returns:
+    E.g. ``"unknown config field 'optimizer.learnin_rate'; did you mean
+    'optimizer.learning_rate'?"`` (the closest field name, if one is close).
+  """
+  names = field_names(config)
+  if field in names:
+    return None
+  close = difflib.get_close_matches(field, names, n=1)
+  if not close:
+    return f'unknown config field {field!r}'
+  return f'unknown config field {field!r}; did you mean {close[0]!r}?'
+
+
+def apply_overrides(config: ml_collections.ConfigDict,
+                    overrides: Mapping[str, Any]) -> ml_collections.ConfigDict:
+  """Sets dotted fields of ``config`` in place, refusing any the config lacks.
+
+  Like ``--config.KEY=VALUE``: only existing fields can be set, and a value
+  must fit the field's type (an int for a float field is converted).
+
+  Args:
+    config: the config (locked or not; no field is added either way).
+    overrides: dotted field name -> value.
+
+  Returns:
+    ``config``.
+
+  Raises:
+    ValueError: an unknown field (with the closest names) or a value of the
+      wrong type, naming the field.
+  """
+  for key, value in overrides.items():
+    problem = unknown_field(config, key)
+    if problem:
+      raise ValueError(problem)
+    *parents, leaf = key.split('.')
+    section = config
+    for p in parents:
+      section = section[p]
+    try:
+      section[leaf] = value
+    except TypeError:
+      raise ValueError(f'{key}={value!r} has type {type(value).__name__}; the field takes '
+                       f'{type(section[leaf]).__name__}') from None
+  return config

@@ -20,8 +20,13 @@ Each job runs as::
   python main.py --config=BASE --workdir=ROOT/<name> --config.KEY=VALUE ...
 
 sequentially, or ``--parallel N`` at a time, with its output appended to
-``ROOT/<name>/train.log``. At the end ``hfl.report`` is written to
-``ROOT/report`` for all finished runs.
+``ROOT/<name>/train.log``. Before any job starts, the config of every run to
+launch (base + overrides) is checked as main.py checks it (unknown fields,
+values of the wrong type, :func:`hfl.config.validate`); one bad point stops the
+sweep before anything is written. A failed run is reported with its
+``train.log`` and the log's last error line. Ctrl-C stops the running jobs (they
+resume from their checkpoints when the sweep is rerun). At the end
+``hfl.report`` is written to ``ROOT/report`` for all finished runs.
 
 CLI::
 
@@ -31,6 +36,7 @@ CLI::
 
 import argparse
 import concurrent.futures
+import copy
 import hashlib
 import importlib.util
 import itertools
@@ -38,8 +44,11 @@ import json
 import logging
 import os
 import re
+import signal
 import subprocess
 import sys
+import threading
+import time
 from typing import Any, Callable, Mapping, NamedTuple, Sequence
 
 REPO_ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
@@ -298,6 +307,47 @@ def make_runs(config_arg: str, grid: Any, root: str,
   return runs
 
 
+def check_runs(base: Any, config_arg: str, runs: Sequence[RunSpec]) -> None:
+  """Checks the config of each run as main.py will, before any is launched.
+
+  Each run's config is the base with its overrides applied as
+  ``--config.KEY=VALUE`` would (only existing fields, values of the field's
+  type), then :func:`hfl.config.validate`. Checks that need the data or the
+  model's shapes still run in each job.
+
+  Args:
+    base: the sweep's base (config path or ConfigDict, see :func:`resolve_base`).
+    config_arg: its ``--config`` value (a path base is loaded from it).
+    runs: the runs about to be launched.
+
+  Raises:
+    ValueError: the first bad run, named with its problem, e.g. ``run 'seed=0'
+      ...: unknown config field 'optimizer.learnin_rate'; did you mean
+      'optimizer.learning_rate'?``.
+  """
+  if not runs:
+    return
+  import ml_collections  # pylint: disable=g-import-not-at-top
+  from hfl import config as config_lib  # pylint: disable=g-import-not-at-top
+  if isinstance(base, str):
+    base_config = config_lib.load_file(config_arg)
+  else:
+    base_config = ml_collections.ConfigDict(copy.deepcopy(
+        base.to_dict() if hasattr(base, 'to_dict') else dict(base)))
+  for r in runs:
+    config = copy.deepcopy(base_config)
+    try:
+      config_lib.validate(config_lib.apply_overrides(config, r.overrides))
+    except ValueError as e:
+      raise ValueError(f'run {r.name!r} (nothing was launched): {e}') from None
+
+
+# The jobs running now, stopped on Ctrl-C (see stop_children).
+_CHILDREN: set = set()
+_CHILDREN_LOCK = threading.Lock()
+_STOPPING = threading.Event()
+
+
 def subprocess_runner(spec: RunSpec) -> int:
   """Runs the training job, appending its output to ``WORKDIR/train.log``.
 
@@ -305,18 +355,84 @@ def subprocess_runner(spec: RunSpec) -> int:
     spec: the run.
 
   Returns:
-    The job's exit status.
+    The job's exit status (130 without starting it once :func:`stop_children`
+    has been called).
   """
   os.makedirs(spec.workdir, exist_ok=True)
   with open(os.path.join(spec.workdir, LOG_FILE), 'ab') as log:
     log.write(('$ ' + ' '.join(spec.command) + '\n').encode())
     log.flush()
-    return subprocess.run(spec.command, cwd=REPO_ROOT, stdout=log,
-                          stderr=subprocess.STDOUT, check=False).returncode
+    with _CHILDREN_LOCK:
+      if _STOPPING.is_set():
+        return 130
+      proc = subprocess.Popen(spec.command, cwd=REPO_ROOT, stdout=log,
+                              stderr=subprocess.STDOUT)
+      _CHILDREN.add(proc)
+    try:
+      return proc.wait()
+    except BaseException:  # Ctrl-C in a sequential sweep: stop the job, then re-raise.
+      stop_children()
+      raise
+    finally:
+      with _CHILDREN_LOCK:
+        _CHILDREN.discard(proc)
+
+
+def stop_children(grace_s: float = 2.0, timeout_s: float = 10.0) -> None:
+  """Stops the running jobs after a Ctrl-C; no new job starts after this.
+
+  A Ctrl-C in the terminal reaches the jobs too (they exit with their own
+  "interrupted" line), so they first get ``grace_s`` to exit; those still
+  running then get SIGINT (a clean stop, their checkpoints are kept) and after
+  ``timeout_s`` more are killed.
+  """
+  with _CHILDREN_LOCK:
+    _STOPPING.set()
+    procs = list(_CHILDREN)
+
+  def running_after(procs, seconds):
+    deadline = time.monotonic() + seconds
+    while time.monotonic() < deadline and any(p.poll() is None for p in procs):
+      time.sleep(0.05)
+    return [p for p in procs if p.poll() is None]
+  procs = running_after(procs, grace_s)
+  for p in procs:
+    p.send_signal(signal.SIGINT)
+  procs = running_after(procs, timeout_s)
+  for p in procs:
+    p.kill()
+    p.wait()
+
+
+def last_error_line(log_path: str, max_bytes: int = 65536) -> str | None:
+  """The last error line of a run's latest attempt in its ``train.log``.
+
+  Looks after the last ``$ command`` line for ``error: ...`` (main.py's
+  one-line errors), ``interrupted: ...`` or a traceback's ``SomeError: ...``;
+  falls back to the last non-empty line.
+
+  Returns:
+    The line (at most 500 characters), or None for a missing or empty log.
+  """
+  try:
+    with open(log_path, 'rb') as f:
+      f.seek(max(0, os.path.getsize(log_path) - max_bytes))
+      text = f.read().decode('utf-8', 'replace')
+  except OSError:
+    return None
+  lines = [l.strip() for l in text.splitlines()]
+  starts = [i for i, l in enumerate(lines) if l.startswith('$ ')]
+  lines = [l for l in lines[starts[-1] + 1 if starts else 0:] if l]
+  if not lines:
+    return None
+  pattern = re.compile(r'^(error:|interrupted:|[\w.]*(Error|Exception|Interrupt)\b)')
+  found = [l for l in lines if pattern.match(l)]
+  line = (found or lines)[-1]
+  return line if len(line) <= 500 else line[:497] + '...'
 
 
 def _execute(spec: RunSpec, runner: Runner) -> bool:
-  """Runs one spec; True iff it left summary.json. Never raises."""
+  """Runs one spec; True iff it left summary.json. Never raises (but on Ctrl-C)."""
   logging.info('running %s', spec.name)
   try:
     rc = runner(spec)
@@ -324,9 +440,14 @@ def _execute(spec: RunSpec, runner: Runner) -> bool:
     logging.exception('run %s raised', spec.name)
     return False
   done = run_status(spec.workdir) == 'done'
+  if _STOPPING.is_set():  # stopped by Ctrl-C: the sweep says so once
+    return done
   if not done:
-    logging.error('run %s did not finish (exit status %s, no %s)', spec.name,
-                  rc, SUMMARY)
+    log = os.path.join(spec.workdir, LOG_FILE)
+    last = last_error_line(log)
+    logging.error('run %s did not finish (exit status %s, no %s%s)%s', spec.name, rc,
+                  SUMMARY, f'; log: {log}' if os.path.isfile(log) else '',
+                  f': {last}' if last else '')
   elif rc not in (None, 0):
     logging.warning('run %s wrote %s but exited with %s', spec.name, SUMMARY,
                     rc)
@@ -362,7 +483,8 @@ def run_sweep(base: Any, grid: Any, root: str, *,
               report: bool = True,
               python: str = sys.executable,
               main_py: str = os.path.join(REPO_ROOT, 'main.py'),
-              out: Callable[[str], None] = print) -> SweepResult:
+              out: Callable[[str], None] = print,
+              check: bool = True) -> SweepResult:
   """Runs the unfinished points of a sweep, then writes the report.
 
   Args:
@@ -380,12 +502,20 @@ def run_sweep(base: Any, grid: Any, root: str, *,
     python: interpreter for the jobs.
     main_py: training entry point.
     out: where the dry-run listing and the final summary line go.
+    check: check the config of every run to launch (:func:`check_runs`)
+      before launching or writing anything.
 
   Returns:
     A :class:`SweepResult`.
+
+  Raises:
+    ValueError: a run's config is invalid (``check``); nothing was written.
+    KeyboardInterrupt: Ctrl-C; the running jobs were stopped
+      (:func:`stop_children`).
   """
   runner = runner or subprocess_runner
-  config_arg = resolve_base(base, root, write=not dry_run)
+  _STOPPING.clear()  # a new sweep in this process (an earlier one was interrupted)
+  config_arg = resolve_base(base, root, write=False)
   runs = make_runs(config_arg, grid, root, python=python, main_py=main_py)
   status = {r.name: run_status(r.workdir) for r in runs}
   skipped = [r.name for r in runs if status[r.name] == 'done']
@@ -394,6 +524,8 @@ def run_sweep(base: Any, grid: Any, root: str, *,
     todo, rest = todo[:max_runs], todo[max_runs:]
   else:
     rest = []
+  if check:
+    check_runs(base, config_arg, todo + (rest if dry_run else []))
 
   if dry_run:
     out(f'{len(runs)} runs ({len(skipped)} done, {len(todo) + len(rest)} to '
@@ -405,14 +537,21 @@ def run_sweep(base: Any, grid: Any, root: str, *,
                        None)
 
   os.makedirs(root, exist_ok=True)
+  resolve_base(base, root, write=True)
   _write_manifest(root, config_arg, runs)
   ran, failed = [], []
   if parallel <= 1:
     for r in todo:
       (ran if _execute(r, runner) else failed).append(r.name)
   else:
-    with concurrent.futures.ThreadPoolExecutor(max_workers=parallel) as pool:
+    pool = concurrent.futures.ThreadPoolExecutor(max_workers=parallel)
+    try:
       results = list(pool.map(lambda r: _execute(r, runner), todo))
+    except KeyboardInterrupt:
+      pool.shutdown(wait=False, cancel_futures=True)
+      stop_children()
+      raise
+    pool.shutdown()
     for r, ok in zip(todo, results):
       (ran if ok else failed).append(r.name)
 
@@ -456,7 +595,7 @@ def parse_args(argv: Sequence[str] | None = None) -> argparse.Namespace:
 
 
 def main(argv: Sequence[str] | None = None) -> int:
-  """CLI entry point; exit status 1 if a run failed, 2 on a bad sweep."""
+  """CLI entry point; exit status 1 if a run failed, 2 on a bad sweep, 130 on Ctrl-C."""
   args = parse_args(argv)
   logging.basicConfig(level=logging.INFO, format='%(levelname)s %(message)s')
   try:
@@ -467,7 +606,18 @@ def main(argv: Sequence[str] | None = None) -> int:
   except (FileNotFoundError, AttributeError, TypeError, ValueError) as e:
     print(f'error: {e}', file=sys.stderr)
     return 2
+  except KeyboardInterrupt:
+    return interrupted()
   return 1 if result.failed else 0
+
+
+def interrupted() -> int:
+  """Ctrl-C: stops the running jobs, prints one line, returns exit status 130."""
+  stop_children()
+  print('interrupted: the running training jobs were stopped; rerun the same command '
+        'to continue (finished runs are skipped, the others resume from their '
+        'checkpoints).', file=sys.stderr)
+  return 130
 
 
 if __name__ == '__main__':

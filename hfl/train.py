@@ -37,6 +37,8 @@ from hfl.sync import aggregation, faults, outer as outer_lib, schedule as schedu
 # is computed up to the restored step).
 RESUMABLE_FIELDS = ('train.num_steps', 'train.eval_every', 'train.checkpoint_every',
                     'train.log_every', 'train.target_accuracy')
+# Compressor names that send float32 unchanged.
+UNCOMPRESSED = ('identity', 'float32')
 # Sections and fields added after runs may have started: absent from an older run's
 # config.json, they count as these values (their "off" defaults), so such runs still
 # resume.
@@ -295,6 +297,29 @@ def _fmt_bytes(b: float) -> str:
   return f'{b:.1f}PB'
 
 
+def divergence_advice(config, workdir: str, last_checkpoint: int | None) -> str:
+  """What a diverged run keeps and which config changes may help.
+
+  Args:
+    config: the run's config.
+    workdir: its workdir.
+    last_checkpoint: step of its latest checkpoint, None when it has none.
+
+  Returns:
+    The checkpoints kept (only if there are any), then only changes that differ
+    from ``config``: a lower learning rate, and milder compression of the links
+    that are compressed.
+  """
+  kept = (f'The checkpoints in {workdir} (up to step {last_checkpoint}, before the '
+          'divergence) are kept. ' if last_checkpoint is not None else '')
+  compressed = [f'compression.{link}.name={config.compression[link].name!r}'
+                for link in ('uplink', 'downlink', 'wan')
+                if config.compression[link].name not in UNCOMPRESSED]
+  milder = f' or use milder compression than {", ".join(compressed)}' if compressed else ''
+  return (f'{kept}Lower optimizer.learning_rate (now {config.optimizer.learning_rate}){milder} '
+          'in a new --workdir (a workdir keeps its config).')
+
+
 def train_and_evaluate(config: ml_collections.ConfigDict, workdir: str) -> dict:
   """Runs (or resumes) one experiment and returns its summary.
 
@@ -419,11 +444,8 @@ def train_and_evaluate(config: ml_collections.ConfigDict, workdir: str) -> dict:
       [jnp.all(jnp.isfinite(x)) for x in jax.tree.leaves(t)])))
 
   def diverged(what):
-    return FloatingPointError(
-        f'{what} at step {step}, round {rnd}: training diverged. The checkpoints in '
-        f'{workdir} (before the divergence) are kept; lower optimizer.learning_rate or use '
-        f'milder compression (compression.uplink.name={cfg.compression.uplink.name!r}) in a '
-        'new --workdir (a workdir keeps its config).')
+    return FloatingPointError(f'{what} at step {step}, round {rnd}: training diverged. '
+                              + divergence_advice(cfg, workdir, mngr.latest_step()))
 
   def do_eval():
     nonlocal last_eval

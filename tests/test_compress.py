@@ -465,6 +465,40 @@ def test_policy_rejects_bad_spec(kw, match):
     C.build(_spec(**kw), SHAPES, 1000, 'float32', field='compression.uplink')
 
 
+@pytest.mark.parametrize('kw,message', [
+    ({'gamma': 1.5}, 'compression.uplink.gamma=1.5: co3: gamma must be in [0, 1]'),
+    ({'refit_every': 0}, 'compression.uplink.refit_every=0: co3: refit_every must be an int >= 1'),
+    ({'coder': 'zip'}, "compression.uplink.coder='zip': co3: coder must be one of "
+     "('huffman', 'ans')"),
+    ({'fmt': 'e9m9'}, "compression.uplink.fmt='e9m9': co3: fmt is not a float format; "
+     "allowed: 'fp4', 'fp8' or \"s,e,m\" bit counts such as \"1,2,1\""),
+])
+def test_policy_names_the_hyper_parameter_a_factory_refuses(kw, message):
+  spec = _spec(name='co3', fmt='fp4', gamma=0.9, coder='huffman', refit_every=1)
+  spec.update(kw)
+  with pytest.raises(ValueError) as e:
+    C.build(spec, SHAPES, 1000, 'float32', field='compression.uplink')
+  assert str(e.value) == message
+
+
+def test_policy_names_the_spec_when_the_error_is_not_about_one_hyper_parameter():
+  def picky(shape, a=1, b=2):
+    del shape
+    raise ValueError('picky: a must be odd' if a % 2 == 0
+                     else f'picky: a must be < b, got a={a}, b={b}')
+  C.register('picky', picky, hyper=('a', 'b'))
+  try:
+    for kw, message in [
+        ({'a': 2, 'b': 5}, 'compression.uplink.a=2: picky: a must be odd'),
+        ({'a': 3, 'b': 2}, "compression.uplink (name='picky', a=3, b=2): picky: a must be "
+         '< b, got a=3, b=2')]:
+      with pytest.raises(ValueError) as e:
+        C.build(dict(name='picky', **kw), SHAPES, 1000, 'float32', field='compression.uplink')
+      assert str(e.value) == message
+  finally:
+    del C.REGISTRY['picky']
+
+
 def test_policy_rejects_bad_small():
   with pytest.raises(ValueError, match=r"compression\.small='int8'.*float16"):
     C.build(_spec(), SHAPES, 1000, 'int8', field='compression.uplink')

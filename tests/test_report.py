@@ -473,3 +473,119 @@ def test_subprocess_runner_logs_and_returns_status(tmp_path):
                        [sys.executable, '-c', 'print("hello")'])
   assert sweep.subprocess_runner(spec) == 0
   assert 'hello' in (tmp_path / 'r' / 'train.log').read_text()
+
+
+@pytest.mark.parametrize('grid,problem', [
+    ({'seed': [0, 1], 'optimizer.learnin_rate': [0.1]},
+     "run 'optimizer.learnin_rate=0.1__seed=0' (nothing was launched): unknown config field "
+     "'optimizer.learnin_rate'; did you mean 'optimizer.learning_rate'?"),
+    ({'seed': [0, 1], 'optimizer.learning_rate': [0.1, -0.1]},
+     "run 'optimizer.learning_rate=-0.1__seed=0' (nothing was launched): "
+     'optimizer.learning_rate=-0.1 must be > 0'),
+    ({'sync.k': ['4']}, "run 'sync.k=4' (nothing was launched): sync.k='4' has type str; "
+     'the field takes int'),
+    ({'compression.uplink.name': ['topk'], 'compression.uplink.density': [2.0]},
+     "run 'compression.uplink.density=2.0__compression.uplink.name=topk' (nothing was "
+     "launched): compression.uplink.density=2.0: density must be a number in (0, 1] "
+     '(fraction of entries kept)'),
+])
+def test_sweep_checks_every_config_before_launching(tmp_path, capsys, grid, problem):
+  root = tmp_path / 'bad'
+  runner = FakeRunner()
+  with pytest.raises(ValueError) as e:
+    sweep.run_sweep('configs/default.py', grid, str(root), runner=runner, out=lambda s: None)
+  assert str(e.value) == problem
+  assert runner.calls == [] and not root.exists()
+  with pytest.raises(ValueError):  # a dry run checks too
+    sweep.run_sweep('configs/default.py', grid, str(root), dry_run=True, out=lambda s: None)
+  cfg = _default_config()  # a ConfigDict base: nothing written either (no base_config.py)
+  with pytest.raises(ValueError):
+    sweep.run_sweep(cfg, grid, str(root), runner=runner, out=lambda s: None)
+  assert runner.calls == [] and not root.exists()
+  # The CLI: one line, exit status 2.
+  sweep_file = tmp_path / 'bad_sweep.py'
+  sweep_file.write_text(f'def get_sweep():\n  return "configs/default.py", {grid!r}\n')
+  capsys.readouterr()
+  assert sweep.main(['--sweep', str(sweep_file), '--root', str(root)]) == 2
+  assert capsys.readouterr().err == f'error: {problem}\n'
+  assert not root.exists()
+
+
+def test_failed_run_reports_its_log_and_last_error(tmp_path, caplog):
+  def runner(spec):
+    os.makedirs(spec.workdir)
+    with open(os.path.join(spec.workdir, 'train.log'), 'w') as f:
+      f.write('$ python main.py (an earlier attempt)\nerror: an old problem\n'
+              '$ python main.py ...\nI0101 some progress\n'
+              'error: dataset.data_dir=\'/x\': directory does not exist\nW0101 a warning\n')
+    return 2
+  caplog.set_level('INFO')
+  res = sweep.run_sweep('configs/default.py', {'seed': 0}, str(tmp_path / 's'),
+                        runner=runner, report=False, out=lambda s: None)
+  assert res.failed == ['seed=0']
+  log = os.path.join(str(tmp_path / 's'), 'seed=0', 'train.log')
+  errors = [r.getMessage() for r in caplog.records if r.levelname == 'ERROR']
+  assert errors == [f'run seed=0 did not finish (exit status 2, no summary.json; log: {log}): '
+                    "error: dataset.data_dir='/x': directory does not exist"]
+  # A traceback's last line; a log without an error line; no log.
+  path = tmp_path / 'train.log'
+  path.write_text('$ cmd\nTraceback (most recent call last):\n  File "x.py"\n'
+                  'jaxlib.xla_extension.XlaRuntimeError: RESOURCE_EXHAUSTED: out of memory\n'
+                  '  some trailing note\n')
+  assert sweep.last_error_line(str(path)) == (
+      'jaxlib.xla_extension.XlaRuntimeError: RESOURCE_EXHAUSTED: out of memory')
+  path.write_text('$ cmd\nKilled\n\n')
+  assert sweep.last_error_line(str(path)) == 'Killed'
+  assert sweep.last_error_line(str(tmp_path / 'none.log')) is None
+
+
+def test_ctrl_c_stops_the_sweep_and_its_jobs(tmp_path, capsys, monkeypatch):
+  # Parallel: Ctrl-C (here raised by the first job) cancels the runs not started yet;
+  # the others wait until the sweep stops its jobs.
+  started = []
+
+  def runner(spec):
+    started.append(spec.name)
+    if spec.name == 'seed=0':
+      raise KeyboardInterrupt
+    assert sweep._STOPPING.wait(60)  # pylint: disable=protected-access
+    return 130
+  try:
+    with pytest.raises(KeyboardInterrupt):
+      sweep.run_sweep('configs/default.py', {'seed': list(range(8))}, str(tmp_path / 'p'),
+                      runner=runner, parallel=2, report=False, out=lambda s: None)
+  finally:
+    sweep._STOPPING.clear()  # pylint: disable=protected-access
+  assert 'seed=0' in started and set(started) <= {'seed=0', 'seed=1', 'seed=2'}
+  # A running job is stopped (SIGINT, then kill), and no new one starts.
+  import threading  # pylint: disable=g-import-not-at-top
+  import time  # pylint: disable=g-import-not-at-top
+  sleeper = [sys.executable, '-c', 'import time; print("up", flush=True); time.sleep(120)']
+  spec = sweep.RunSpec('r', str(tmp_path / 'r'), {}, sleeper)
+  rc = []
+  thread = threading.Thread(target=lambda: rc.append(sweep.subprocess_runner(spec)))
+  thread.start()
+  try:
+    deadline = time.monotonic() + 60
+    while 'up' not in ((tmp_path / 'r' / 'train.log').read_text()
+                       if (tmp_path / 'r' / 'train.log').exists() else ''):
+      assert time.monotonic() < deadline
+      time.sleep(0.05)
+    sweep.stop_children(grace_s=0.1, timeout_s=10)
+    thread.join(30)
+    assert not thread.is_alive() and rc and rc[0] != 0
+    assert sweep.subprocess_runner(spec._replace(workdir=str(tmp_path / 'r2'))) == 130
+  finally:
+    sweep._STOPPING.clear()  # pylint: disable=protected-access
+  # The CLI: one line, exit status 130.
+  def interrupted_sweep(*args, **kwargs):
+    raise KeyboardInterrupt
+  monkeypatch.setattr(sweep, 'run_sweep', interrupted_sweep)
+  capsys.readouterr()
+  try:
+    assert sweep.main(['--sweep', os.path.join(REPO, 'configs/sweeps/example.py'),
+                       '--root', str(tmp_path / 'ex')]) == 130
+  finally:
+    sweep._STOPPING.clear()  # pylint: disable=protected-access
+  err = capsys.readouterr().err
+  assert err.startswith('interrupted: ') and err.count('\n') == 1

@@ -842,3 +842,42 @@ def test_monotonicity_note_flags_a_denser_density_failing_within_the_noise():
   far = dict(worse, paired_delta=-2.0)
   assert 'more than their standard errors' in res._monotonicity_note([far, best], best)[1]
   assert res._monotonicity_note([ok, best], best) == []
+
+
+def test_launching_the_sweeps_first_says_how_many_runs_are_missing(tmp_path, caplog,
+                                                                    monkeypatch):
+  root = str(tmp_path / 'workdirs')
+  todo = {}
+  for s in results.SWEEPS:
+    base, grid = sweep.load_sweep(os.path.join(REPO, s.path))
+    todo[s.name] = [r.workdir for r in sweep.make_runs(
+        sweep.resolve_base(base, os.path.join(root, s.name), write=False), grid,
+        os.path.join(root, s.name))]
+  done = todo['semisync'].pop(0)  # one finished run is not missing
+  os.makedirs(done)
+  open(os.path.join(done, 'summary.json'), 'w').close()
+  launched = []
+  monkeypatch.setattr(results.sweep_lib, 'run_sweep',
+                      lambda base, grid, r, **kw: launched.append(
+                          (r, [m.getMessage() for m in caplog.records])))
+  caplog.set_level('INFO')
+  results.run_sweeps(root)
+  counts = ', '.join(f'{k}: {len(v)}' for k, v in todo.items())
+  line = (f'{sum(len(v) for v in todo.values())} runs missing ({counts}) under {root}: '
+          'launching them now (each one trains); pass --no-run to render the page from '
+          'the runs that exist.')
+  assert [r for r, _ in launched] == [os.path.join(root, n) for n in todo]
+  assert launched[0][1] == [line]  # said once, before the first launch
+
+
+def test_results_cli_on_ctrl_c_prints_one_line(tmp_path, capsys, monkeypatch):
+  def interrupted_sweeps(*args, **kwargs):
+    raise KeyboardInterrupt
+  monkeypatch.setattr(results, 'run_sweeps', interrupted_sweeps)
+  try:
+    assert results.main(['--root', str(tmp_path), '--out', str(tmp_path / 'o')]) == 130
+  finally:
+    sweep._STOPPING.clear()  # pylint: disable=protected-access
+  err = capsys.readouterr().err
+  assert err.startswith('interrupted: ') and err.count('\n') == 1
+  assert not os.path.exists(tmp_path / 'o')

@@ -11,6 +11,7 @@ import orbax.checkpoint as ocp
 import pytest
 
 from configs import smoke
+from hfl import config as config_lib
 from hfl import data as data_lib
 from hfl import train
 
@@ -183,6 +184,20 @@ def test_bad_config_fails_before_compilation_naming_the_field(fake_data, tmp_pat
   assert not os.path.exists(tmp_path / 'w')
 
 
+@pytest.mark.parametrize('data_dir', [data_lib.FASHION_MNIST_DIR, data_lib.FASHION_MNIST_DIR + '/'])
+def test_mnist_from_the_fashion_mnist_directory_is_refused(data_dir):
+  # configs/default.py's data_dir holds Fashion-MNIST, in MNIST's file layout.
+  cfg = smoke_config(data_dir, **{'dataset.name': 'mnist'})
+  with pytest.raises(ValueError) as e:
+    config_lib.validate(cfg)
+  msg = str(e.value)
+  assert msg.startswith(f'dataset.data_dir={data_dir!r} is the default directory of '
+                        "dataset.name='fashion_mnist', but dataset.name='mnist'")
+  assert "set dataset.data_dir to mnist's own IDX directory" in msg
+  config_lib.validate(smoke_config(data_dir))  # fashion_mnist from its own directory
+  config_lib.validate(smoke_config('/data/mnist', **{'dataset.name': 'mnist'}))
+
+
 def test_corrupt_data_file_names_the_file(fake_data, tmp_path):
   bad = tmp_path / 'bad'
   bad.mkdir()
@@ -229,6 +244,21 @@ def test_main_cli_runs_and_rejects_bad_flags(fake_data, tmp_path):
                        capture_output=True, text=True, timeout=300, cwd=REPO)
   assert bad.returncode == 2
   assert 'sync.k=0 must be >= 1' in bad.stderr
+  help_line = ('Config fields are listed in the README (config reference) and '
+               'configs/default.py.')
+  for flag, expected in [
+      ('--config.optimizer.learnin_rate=0.1', "error: unknown config field "
+       "'optimizer.learnin_rate'; did you mean 'optimizer.learning_rate'? "),
+      ('--config.optimiser.learning_rate=0.1', "error: unknown config field "
+       "'optimiser.learning_rate'; did you mean 'optimizer.learning_rate'? "),
+      ('--config.sync.kk=8', "error: unknown config field 'sync.kk'; did you mean 'sync.k'? "),
+      ('--config.zzzz=1', "error: unknown config field 'zzzz'. "),
+  ]:
+    typo = subprocess.run(base + [f'--workdir={tmp_path / "typo"}', flag], env=env,
+                          capture_output=True, text=True, timeout=300, cwd=REPO)
+    assert typo.returncode == 2, flag
+    assert typo.stderr == expected + help_line + '\n', flag
+  assert not os.path.exists(tmp_path / 'typo')
 
 
 def test_semi_sync_with_equal_speeds_equals_periodic(fake_data, tmp_path):
@@ -285,3 +315,25 @@ def test_divergence_stops_before_anything_non_finite_is_written(fake_data, tmp_p
     import jax  # pylint: disable=g-import-not-at-top
     for x in jax.tree.leaves(state['global_params']):
       assert np.all(np.isfinite(np.asarray(x)))
+
+
+def test_divergence_message_is_true_of_the_run(fake_data, tmp_path):
+  # Diverges before its only checkpoint (at the end), uncompressed: no checkpoint to
+  # speak of, no compression to make milder.
+  cfg = smoke_config(fake_data, **{'optimizer.learning_rate': 1e6,
+                                   'train.checkpoint_every': 0})
+  with pytest.raises(FloatingPointError) as e:
+    train.train_and_evaluate(cfg, str(tmp_path / 'div'))
+  msg = str(e.value)
+  assert 'checkpoint' not in msg and 'compression' not in msg, msg
+  assert msg.endswith('training diverged. Lower optimizer.learning_rate (now 1000000.0) in '
+                      'a new --workdir (a workdir keeps its config).'), msg
+  # With checkpoints and compressed links: both are mentioned, as they are.
+  cfg = smoke_config(fake_data, **{'compression.uplink.name': 'topk',
+                                   'compression.wan.name': 'bf16'})
+  advice = train.divergence_advice(cfg, '/w', 6)
+  assert advice == (
+      'The checkpoints in /w (up to step 6, before the divergence) are kept. Lower '
+      "optimizer.learning_rate (now 0.1) or use milder compression than "
+      "compression.uplink.name='topk', compression.wan.name='bf16' in a new --workdir "
+      '(a workdir keeps its config).')

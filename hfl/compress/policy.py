@@ -13,6 +13,7 @@ Other modules add compressors with :func:`register`, e.g.
 ``register('co3', co3.make, hyper=('fmt', 'gamma'))``.
 """
 
+import re
 from typing import Callable, Sequence
 
 import jax
@@ -150,19 +151,8 @@ def build(spec, shapes, small_threshold: int, small: str,
   if not _is_int(small_threshold) or small_threshold < 0:
     raise ValueError(f'{thr_field}={small_threshold!r}: must be an integer >= 0')
   small_make = _small_factory(small, small_field)
-
-  name = spec if isinstance(spec, str) else _get(spec, 'name')
-  if name not in REGISTRY:
-    raise ValueError(f'{field}.name={name!r}: unknown compressor; allowed: '
-                     f'{", ".join(sorted(REGISTRY))}')
-  factory, hyper_names = REGISTRY[name]
-  hyper = {}
-  for h in hyper_names:
-    v = _get(spec, h)
-    if v is None:
-      continue
-    _check_hyper(field, h, v)
-    hyper[h] = v
+  name, hyper = check_spec(spec, field)
+  factory = REGISTRY[name][0]
 
   out = []
   for leaf in jax.tree.leaves(shapes):
@@ -174,8 +164,58 @@ def build(spec, shapes, small_threshold: int, small: str,
     try:
       out.append(factory(shape, **hyper))
     except ValueError as e:
-      raise ValueError(f'{field} (name={name!r}, {hyper}): {e}') from e
+      raise _factory_error(field, name, hyper, e) from e
   return out
+
+
+def check_spec(spec, field: str = 'compression') -> tuple[str, dict]:
+  """Checks a spec's name and shared hyper-parameter ranges (no shapes needed).
+
+  What the factory itself refuses (e.g. CO3's ``gamma``) is found by
+  :func:`build`, which calls it.
+
+  Args:
+    spec: as for :func:`build`.
+    field: config path of ``spec`` for error messages.
+
+  Returns:
+    ``(name, hyper)``: the compressor name and the keyword arguments its
+    factory gets (the registered hyper-parameters the spec sets).
+
+  Raises:
+    ValueError: unknown name or out-of-range ``density``, ``levels``,
+      ``bucket_size``, ``rank`` or ``threshold_variant``, naming the field.
+  """
+  name = spec if isinstance(spec, str) else _get(spec, 'name')
+  if name not in REGISTRY:
+    raise ValueError(f'{field}.name={name!r}: unknown compressor; allowed: '
+                     f'{", ".join(sorted(REGISTRY))}')
+  hyper = {}
+  for h in REGISTRY[name][1]:
+    v = _get(spec, h)
+    if v is None:
+      continue
+    _check_hyper(field, h, v)
+    hyper[h] = v
+  return name, hyper
+
+
+def _factory_error(field: str, name: str, hyper: dict, e: ValueError) -> ValueError:
+  """A factory's ValueError, prefixed with the config field it is about.
+
+  When the message names exactly one of the hyper-parameters the spec sets, the
+  prefix is that field and its value (``compression.uplink.gamma=1.5: co3: gamma
+  must be in [0, 1]``; a trailing ``, got VALUE`` is dropped as it repeats the
+  value); otherwise it is the spec's field with its name and hyper-parameters.
+  """
+  msg = str(e)
+  about = [h for h in hyper if re.search(rf'\b{re.escape(h)}\b', msg)]
+  if len(about) != 1:
+    settings = ', '.join(f'{k}={v!r}' for k, v in hyper.items())
+    return ValueError(f'{field} (name={name!r}{", " if settings else ""}{settings}): {msg}')
+  h = about[0]
+  msg = re.sub(r',\s*got\s[^;]*$', '', msg.replace(f'{h}={hyper[h]!r}', h))
+  return ValueError(f'{field}.{h}={hyper[h]!r}: {msg}')
 
 
 def payload_shape(compressor: base.Compressor):

@@ -46,7 +46,6 @@ listed as missing, with their progress.
 
 import argparse
 import datetime
-import importlib.util
 import json
 import logging
 import math
@@ -152,14 +151,9 @@ def load_config_file(config_arg: str) -> Any:
   Returns:
     The ``ml_collections.ConfigDict``.
   """
-  _ensure_repo_on_path()
-  path, _, arg = config_arg.partition(':')
-  if not os.path.isfile(path):
-    path = os.path.join(REPO_ROOT, path)
-  spec = importlib.util.spec_from_file_location('_hfl_results_cfg', path)
-  module = importlib.util.module_from_spec(spec)
-  spec.loader.exec_module(module)
-  return module.get_config(arg or None)
+  # Imported here: hfl.config imports JAX, which a page of finished runs never needs.
+  from hfl import config as config_lib  # pylint: disable=g-import-not-at-top
+  return config_lib.load_file(config_arg)
 
 
 def resolve_config(config_arg: str, overrides: Mapping[str, Any]) -> dict:
@@ -2009,6 +2003,9 @@ def run_sweeps(root: str, parallel: int = 1) -> list[sweep_lib.SweepResult]:
   """Runs the four sweeps (:data:`SWEEPS`) as ``python -m hfl.sweep`` would.
 
   Finished runs are skipped; interrupted ones resume from their checkpoints.
+  The configs of the runs to launch, in all four sweeps, are checked first
+  (:func:`hfl.sweep.check_runs`), then one line says how many runs are missing
+  and where.
 
   Args:
     root: results root; sweep NAME goes to ``root/NAME``.
@@ -2018,12 +2015,24 @@ def run_sweeps(root: str, parallel: int = 1) -> list[sweep_lib.SweepResult]:
     One :class:`hfl.sweep.SweepResult` per sweep.
   """
   _ensure_repo_on_path()
-  results = []
+  sweeps, missing = [], {}
   for s in SWEEPS:
     base, grid = sweep_lib.load_sweep(os.path.join(REPO_ROOT, s.path))
-    results.append(sweep_lib.run_sweep(base, grid, os.path.join(root, s.name),
-                                       parallel=parallel))
-  return results
+    sweep_root = os.path.join(root, s.name)
+    config_arg = sweep_lib.resolve_base(base, sweep_root, write=False)
+    todo = [r for r in sweep_lib.make_runs(config_arg, grid, sweep_root)
+            if sweep_lib.run_status(r.workdir) != 'done']
+    sweep_lib.check_runs(base, config_arg, todo)  # every sweep, before any launches
+    sweeps.append((s, base, grid, sweep_root))
+    if todo:
+      missing[s.name] = len(todo)
+  if missing:
+    logging.info(
+        '%d runs missing (%s) under %s: launching them now (each one trains); '
+        'pass --no-run to render the page from the runs that exist.',
+        sum(missing.values()), ', '.join(f'{k}: {v}' for k, v in missing.items()), root)
+  return [sweep_lib.run_sweep(base, grid, sweep_root, parallel=parallel)
+          for _, base, grid, sweep_root in sweeps]
 
 
 def parse_args(argv: Sequence[str] | None = None) -> argparse.Namespace:
@@ -2045,12 +2054,18 @@ def parse_args(argv: Sequence[str] | None = None) -> argparse.Namespace:
 
 
 def main(argv: Sequence[str] | None = None) -> int:
-  """CLI entry point; exit status 1 if a sweep had failed runs."""
+  """CLI entry point; exit status 1 on failed runs, 2 on a bad run config, 130 on Ctrl-C."""
   args = parse_args(argv)
   logging.basicConfig(level=logging.INFO, format='%(levelname)s %(message)s')
   failed = False
   if args.run:
-    failed = any(r.failed for r in run_sweeps(args.root, args.parallel))
+    try:
+      failed = any(r.failed for r in run_sweeps(args.root, args.parallel))
+    except (FileNotFoundError, ValueError) as e:
+      print(f'error: {e}', file=sys.stderr)
+      return 2
+    except KeyboardInterrupt:
+      return sweep_lib.interrupted()
   written = write_results(args.root, args.out)
   print(written['results.md'])
   for p in written['plots']:
