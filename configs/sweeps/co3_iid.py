@@ -10,7 +10,8 @@ two differences: ``dataset.partition = 'iid'`` and ``sync.k = 1`` (every
 iteration is an inter-DC round, i.e. one synchronous PS over all 8 workers);
 optimizer, model, batch (32 per worker), 600 iterations and the 1 Gbit/s LAN are
 as in co3_paper. Order: the headline pair (uncompressed vs fp4 γ = 0.9) over
-seeds 0-2 first, then γ = 0 over seeds 0-2, then γ = 0.5 and 1.0 (seed 0).
+seeds 0-2 first, then γ = 0 over seeds 0-2, then γ = 0.5 and 1.0 (seed 0, then
+seeds 1-2).
 
   python -m hfl.sweep --sweep=configs/sweeps/co3_iid.py --root=workdirs/co3_iid --parallel=2
 """
@@ -32,4 +33,5 @@ def get_sweep():
     runs += [dict(IID, seed=seed, **NONE), dict(IID, seed=seed, **_co3(0.9))]
   runs += [dict(IID, seed=seed, **_co3(0.0)) for seed in (0, 1, 2)]
   runs += [dict(IID, seed=0, **_co3(g)) for g in (0.5, 1.0)]
+  runs += [dict(IID, seed=seed, **_co3(g)) for g in (0.5, 1.0) for seed in (1, 2)]
   return 'configs/default.py', runs
