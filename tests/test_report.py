@@ -208,6 +208,14 @@ def test_rows_group_seeds_and_match_hand_computed_values(runs):
   assert a.compression_factor == pytest.approx(1.0)
 
 
+def test_label_by_seed_lists_the_seeds_of_a_group(runs):
+  """Seeds are grouped, so a label by seed names every seed of its group."""
+  rows = _rows(runs, label_by=['seed', 'sync.strategy', 'compression.uplink.name'])
+  assert [r.label for r in rows] == [
+      'seed=0,1, periodic, up=identity', 'seed=0, periodic, up=topk',
+      'seed=0, sync, up=identity']
+
+
 def test_explicit_baseline_and_auto_labels(runs):
   rows = _rows(runs, baseline='sync, up=identity')
   assert [r.label for r in rows] == [

@@ -92,7 +92,8 @@ def co3_name(base, gamma=None, seed=None):
 # Grid order of configs/sweeps/co3_iid.py (seed always set) and co3_paper.py
 # (seed 0 is the default config's, not an override): (gamma, seed).
 IID_POINTS = ([(g, s) for s in (0, 1, 2) for g in (None, 0.9)]
-              + [(0.0, s) for s in (0, 1, 2)] + [(0.5, 0), (1.0, 0)])
+              + [(0.0, s) for s in (0, 1, 2)] + [(0.5, 0), (1.0, 0)]
+              + [(g, s) for g in (0.5, 1.0) for s in (1, 2)])
 HFL_POINTS = ([(None, None)] + [(g, None) for g in (0.0, 0.5, 0.9, 1.0)]
               + [(None, 1), (None, 2), (0.9, 1), (0.9, 2)])
 SEMI = {
@@ -258,7 +259,7 @@ def _co3_run(root, sweep_name, base, gamma, seed, final, up, done=True):
 # seed 1 0.884 (+0.4 pts), seed 2 interrupted: paired +0.1 ± 0.4243 (n=2,
 # standard error 0.3) although the Δ of the seed means is −0.5667 pts.
 # γ=0: 0.85 / 0.86 / 0.85: paired −5, −2, −6 -> −4.3333 ± 2.0817 (n=3).
-# γ=0.5: seed 0 0.893 (−0.7, n=1). γ=1: not started.
+# γ=0.5: seed 0 0.893 (−0.7, n=1), seeds 1-2 not started. γ=1: not started.
 IID_FINALS = {(None, 0): 0.90, (None, 1): 0.88, (None, 2): 0.91,
               (0.9, 0): 0.898, (0.9, 1): 0.884,
               (0.0, 0): 0.85, (0.0, 1): 0.86, (0.0, 2): 0.85, (0.5, 0): 0.893}
@@ -513,7 +514,7 @@ def test_co3_sweep_points_land_in_the_expected_workdirs(root):
   assert iid.entries[0].spec.name == IID_IDENTITY.format(s=0)
   assert hfl.entries[0].spec.name == HFL_IDENTITY
   assert [e.status for e in iid.entries] == (
-      ['done'] * 5 + ['partial'] + ['done'] * 4 + ['pending'])
+      ['done'] * 5 + ['partial'] + ['done'] * 4 + ['pending'] * 5)
   assert [e.status for e in hfl.entries] == (
       ['done'] * 2 + ['pending'] + ['done'] * 6)
   for e in iid.entries:
@@ -572,7 +573,7 @@ def test_co3_table(root):
   assert g0['cells'][7] == 'never'
   g5 = recs['co3 fp4 γ=0.5']
   assert g5['paired'] == pytest.approx({0: -0.7}) and g5['paired_std'] is None
-  assert g5['cells'][1:4] == ['0', '89.30%', '−0.70 pts (n=1)']
+  assert g5['cells'][1:4] == ['0 (1 of 3)', '89.30%', '−0.70 pts (n=1)']
   assert g5['up_factor'] == pytest.approx(1000 / 110)
   assert not recs['co3 fp4 γ=1']['done']
   assert recs['co3 fp4 γ=1']['cells'][1] == '*not finished*'
@@ -602,7 +603,7 @@ def test_co3_claim_met_on_the_paired_delta(root):
   assert ('- ✓ γ=0.9: +0.10 ± 0.42 pts (n=2), 2 of 3 seeds — per seed: '
           '0: −0.20 pts, 1: +0.40 pts') in md
   assert '- ✗ γ=0: −4.33 ± 2.08 pts (n=3) — per seed: 0: −5.00 pts' in md
-  assert '- ✗ γ=0.5: −0.70 pts (n=1)\n' in md
+  assert '- ✗ γ=0.5: −0.70 pts (n=1), 1 of 3 seeds\n' in md
   assert '- γ=1: not measured yet' in md
   assert ('| co3 fp4 γ=0.9 | 0, 1 (2 of 3) | 89.10 ± 0.99% | +0.10 ± 0.42 pts '
           '(n=2) | 100.00 MB | 10.0× | 3.20 | 37.5 s |') in md
@@ -647,7 +648,9 @@ def test_co3_missing_seed_and_unfinished_runs(root):
   assert claim['verdict'].endswith('(provisional: 1 of 3 seeds compared)')
   missing = [m['label'] for m in s.missing]
   assert missing == ['uncompressed, seed 1', 'co3 fp4 γ=0.9, seed 2',
-                     'co3 fp4 γ=1, seed 0', 'co3 fp4 γ=0.5, seed 0']
+                     'co3 fp4 γ=1, seed 0', 'co3 fp4 γ=0.5, seed 1',
+                     'co3 fp4 γ=0.5, seed 2', 'co3 fp4 γ=1, seed 1',
+                     'co3 fp4 γ=1, seed 2', 'co3 fp4 γ=0.5, seed 0']
   assert s.missing[-1]['workdir'].endswith(
       '/co3_paper/' + co3_name(SGD_OVERRIDES, 0.5))
   md = s.markdown
@@ -656,7 +659,7 @@ def test_co3_missing_seed_and_unfinished_runs(root):
   assert '- co3 fp4 γ=1, seed 0: not started' in md
   # Each table lists its own missing runs under it.
   main_md, hfl_md = md.split("### hfl's setting")
-  assert '**Missing runs (3)**' in main_md and '**Missing runs (1)**' in hfl_md
+  assert '**Missing runs (7)**' in main_md and '**Missing runs (1)**' in hfl_md
   assert 'co3 fp4 γ=0.5, seed 0: not started' in hfl_md
 
 
@@ -716,8 +719,8 @@ def test_missing_runs_and_anchors_on_the_page(root, tmp_path):
   out = str(tmp_path / 'docs')
   written = results.write_results(root, out, now=NOW)
   text = open(written['results.md'], encoding='utf-8').read()
-  # 40 runs (5 semisync, 15 compression, 11 co3_iid, 9 co3_paper), 9 missing.
-  assert 'Incomplete: 31 of 40 runs have finished.' in text
+  # 44 runs (5 semisync, 15 compression, 15 co3_iid, 9 co3_paper), 13 missing.
+  assert 'Incomplete: 31 of 44 runs have finished.' in text
   # Table rows: 2 semisync, 0.1 % (no seed finished), CO3 γ=1 (paper's
   # setting) and γ=0.5 (hfl's).
   assert text.count('| *not finished* |') == 5
@@ -796,9 +799,9 @@ def test_empty_root_lists_everything_as_missing(tmp_path):
   written = results.write_results(str(tmp_path / 'none'),
                                   str(tmp_path / 'out'), now=NOW)
   text = open(written['results.md'], encoding='utf-8').read()
-  assert 'Incomplete: 0 of 40 runs have finished.' in text
+  assert 'Incomplete: 0 of 44 runs have finished.' in text
   # Every run listed once (each CO3 table has its own uncompressed runs).
-  assert text.count('not started') == 40
+  assert text.count('not started') == 44
   # Rows: 5 semisync, 5 + 2 compression (seed groups), 5 + 5 CO3.
   assert text.count('| *not finished* |') == 22
   assert written['plots'] == []

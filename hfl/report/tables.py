@@ -316,7 +316,8 @@ def make_labels(groups: Sequence[Sequence[RunRecord]],
 
   With ``label_by``, a label is the values of those config keys, e.g.
   ``'periodic, up=topk'`` (``sync.strategy`` is shown bare, others as
-  ``short=value``). Without it, the strategy and compressor keys plus every
+  ``short=value``; a key the grouping ignores, such as ``seed``, lists the
+  values of all the group's runs: ``'seed=0,1,2'``). Without it, the strategy and compressor keys plus every
   other config key that varies across groups are used, leaving out keys that
   are the same for all groups (but always at least the strategy and uplink
   compressor). Runs without config are labelled by their workdir name;
@@ -353,6 +354,8 @@ def make_labels(groups: Sequence[Sequence[RunRecord]],
       if k not in flat or _unused_hyper(flat, k):
         continue
       v = flat[k]
+      if k in GROUPING_IGNORED_KEYS:  # A group spans runs: show all their values.
+        v = tuple(dict.fromkeys(flatten_config(r.config).get(k) for r in g))
       v = ','.join(map(str, v)) if isinstance(v, tuple) else str(v)
       short = _short_key(k)
       parts.append(f'{short}={v}' if short else v)
