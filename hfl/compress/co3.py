@@ -38,11 +38,15 @@ coder are static configuration known to both ends and are not sent.
 * Huffman: ``wire_bits = 8 * (HEADER_BYTES + ceil((sum_k count_k len_k + n_signs) / 8))``,
   EXACTLY the real message length (documented overhead 0; tests/test_co3.py and
   ``python bench/co3.py --bits`` check it against the real bitstream).
-* ANS: ``wire_bits = 8 * HEADER_BYTES + 32 * ceil((I + 32) / 32)`` with
-  ``I = sum_k count_k (-log2 q_k) + n_signs`` the ideal length under the model; the
-  real constriction stream is within ``coding.ANS_OVERHEAD_BITS`` (64) bits of it
-  (it can be shorter: a trailing run of the most likely symbol 0 costs nothing at
-  the coder's initial state).
+* ANS: ``wire_bits = 8 * HEADER_BYTES + 32 * words``, ``words`` the number of
+  uint32 words constriction's coder returns, EXACTLY (overhead 0). An ANS stream's
+  length depends on the order of the symbols, not only on their histogram (the
+  coder starts from state 0, so e.g. an all-zero leaf codes to 0 words, and every
+  push rounds the state), so no histogram formula can be exact;
+  :func:`ans_stream_words` replays the coder's integer arithmetic inside jit (a
+  ``fori_loop`` over the pushes, 64-bit state emulated in uint32 pairs) with the
+  fixed-point model read back from constriction (:func:`coding.ans_quantized_model`).
+  Cost: 2n sequential steps per leaf of n entries (about 40 ns per step on XLA:CPU).
 
 ``linear`` is False: payloads are all-gathered and decoded one by one.
 
@@ -96,7 +100,11 @@ class CO3Codec(NamedTuple):
     probs: float64[B, M+1] floored model probabilities per beta row (coding.model_probs).
     codes: tuple of B :class:`coding.HuffmanCode`, one per beta row.
     code_lengths: int32[B, M+1] Huffman code lengths (bits).
-    neglog2: float32[B, M+1] ``-log2 probs`` (bits), for the ANS estimate.
+    ans_cum: uint32[B, M+1] constriction's fixed-point cumulatives per beta row
+      (:func:`coding.ans_quantized_model`; empty for Huffman).
+    ans_freq: uint32[B, M+1] the matching frequencies (units of 2^-24).
+    sign_model: :class:`coding.AnsModel` of the sign bits (``Uniform(2)``; None
+      for Huffman).
   """
   fmt: tuple
   coder: str
@@ -105,7 +113,9 @@ class CO3Codec(NamedTuple):
   probs: np.ndarray
   codes: tuple
   code_lengths: np.ndarray
-  neglog2: np.ndarray
+  ans_cum: np.ndarray
+  ans_freq: np.ndarray
+  sign_model: Optional[coding.AnsModel]
 
 
 def parse_fmt(fmt) -> tuple:
@@ -151,8 +161,19 @@ def make_codec(fmt=(1, 2, 1), coder: str = 'huffman') -> CO3Codec:
   probs = np.stack([coding.model_probs(row) for row in table.probs])
   codes = tuple(coding.huffman_code(row) for row in probs)
   lengths = np.stack([c.lengths for c in codes]).astype(np.int32)
-  return CO3Codec(fmt, coder, grid, table, probs, codes, lengths,
-                  (-np.log2(probs)).astype(np.float32))
+  cum = freq = np.zeros((0, probs.shape[1]), np.uint32)
+  sign_model = None
+  if coder == 'ans':
+    models = [coding.ans_quantized_model(row) for row in probs]
+    cum = np.stack([m.cum for m, _ in models]).astype(np.uint32)
+    freq = np.stack([m.freq for m, _ in models]).astype(np.uint32)
+    sign_model = models[0][1]
+    half = 2**(coding.ANS_PRECISION - 1)
+    if (freq.max() >= 2 * half or list(sign_model.cum) != [0, half]
+        or list(sign_model.freq) != [half, half]):
+      raise RuntimeError(f'co3: unexpected ANS models from constriction (sign model {sign_model}); '
+                         'ans_stream_words assumes frequencies < 2^24 and Uniform(2) = 2^23 each')
+  return CO3Codec(fmt, coder, grid, table, probs, codes, lengths, cum, freq, sign_model)
 
 
 def convert(x: jax.Array, beta: jax.Array, codec: CO3Codec):
@@ -179,11 +200,83 @@ def convert(x: jax.Array, beta: jax.Array, codec: CO3Codec):
   return sym, scale, gennorm.beta_index(beta, codec.table).astype(jnp.uint8)
 
 
-def stream_bits(symbols: jax.Array, beta_idx: jax.Array, codec: CO3Codec) -> jax.Array:
-  """Bits of the coded message of one payload, from the symbol histogram (jit).
+def _ans_push(carry, active, cum, freq):
+  """One ``AnsCoder.encode_symbol`` on the uint32 pair ``(hi, lo)`` = the 64-bit state.
 
-  See the module docstring for the exact formulas (Huffman: exact; ANS: within
-  ``coding.ANS_OVERHEAD_BITS``).
+  ``freq < 2^24`` (so every partial remainder below fits in 32 bits); the words
+  emitted are counted in ``carry[2]``. Inactive pushes leave the carry unchanged.
+  """
+  hi, lo, words = carry
+  renorm = (hi >> (coding.ANS_WORD_BITS - coding.ANS_PRECISION)) >= freq  # x >> 40 >= f
+  words = words + (active & renorm).astype(jnp.int32)
+  lo = jnp.where(renorm, hi, lo)  # x >>= 32
+  hi = jnp.where(renorm, jnp.uint32(0), hi)
+  q_hi, rem = hi // freq, hi % freq  # Long division of x by f, one byte at a time.
+  q_lo = jnp.uint32(0)
+  for shift in (24, 16, 8, 0):
+    t = (rem << 8) | ((lo >> shift) & 0xFF)
+    q_lo, rem = (q_lo << 8) | (t // freq), t % freq
+  # x' = (x // f) << 24 | (cum + x % f); x // f < 2^40 after renormalising.
+  new_hi = (q_hi << 24) | (q_lo >> 8)
+  new_lo = ((q_lo & 0xFF) << 24) | (cum + rem)
+  return (jnp.where(active, new_hi, carry[0]), jnp.where(active, new_lo, carry[1]), words)
+
+
+def _bit_push(carry, active, bit):
+  """:func:`_ans_push` of a sign bit (``Uniform(2)``: ``freq = 2^23``, ``cum = bit 2^23``).
+
+  With ``f = 2^23`` the push inserts ``bit`` at bit 23 of the state:
+  ``x' = (x >> 23) << 24 | bit << 23 | x mod 2^23``; renormalises when ``x >= 2^63``.
+  """
+  hi, lo, words = carry
+  renorm = hi >= jnp.uint32(1 << 31)
+  words = words + (active & renorm).astype(jnp.int32)
+  lo = jnp.where(renorm, hi, lo)
+  hi = jnp.where(renorm, jnp.uint32(0), hi)
+  new_hi = (hi << 1) | (lo >> 31)
+  new_lo = ((lo >> 23) << 24) | (bit << 23) | (lo & jnp.uint32((1 << 23) - 1))
+  return (jnp.where(active, new_hi, carry[0]), jnp.where(active, new_lo, carry[1]), words)
+
+
+def ans_stream_words(dense: jax.Array, neg: jax.Array, beta_idx: jax.Array,
+                     codec: CO3Codec) -> jax.Array:
+  """uint32 words of :func:`coding.ans_encode`'s output for these symbols (jit, exact).
+
+  Replays the pushes of ``ans_encode`` (the sign bits of the entries from last to
+  first, then the magnitudes from last to first) with constriction's arithmetic
+  (:func:`coding.ans_reference_words`; rANS, Duda 2013): 2n ``fori_loop`` steps.
+
+  Args:
+    dense: int32[n] dense magnitude ids (``M`` = NaN).
+    neg: int32[n] sign bits (used where ``0 < dense < M`` on a signed grid).
+    beta_idx: uint8[] row of the model table.
+    codec: an ANS codec.
+
+  Returns:
+    int32[] words (renormalisation words + the final state's non-zero words).
+  """
+  grid = codec.grid
+  if dense.shape[0] == 0:
+    return jnp.int32(0)  # constriction returns no words for an empty stream.
+  dense, neg = dense[::-1], neg[::-1]
+  idx = beta_idx.astype(jnp.int32)
+  cum = jnp.asarray(codec.ans_cum)[idx][dense]
+  freq = jnp.asarray(codec.ans_freq)[idx][dense]
+  carry = (jnp.uint32(0), jnp.uint32(0), jnp.int32(0))
+  if grid.fmt[0]:
+    has_sign = (dense > 0) & (dense < grid.num_mags)
+    neg = neg.astype(jnp.uint32)
+    carry = jax.lax.fori_loop(
+        0, dense.shape[0], lambda i, c: _bit_push(c, has_sign[i], neg[i]), carry)
+  hi, lo, words = jax.lax.fori_loop(
+      0, dense.shape[0], lambda i, c: _ans_push(c, jnp.bool_(True), cum[i], freq[i]),
+      carry)
+  return words + jnp.where(hi > 0, 2, jnp.where(lo > 0, 1, 0))
+
+
+def stream_bits(symbols: jax.Array, beta_idx: jax.Array, codec: CO3Codec) -> jax.Array:
+  """Bits of the coded message of one payload (jit), header included: EXACTLY
+  ``8 * len(encode_message(payload))`` for both coders (module docstring).
 
   Args:
     symbols: uint8[...] CO3 symbols.
@@ -195,22 +288,22 @@ def stream_bits(symbols: jax.Array, beta_idx: jax.Array, codec: CO3Codec) -> jax
   """
   grid = codec.grid
   big_m = grid.num_mags
-  mag, _ = floatgrid.split_symbols(symbols, grid)
-  dense = jnp.where(mag == grid.nan_mag, big_m, mag).reshape(-1)
+  mag, neg = floatgrid.split_symbols(symbols, grid)
+  dense = jnp.where(mag == grid.nan_mag, big_m, mag).reshape(-1).astype(jnp.int32)
+  if codec.coder == 'ans':
+    words = ans_stream_words(dense, neg.reshape(-1).astype(jnp.int32), beta_idx, codec)
+    return (8 * HEADER_BYTES + coding.ANS_WORD_BITS * words).astype(jnp.float32)
   counts = jnp.bincount(dense, length=big_m + 1)
   n_signs = (jnp.sum(counts[1:big_m]) if grid.fmt[0] else 0)
   idx = beta_idx.astype(jnp.int32)
-  if codec.coder == 'huffman':
-    size = int(np.prod(symbols.shape))
-    if size * (coding.MAX_CODE_LEN + 1) < 2**31:
-      body = jnp.sum(counts * jnp.asarray(codec.code_lengths)[idx]) + n_signs
-      nbytes = (body + 7) // 8 + HEADER_BYTES
-      return (8 * nbytes).astype(jnp.float32)
-    body = (jnp.sum(counts.astype(jnp.float32)
-                    * jnp.asarray(codec.code_lengths, jnp.float32)[idx]) + n_signs)
-    return 8 * (jnp.ceil(body / 8) + HEADER_BYTES)
-  info = jnp.sum(counts.astype(jnp.float32) * jnp.asarray(codec.neglog2)[idx]) + n_signs
-  return 8.0 * HEADER_BYTES + 32.0 * jnp.ceil((info + 32.0) / 32.0)
+  size = int(np.prod(symbols.shape))
+  if size * (coding.MAX_CODE_LEN + 1) < 2**31:
+    body = jnp.sum(counts * jnp.asarray(codec.code_lengths)[idx]) + n_signs
+    nbytes = (body + 7) // 8 + HEADER_BYTES
+    return (8 * nbytes).astype(jnp.float32)
+  body = (jnp.sum(counts.astype(jnp.float32)
+                  * jnp.asarray(codec.code_lengths, jnp.float32)[idx]) + n_signs)
+  return 8 * (jnp.ceil(body / 8) + HEADER_BYTES)
 
 
 def co3(shape, fmt=(1, 2, 1), gamma: float = 0.9, coder: str = 'huffman',

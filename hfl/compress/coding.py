@@ -23,11 +23,19 @@ of entries, which is static and known to the receiver):
   ``ceil((sum_k count_k * len_k + n_signs) / 8)`` bytes, which is what CO3's in-jit
   accounting charges.
 * ANS (Duda 2013, "Asymmetric numeral systems", arXiv:1311.2540) via
-  ``constriction.stream.stack.AnsCoder`` with a ``Categorical`` model of the same
-  floored model probabilities (no side information); sign bits are coded in the same
-  stack with ``Uniform(2)`` (exactly 1 bit each). Output: the coder's uint32 words,
-  little-endian. Its length is within :data:`ANS_OVERHEAD_BITS` plus the fixed-point
-  rounding loss of ``sum_k count_k * -log2 q_k + n_signs``.
+  ``constriction.stream.stack.AnsCoder`` (range ANS, 64-bit state, 32-bit words)
+  with a ``Categorical`` model of the same floored model probabilities (no side
+  information); sign bits are coded in the same stack with ``Uniform(2)`` (exactly
+  1 bit each). Output: the coder's uint32 words, little-endian. Its length depends
+  on the ORDER of the symbols, not only on their histogram (the coder starts from
+  state 0, where pushing the symbol with cumulative 0 costs nothing; every other
+  push rounds ``x -> floor(x / f) 2^P + c + x mod f``), so it is not a function of
+  the counts: :func:`ans_quantized_model` reads back the fixed-point model
+  (``P = ANS_PRECISION`` = 24 bits, cumulatives ``c`` and frequencies ``f``) that
+  constriction codes with, and :func:`ans_reference_words` replays the coder's
+  integer arithmetic (word for word, checked against constriction when the model is
+  read) so that the in-jit accounting (:func:`hfl.compress.co3.ans_stream_words`)
+  can count the exact number of words.
 
 :func:`empirical_entropy` gives the empirical-entropy bound of a stream.
 """
@@ -41,7 +49,8 @@ from hfl.compress import floatgrid
 
 PROB_FLOOR = 2.0**-20  # Model probability floor (before renormalising).
 MAX_CODE_LEN = 32      # Huffman codes are kept at most this long (floor raised if not).
-ANS_OVERHEAD_BITS = 64  # One 64-bit ANS state flushed as two uint32 words, at most.
+ANS_PRECISION = 24  # Fixed-point precision (bits) of constriction's Categorical and Uniform.
+ANS_WORD_BITS = 32  # constriction's DefaultAnsCoder: u32 words, u64 state.
 
 
 def model_probs(mag_probs: np.ndarray, floor: float = PROB_FLOOR) -> np.ndarray:
@@ -278,6 +287,112 @@ def _ans_models(probs: np.ndarray):
   model = constriction.stream.model.Categorical(np.asarray(probs, np.float64),
                                                 perfect=False)
   return constriction, model, constriction.stream.model.Uniform(2)
+
+
+class AnsModel(NamedTuple):
+  """A fixed-point ANS model: symbol k owns ``[cum[k], cum[k] + freq[k])`` of ``2^P``.
+
+  Attributes:
+    cum: int64[K] left cumulatives (units of ``2^-ANS_PRECISION``).
+    freq: int64[K] frequencies, all >= 1, summing to ``2^ANS_PRECISION``.
+  """
+  cum: np.ndarray
+  freq: np.ndarray
+
+
+def _push(x: int, cum: int, freq: int, words: list) -> int:
+  """One constriction ``AnsCoder.encode_symbol`` on the exact integer state ``x``."""
+  if x >> (2 * ANS_WORD_BITS - ANS_PRECISION) >= freq:  # Renormalise: emit the low word.
+    words.append(x & ((1 << ANS_WORD_BITS) - 1))
+    x >>= ANS_WORD_BITS
+  return ((x // freq) << ANS_PRECISION) | (cum + x % freq)
+
+
+def ans_reference_words(pushes, models) -> list:
+  """Replays constriction's stack ANS encoder (exact Python integers).
+
+  Args:
+    pushes: sequence of ``(model_index, symbol)`` in PUSH order (for
+      :func:`ans_encode`: the sign bits of the entries from last to first, then the
+      magnitudes from last to first).
+    models: sequence of :class:`AnsModel`.
+
+  Returns:
+    list of int, the uint32 words ``AnsCoder.get_compressed()`` returns: the
+    renormalisation words, then the final 64-bit state's non-zero words (none for
+    state 0, one if it fits in 32 bits, else two, low word first).
+  """
+  x, words = 0, []
+  for mi, sym in pushes:
+    m = models[mi]
+    x = _push(x, int(m.cum[sym]), int(m.freq[sym]), words)
+  while x:
+    words.append(x & ((1 << ANS_WORD_BITS) - 1))
+    x >>= ANS_WORD_BITS
+  return words
+
+
+def _probe_cum(model, k: int, constriction) -> int:
+  coder = constriction.stream.stack.AnsCoder()
+  coder.encode_reverse(np.array([k], np.int32), model)
+  words = coder.get_compressed()
+  return int(words[0]) if words.size else 0
+
+
+def _check_replay(models, probs, constriction, n: int = 2000):
+  """Raises RuntimeError unless :func:`ans_reference_words` reproduces constriction."""
+  rng = np.random.default_rng(0)
+  dense = rng.integers(0, len(probs), n)
+  signs = rng.integers(0, 2, n)
+  _, model, bit = _ans_models(probs)
+  coder = constriction.stream.stack.AnsCoder()
+  coder.encode_reverse(signs.astype(np.int32), bit)
+  coder.encode_reverse(dense.astype(np.int32), model)
+  got = coder.get_compressed().tolist()
+  pushes = [(1, int(b)) for b in signs[::-1]] + [(0, int(d)) for d in dense[::-1]]
+  if ans_reference_words(pushes, models) != got:
+    raise RuntimeError(
+        'constriction\'s AnsCoder no longer matches the replay in hfl.compress.coding '
+        f'(precision {ANS_PRECISION} bits, u32 words, u64 state): the in-jit ANS '
+        'accounting would be wrong; pin constriction==0.5.0 (requirements.txt) or '
+        'update ans_reference_words and hfl.compress.co3.ans_stream_words')
+
+
+def ans_quantized_model(probs: np.ndarray) -> tuple:
+  """The fixed-point models :func:`ans_encode` codes with, read back from constriction.
+
+  constriction quantises ``Categorical(probs, perfect=False)`` to ``P = 24``-bit
+  frequencies (every symbol >= 1); the quantised table is not exposed, so it is
+  read back: pushing symbol k alone onto an empty coder leaves the state
+  ``cum[k]`` (``floor(0 / f) 2^P + cum[k] + 0``), which ``get_compressed`` returns.
+  The first call in a process also checks the replay of a random 2,000-entry
+  stream (magnitudes and signs) word for word against constriction.
+
+  Args:
+    probs: float[K] model probabilities (K >= 2), as given to :func:`ans_encode`.
+
+  Returns:
+    ``(magnitude model, sign model)``, two :class:`AnsModel` (the sign model is
+    ``Uniform(2)``: frequencies ``2^(P-1)`` each).
+
+  Raises:
+    RuntimeError: if constriction's coder does not match the replay (another
+      precision or word size).
+  """
+  constriction, model, bit = _ans_models(probs)
+  models = []
+  for m, k in ((model, len(probs)), (bit, 2)):
+    cum = np.array([_probe_cum(m, s, constriction) for s in range(k)], np.int64)
+    models.append(AnsModel(cum, np.diff(np.append(cum, 1 << ANS_PRECISION))))
+  if any(np.any(m.freq < 1) for m in models):
+    raise RuntimeError('constriction returned a non-increasing cumulative table')
+  if not _REPLAY_CHECKED:
+    _check_replay(models, probs, constriction)
+    _REPLAY_CHECKED.append(True)
+  return tuple(models)
+
+
+_REPLAY_CHECKED = []  # Non-empty once the replay was checked in this process.
 
 
 def ans_encode(symbols: np.ndarray, grid: floatgrid.FloatGrid,
