@@ -46,7 +46,8 @@ coder are static configuration known to both ends and are not sent.
   :func:`ans_stream_words` replays the coder's integer arithmetic inside jit (a
   ``fori_loop`` over the pushes, 64-bit state emulated in uint32 pairs) with the
   fixed-point model read back from constriction (:func:`coding.ans_quantized_model`).
-  Cost: 2n sequential steps per leaf of n entries (about 40 ns per step on XLA:CPU).
+  Cost: 2n sequential steps per leaf of n entries (30 ms for 1M entries on a 2-core
+  CPU, docs/benchmarks.md, against 41 ms for constriction's own encoder).
 
 ``linear`` is False: payloads are all-gathered and decoded one by one.
 

@@ -231,7 +231,11 @@ def static_bits(compressor: base.Compressor) -> float:
   """Payload bits of ``compressor`` from its payload's static shapes and dtypes.
 
   Exact for every compressor whose ``wire_bits`` is the default
-  (:func:`base.payload_bits`); an upper bound for variable-length codes.
+  (:func:`base.payload_bits`). For a variable-length code (CO3) it is the size of
+  the fixed-width payload the simulation moves (8 bits per symbol + header), only an
+  estimate of the charged length: typically far above it, but a leaf of rare
+  symbols can cost more (a CO3 Huffman codeword has up to
+  ``coding.MAX_CODE_LEN`` bits, plus a sign bit).
   """
   return float(base.payload_bits(payload_shape(compressor)))
 
@@ -253,7 +257,7 @@ def describe(compressors: Sequence[base.Compressor], shapes) -> str:
     shape = _leaf_shape(leaf)
     size = int(np.prod(shape, dtype=np.int64))
     bits = static_bits(c)
-    approx = '' if c.wire_bits is base.payload_bits else '<='
+    approx = '' if c.wire_bits is base.payload_bits else '~'
     tot_bits += bits
     tot_size += size
     rows.append((jax.tree_util.keystr(path) or '<root>', str(shape), c.name,
