@@ -2,14 +2,31 @@
 
 A checkpoint is saved at the end of a round: ``state`` (the sharded TrainState
 pytree) and ``host`` (JSON: round, clock, byte totals, schedule state, ...). Orbax
-writes each step to a temporary directory and renames it when complete, so a run
-that fails mid-save leaves the previous checkpoints intact.
+writes each step to a temporary directory (``<step>.orbax-checkpoint-tmp``), writes
+``commit_success.txt`` into it and renames it when complete, so a run that fails
+mid-save leaves the previous checkpoints intact.
+
+A workdir can still hold a step directory that is not a complete checkpoint (a
+copy or sync that stopped half-way, a filesystem without atomic rename, a disk
+that filled up, a corrupted file) or a temporary directory of an interrupted save.
+:func:`restore_latest` therefore restores the newest checkpoint that restores, and
+moves every newer step directory and every temporary directory out of the way, to
+``WORKDIR/checkpoints_skipped/`` (nothing is deleted), logging which and why; the
+run then saves its next steps as usual.
 """
 
 import os
+from typing import NamedTuple
 
 import jax
+from absl import logging
+from etils import epath
 import orbax.checkpoint as ocp
+
+ITEMS = ('state', 'host')
+COMMIT_FILE = 'commit_success.txt'  # Written by orbax when it commits a step.
+TMP_MARK = '.orbax-checkpoint-tmp'  # Orbax's temporary (uncommitted) step directories.
+SKIPPED_DIR = 'checkpoints_skipped'  # WORKDIR/<this>: where unusable directories go.
 
 
 def manager(workdir: str, max_to_keep: int = 2) -> ocp.CheckpointManager:
@@ -26,8 +43,104 @@ def save(mngr: ocp.CheckpointManager, step: int, state, host: dict) -> None:
   mngr.wait_until_finished()
 
 
+def incomplete_reason(path) -> str | None:
+  """Why the step directory ``path`` is not a complete checkpoint, from its files.
+
+  Args:
+    path: a step directory (str or epath.Path).
+
+  Returns:
+    None when it has both items and orbax's commit marker (it may still fail to
+    restore: a truncated or corrupt file is only found by reading it), else a
+    short reason.
+  """
+  path = epath.Path(path)
+  if not path.is_dir():
+    return 'not a directory'
+  names = {p.name for p in path.iterdir()}
+  if not names:
+    return 'empty directory (the save never wrote into it)'
+  missing = [n for n in ITEMS if n not in names]
+  if missing:
+    return f'item {missing[0]!r} missing (has {sorted(names)})'
+  if COMMIT_FILE not in names:
+    return f'no {COMMIT_FILE}: orbax never committed this step'
+  return None
+
+
+class UnrestorableError(ValueError):
+  """No checkpoint of the workdir restores and one of them looks committed (a
+  ValueError: the workdir given is unusable as it is; main.py exits with status 2)."""
+
+
+class Skipped(NamedTuple):
+  """A directory under WORKDIR/checkpoints that is not restored from.
+
+  Attributes:
+    path: the directory.
+    reason: why (:func:`incomplete_reason` or the restore error).
+    incomplete: True when its files show the save did not finish (as opposed to
+      a committed step that failed to restore).
+  """
+  path: epath.Path
+  reason: str
+  incomplete: bool
+
+
+def _first_line(err: Exception) -> str:
+  text = str(err).strip().splitlines()
+  return f'{type(err).__name__}: {text[0][:300] if text else ""}'
+
+
+_BARRIERS = []  # Barrier names must not repeat within a process.
+
+
+def _barrier(what: str) -> None:
+  """All processes wait here (orbax's barrier; nothing with one process)."""
+  if jax.process_count() > 1:
+    _BARRIERS.append(what)
+    ocp.multihost.sync_global_processes(f'hfl_checkpoint_{what}_{len(_BARRIERS)}')
+
+
+def _move_aside(mngr: ocp.CheckpointManager, skipped: list) -> None:
+  """Moves the skipped directories to WORKDIR/checkpoints_skipped.
+
+  Process 0 moves, after every process has finished looking at them (the first
+  barrier) and before any of them goes on (the second); every process then
+  re-reads the step list. Every process calls this once per restore, skipped or
+  not, so the barriers match.
+  """
+  _barrier('scanned')
+  dest_root = epath.Path(mngr.directory).parent / SKIPPED_DIR
+  if skipped and jax.process_index() == 0:
+    dest_root.mkdir(parents=True, exist_ok=True)
+    for s in skipped:
+      dest, n = dest_root / s.path.name, 1
+      while dest.exists():
+        dest, n = dest_root / f'{s.path.name}.{n}', n + 1
+      s.path.rename(dest)
+      logging.warning('Checkpoint directory %s skipped (%s); moved to %s.', s.path, s.reason,
+                      dest)
+  _barrier('moved')
+  if skipped:
+    mngr.reload()
+
+
+def _restore(mngr: ocp.CheckpointManager, step: int, abstract_state):
+  out = mngr.restore(step, args=ocp.args.Composite(
+      state=ocp.args.StandardRestore(abstract_state), host=ocp.args.JsonRestore()))
+  return step, out['state'], out['host']
+
+
 def restore_latest(mngr: ocp.CheckpointManager, abstract_state):
-  """Restores the newest checkpoint, or returns None when there is none.
+  """Restores the newest checkpoint that restores, or returns None when there is none.
+
+  Steps are tried newest first. A step directory that is incomplete
+  (:func:`incomplete_reason`) or fails to restore is skipped; once one restores,
+  the skipped ones and orbax's temporary directories are moved to
+  WORKDIR/checkpoints_skipped (logged with the reason) so that the run can save
+  those steps again. When no step restores and every step directory is
+  incomplete, they are moved aside the same way and the run starts afresh (None).
 
   Args:
     mngr: the manager.
@@ -35,13 +148,38 @@ def restore_latest(mngr: ocp.CheckpointManager, abstract_state):
 
   Returns:
     (step, state, host) or None.
+
+  Raises:
+    UnrestorableError: no step restores and at least one of them looks committed (its
+      restore error may be the program's, not the files'): nothing is moved; the
+      message lists every step and its error.
   """
-  step = mngr.latest_step()
-  if step is None:
-    return None
-  out = mngr.restore(step, args=ocp.args.Composite(
-      state=ocp.args.StandardRestore(abstract_state), host=ocp.args.JsonRestore()))
-  return step, out['state'], out['host']
+  root = epath.Path(mngr.directory)
+  skipped = [Skipped(p, 'temporary directory of an interrupted save', True)
+             for p in sorted(root.iterdir()) if TMP_MARK in p.name] if root.exists() else []
+  for step in sorted(mngr.all_steps(), reverse=True):
+    path = root / str(step)
+    reason = incomplete_reason(path)
+    if reason is None:
+      try:
+        restored = _restore(mngr, step, abstract_state)
+      except Exception as err:  # pylint: disable=broad-except
+        skipped.append(Skipped(path, f'restore failed: {_first_line(err)}', False))
+        continue
+      _move_aside(mngr, skipped)
+      if any(s.path.name.isdigit() for s in skipped):
+        logging.warning('Resuming from checkpoint %d, the newest complete one.', step)
+      return restored
+    skipped.append(Skipped(path, reason, True))
+  if not all(s.incomplete for s in skipped):
+    _barrier('scanned')  # Every process raises; none moves anything.
+    raise UnrestorableError(
+        f'No checkpoint in {root} can be restored: '
+        + '; '.join(f'{s.path.name}: {s.reason}' for s in skipped)
+        + f'. Nothing was moved or deleted. If these checkpoints are damaged, move them out '
+        f'of {root} (the run then starts from step 0), or use a new --workdir.')
+  _move_aside(mngr, skipped)
+  return None
 
 
 def abstract(tree, shardings):

@@ -325,8 +325,9 @@ def train_and_evaluate(config: ml_collections.ConfigDict, workdir: str) -> dict:
 
   Args:
     config: the experiment config (see configs/default.py).
-    workdir: output directory; an existing run there is resumed from its latest
-      checkpoint (the config must match, except RESUMABLE_FIELDS).
+    workdir: output directory; an existing run there is resumed from its newest
+      checkpoint that restores (the config must match, except RESUMABLE_FIELDS;
+      unusable newer step directories are moved aside, hfl.checkpoint).
 
   Returns:
     The summary dict (DESIGN 3), also written to WORKDIR/summary.json.
@@ -335,6 +336,8 @@ def train_and_evaluate(config: ml_collections.ConfigDict, workdir: str) -> dict:
     ValueError / FileNotFoundError: bad config or data, before anything is compiled
       or written.
     FloatingPointError: the train loss became NaN or infinite.
+    hfl.checkpoint.UnrestorableError (a ValueError): no checkpoint in the workdir
+      restores and one looks committed; nothing is moved.
   """
   wall0 = time.time()
   s = setup(config)

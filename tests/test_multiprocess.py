@@ -6,7 +6,8 @@ Fashion-MNIST-layout dataset (gzip'd IDX files, 256 train / 64 test images):
   plain   1 process x 8 devices, no distributed runtime (the ordinary run);
   mp      2 processes x 4 devices through launch/local_multiprocess.py, first to
           step 4, then resumed from its checkpoint to step 6 (multi-process
-          orbax save and restore);
+          orbax save and restore, past an empty checkpoints/6 that process 0
+          moves aside);
   single  1 process x 8 devices under the distributed runtime (the launcher with
           --num_processes=1), so collectives use gloo as in ``mp``.
 
@@ -156,9 +157,14 @@ def runs(tmp_path_factory):
   run_ok(launch(2, main_args(out['mp'], data, num_steps=4)))
   step, _ = load_state(out['mp'])
   assert step == 4
+  # An unusable newer step directory (a save cut short): process 0 moves it aside
+  # between two barriers while process 1 waits, and both resume from step 4.
+  os.makedirs(os.path.join(out['mp'], 'checkpoints', '6'))
   run_ok(launch(2, main_args(out['mp'], data, num_steps=6)))
   with open(os.path.join(out['mp'], 'logs', 'process_0.log')) as f:
-    assert 'Resumed from' in f.read()
+    log = f.read()
+  assert 'Resumed from' in log and 'checkpoints/6 skipped (empty directory' in log
+  assert os.listdir(os.path.join(out['mp'], 'checkpoints_skipped')) == ['6']
   run_ok(launch(1, main_args(out['single'], data)))
   return out
 

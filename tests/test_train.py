@@ -1,8 +1,10 @@
 """End-to-end training: outputs, exact resume, and clear errors on bad input."""
 
+import glob
 import gzip
 import json
 import os
+import shutil
 import subprocess
 import sys
 
@@ -153,6 +155,41 @@ def test_interrupted_run_resumes_bitwise(fake_data, tmp_path, monkeypatch):
     assert summary[key] == ref[key], key
   steps = [json.loads(l)['step'] for l in open(os.path.join(cut_dir, 'metrics.jsonl'))]
   assert steps == sorted(set(steps))  # each evaluation exactly once
+
+
+def test_extending_a_run_past_unusable_newest_checkpoints(fake_data, smoke_run, tmp_path):
+  """Fault: a finished run plus an empty newer step directory failed to resume with
+  KeyError 'Item "host" was not found' until someone deleted it. Here the finished
+  12-step run gets an empty checkpoints/16, a committed but truncated
+  checkpoints/14 and orbax's temporary directory of an interrupted save of step 18;
+  extended to 16 steps it resumes from 12, saves 14 and 16 again, and ends bitwise
+  where the same extension ends without them (same machine, same program)."""
+  import jax  # pylint: disable=g-import-not-at-top
+  from hfl import checkpoint as ckpt_lib  # pylint: disable=g-import-not-at-top
+  src, _ = smoke_run
+  broken_dir, clean_dir = str(tmp_path / 'broken'), str(tmp_path / 'clean')
+  shutil.copytree(src, broken_dir)
+  shutil.copytree(src, clean_dir)
+  ckpts = os.path.join(broken_dir, 'checkpoints')
+  os.makedirs(os.path.join(ckpts, '16'))
+  shutil.copytree(os.path.join(ckpts, '12'), os.path.join(ckpts, '14'))
+  data = max(glob.glob(os.path.join(ckpts, '14', 'state', '**', 'd', '*'), recursive=True),
+             key=os.path.getsize)
+  with open(data, 'r+b') as f:
+    f.truncate(os.path.getsize(data) // 2)
+  shutil.copytree(os.path.join(ckpts, '10'), os.path.join(ckpts, '18' + ckpt_lib.TMP_MARK))
+  cfg = {'train.num_steps': 16}
+  summary = train.train_and_evaluate(smoke_config(fake_data, **cfg), broken_dir)
+  ref = train.train_and_evaluate(smoke_config(fake_data, **cfg), clean_dir)
+  assert summary['intra_dc_iterations'] == 16
+  assert sorted(os.listdir(os.path.join(broken_dir, ckpt_lib.SKIPPED_DIR))) == [
+      '14', '16', '18' + ckpt_lib.TMP_MARK]
+  assert sorted(os.listdir(ckpts)) == ['14', '16']
+  for key in ('final_test_accuracy', 'bytes', 'sim_time_s', 'inter_dc_rounds'):
+    assert summary[key] == ref[key], key
+  for x, y in zip(jax.tree.leaves(final_state(broken_dir)[1]),
+                  jax.tree.leaves(final_state(clean_dir)[1])):
+    np.testing.assert_array_equal(np.asarray(x), np.asarray(y))
 
 
 BAD = [

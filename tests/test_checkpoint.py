@@ -1,0 +1,165 @@
+"""Resuming from real orbax checkpoints when the newest step directory is unusable."""
+
+import glob
+import logging
+import os
+import shutil
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+import pytest
+
+from hfl import checkpoint as ckpt_lib
+
+
+def _state(step):
+  return {'w': jnp.arange(1000, dtype=jnp.float32).reshape(10, 100) * step,
+          'b': jnp.full((3,), step, jnp.int32)}
+
+
+def _abstract():
+  sh = jax.sharding.SingleDeviceSharding(jax.devices()[0])
+  return ckpt_lib.abstract(_state(0), jax.tree.map(lambda _: sh, _state(0)))
+
+
+def _workdir(tmp_path, steps=(2, 4)):
+  workdir = str(tmp_path / 'run')
+  mngr = ckpt_lib.manager(workdir)
+  for step in steps:
+    ckpt_lib.save(mngr, step, _state(step), {'step': step})
+  mngr.close()
+  return workdir
+
+
+def _files(path):
+  return sorted((os.path.relpath(f, path), os.path.getsize(f))
+                for f in glob.glob(os.path.join(path, '**'), recursive=True) if os.path.isfile(f))
+
+
+def _largest_state_file(step_dir):
+  return max(glob.glob(os.path.join(step_dir, 'state', '**', 'd', '*'), recursive=True),
+             key=os.path.getsize)
+
+
+def _empty(c):
+  os.makedirs(os.path.join(c, '6'))
+  return '6'
+
+
+def _no_host(c):
+  shutil.copytree(os.path.join(c, '4'), os.path.join(c, '6'))
+  shutil.rmtree(os.path.join(c, '6', 'host'))
+  return '6'
+
+
+def _no_commit_marker(c):
+  shutil.copytree(os.path.join(c, '4'), os.path.join(c, '6'))
+  os.remove(os.path.join(c, '6', ckpt_lib.COMMIT_FILE))
+  return '6'
+
+
+def _truncated_state_data(c):
+  shutil.copytree(os.path.join(c, '4'), os.path.join(c, '6'))
+  f = _largest_state_file(os.path.join(c, '6'))
+  with open(f, 'r+b') as fh:
+    fh.truncate(os.path.getsize(f) // 2)
+  return '6'
+
+
+def _corrupt_state_metadata(c):
+  shutil.copytree(os.path.join(c, '4'), os.path.join(c, '6'))
+  with open(os.path.join(c, '6', 'state', '_METADATA'), 'r+b') as fh:
+    fh.truncate(50)
+  return '6'
+
+
+def _orbax_tmp_dir(c):
+  # What an interrupted save leaves: orbax's temporary directory, never renamed.
+  name = '6' + ckpt_lib.TMP_MARK
+  shutil.copytree(os.path.join(c, '4'), os.path.join(c, name))
+  os.remove(os.path.join(c, name, ckpt_lib.COMMIT_FILE))
+  shutil.rmtree(os.path.join(c, name, 'host'))
+  return name
+
+
+KINDS = [_empty, _no_host, _no_commit_marker, _truncated_state_data, _corrupt_state_metadata,
+         _orbax_tmp_dir]
+
+
+@pytest.mark.parametrize('plant', KINDS, ids=[k.__name__[1:] for k in KINDS])
+def test_resume_skips_unusable_newest_step_and_keeps_saving(tmp_path, plant, caplog):
+  workdir = _workdir(tmp_path)
+  ckpts = os.path.join(workdir, 'checkpoints')
+  good = {s: _files(os.path.join(ckpts, s)) for s in ('2', '4')}
+  name = plant(ckpts)
+  broken = _files(os.path.join(ckpts, name))
+  mngr = ckpt_lib.manager(workdir)
+  with caplog.at_level(logging.WARNING):
+    step, state, host = ckpt_lib.restore_latest(mngr, _abstract())
+  assert step == 4 and host == {'step': 4}
+  np.testing.assert_array_equal(np.asarray(state['w']), np.asarray(_state(4)['w']))
+  # Logged (which and why), moved aside whole, the complete checkpoints untouched.
+  assert f'{ckpts}/{name} skipped' in caplog.text, caplog.text
+  assert 'Resuming from checkpoint 4' in caplog.text or ckpt_lib.TMP_MARK in name
+  moved = os.path.join(workdir, ckpt_lib.SKIPPED_DIR, name)
+  assert not os.path.exists(os.path.join(ckpts, name)) and _files(moved) == broken
+  assert {s: _files(os.path.join(ckpts, s)) for s in ('2', '4')} == good
+  # The run keeps saving, the replaced step included, and resumes from it.
+  ckpt_lib.save(mngr, 6, _state(6), {'step': 6})
+  ckpt_lib.save(mngr, 8, _state(8), {'step': 8})
+  mngr.close()
+  mngr = ckpt_lib.manager(workdir)
+  assert ckpt_lib.incomplete_reason(os.path.join(ckpts, '6')) is None
+  step, state, host = ckpt_lib.restore_latest(mngr, _abstract())
+  assert step == 8 and host == {'step': 8}
+  np.testing.assert_array_equal(np.asarray(state['b']), [8, 8, 8])
+  assert sorted(mngr.all_steps()) == [6, 8]  # max_to_keep=2 keeps the two newest.
+  mngr.close()
+
+
+def test_several_unusable_steps_all_skipped_repeated_names_kept(tmp_path, caplog):
+  workdir = _workdir(tmp_path)
+  ckpts = os.path.join(workdir, 'checkpoints')
+  _truncated_state_data(ckpts)
+  os.makedirs(os.path.join(ckpts, '8'))
+  os.makedirs(os.path.join(workdir, ckpt_lib.SKIPPED_DIR, '8'))  # From an earlier crash.
+  with caplog.at_level(logging.WARNING):
+    step, _, _ = ckpt_lib.restore_latest(ckpt_lib.manager(workdir), _abstract())
+  assert step == 4
+  skipped = sorted(os.listdir(os.path.join(workdir, ckpt_lib.SKIPPED_DIR)))
+  assert skipped == ['6', '8', '8.1']
+  assert 'restore failed' in caplog.text and 'empty directory' in caplog.text
+
+
+def test_only_incomplete_steps_start_afresh(tmp_path):
+  workdir = str(tmp_path / 'run')
+  os.makedirs(os.path.join(workdir, 'checkpoints', '2'))
+  mngr = ckpt_lib.manager(workdir)
+  assert ckpt_lib.restore_latest(mngr, _abstract()) is None
+  assert os.listdir(os.path.join(workdir, ckpt_lib.SKIPPED_DIR)) == ['2']
+  ckpt_lib.save(mngr, 2, _state(2), {'step': 2})
+  assert ckpt_lib.restore_latest(mngr, _abstract())[0] == 2
+
+
+def test_committed_but_unreadable_only_checkpoint_is_refused_untouched(tmp_path):
+  workdir = _workdir(tmp_path, steps=(2,))
+  step_dir = os.path.join(workdir, 'checkpoints', '2')
+  f = _largest_state_file(step_dir)
+  with open(f, 'r+b') as fh:
+    fh.truncate(os.path.getsize(f) // 2)
+  before = _files(step_dir)
+  with pytest.raises(ckpt_lib.UnrestorableError, match=r'No checkpoint .* can be restored: 2: restore failed'):
+    ckpt_lib.restore_latest(ckpt_lib.manager(workdir), _abstract())
+  assert _files(step_dir) == before
+  assert not os.path.exists(os.path.join(workdir, ckpt_lib.SKIPPED_DIR))
+
+
+def test_complete_checkpoints_restore_with_nothing_moved(tmp_path, caplog):
+  workdir = _workdir(tmp_path)
+  with caplog.at_level(logging.WARNING):
+    step, _, host = ckpt_lib.restore_latest(ckpt_lib.manager(workdir), _abstract())
+  assert step == 4 and host == {'step': 4}
+  assert 'skipped' not in caplog.text
+  assert not os.path.exists(os.path.join(workdir, ckpt_lib.SKIPPED_DIR))
+  assert ckpt_lib.restore_latest(ckpt_lib.manager(str(tmp_path / 'new')), _abstract()) is None
