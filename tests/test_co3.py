@@ -111,12 +111,52 @@ def test_moment_estimator_degenerate_inputs():
   assert np.isfinite(float(fit.beta)) and float(fit.alpha) > 0
 
 
-def test_closed_form_mse_matches_quadrature():
-  g = floatgrid.make_grid(FP4)
+# Accuracy of scipy.special.gammainc (its incomplete-gamma code descends from Cephes'
+# igam, whose documented peak relative error is 9.9e-14 for 0 < a <= 100; here
+# a = (k + 1) / beta <= 15). Everything the GenNorm table holds is built from it.
+SF_REL_ERR = 1e-13
+SQRT_EPS = float(np.sqrt(np.finfo(np.float64).eps))
+
+
+def _mse_error_bound(p, beta, grid):
+  """Absolute error bound of gennorm.quant_mse(p) from SF_REL_ERR.
+
+  Each cell's partial moment is a prefactor (the full one-sided moment M of its
+  order, from gammaln: relative error <= SF_REL_ERR) times a difference of two
+  regularised incomplete gammas (each <= 1: absolute error <= 2 SF_REL_ERR), so
+  its error is at most 3 SF_REL_ERR M; doubled for float rounding of the sums.
+  The cell sum c^2 M0 - 2 c M1 + M2 adds these with weights c^2, 2c, 1 (x2 on a
+  signed grid; an unsigned one adds the negative half's M2)."""
+  full = [float(gennorm._partial(k, 0.0, np.inf, beta, p)) for k in (0, 1, 2)]
+  c = grid.mags
+  cells = np.sum(c**2 * full[0] + 2 * c * full[1] + full[2])
+  if not grid.fmt[0]:  # Unsigned: the negative half's second moment is added.
+    cells += full[2]
+  return (1 + grid.fmt[0]) * 2 * 3 * SF_REL_ERR * cells / p**2
+
+
+def _optimum_allowance(p, beta, grid):
+  """How far above the true minimum gennorm.optimal_prescale may end, in MSE units:
+  the evaluation error bound, plus the bounded Brent refinement's termination window
+  (scipy's fminbound stops within 2 tol1 of the minimiser, tol1 = sqrt(eps) |u| +
+  xatol / 3 in u = log p; xatol = 1e-9) times the curvature."""
+  u, h = np.log(p), 1e-3
+  f = lambda v: float(gennorm.quant_mse(np.exp(v), beta, grid))  # noqa: E731
+  curv = max((f(u + h) - 2 * f(u) + f(u - h)) / h**2, 0.0)
+  tol1 = SQRT_EPS * abs(u) + 1e-9 / 3
+  return _mse_error_bound(p, beta, grid) + 0.5 * curv * (2 * tol1)**2, curv
+
+
+@pytest.mark.parametrize('fmt', [FP4, (0, 2, 1)])
+def test_closed_form_mse_matches_quadrature(fmt):
+  """Within quad's own error estimate plus the closed form's error bound."""
+  g = floatgrid.make_grid(fmt)
   for beta in (0.5, 1.7):
     p = gennorm.optimal_prescale(beta, g)
-    np.testing.assert_allclose(gennorm.quant_mse(p, beta, g),
-                               gennorm.quant_mse_quad(p, beta, g), rtol=1e-6)
+    quad, quad_err = gennorm.quant_mse_quad(p, beta, g, with_error=True)
+    closed = float(gennorm.quant_mse(p, beta, g))
+    assert abs(closed - quad) <= quad_err + _mse_error_bound(p, beta, g), (
+        beta, closed, quad, quad_err)
 
 
 @pytest.mark.parametrize('beta', [0.5, 1.0, 1.5, 2.0])
@@ -138,38 +178,6 @@ def test_prescale_vs_monte_carlo(beta):
   assert abs(np.log(p_mc / p_tab)) < np.log(1.08), (p_mc, p_tab)
   assert mc_mse(p_tab) <= 1.01 * mses.min()
   np.testing.assert_allclose(mc_mse(p_tab), gennorm.quant_mse(p_tab, beta, g), rtol=0.02)
-
-
-# Accuracy of scipy.special.gammainc (its incomplete-gamma code descends from Cephes'
-# igam, whose documented peak relative error is 9.9e-14 for 0 < a <= 100; here
-# a = (k + 1) / beta <= 15). Everything the GenNorm table holds is built from it.
-SF_REL_ERR = 1e-13
-SQRT_EPS = float(np.sqrt(np.finfo(np.float64).eps))
-
-
-def _mse_error_bound(p, beta, grid):
-  """Absolute error bound of gennorm.quant_mse(p) from SF_REL_ERR.
-
-  Each cell's partial moment is a prefactor times a difference of two regularised
-  incomplete gammas (each <= 1), so its error is at most 2 SF_REL_ERR times the
-  full one-sided moment of its order (plus its own relative error); the cell sum
-  c^2 M0 - 2 c M1 + M2 adds these with weights c^2, 2c, 1 (x2 on a signed grid)."""
-  full = [float(gennorm._partial(k, 0.0, np.inf, beta, p)) for k in (0, 1, 2)]
-  c = grid.mags
-  cells = np.sum(c**2 * full[0] + 2 * c * full[1] + full[2])
-  return 2 * (1 + grid.fmt[0]) * 3 * SF_REL_ERR * cells / p**2
-
-
-def _optimum_allowance(p, beta, grid):
-  """How far above the true minimum gennorm.optimal_prescale may end, in MSE units:
-  the evaluation error bound, plus the bounded Brent refinement's termination window
-  (scipy's fminbound stops within 2 tol1 of the minimiser, tol1 = sqrt(eps) |u| +
-  xatol / 3 in u = log p; xatol = 1e-9) times the curvature."""
-  u, h = np.log(p), 1e-3
-  f = lambda v: float(gennorm.quant_mse(np.exp(v), beta, grid))  # noqa: E731
-  curv = max((f(u + h) - 2 * f(u) + f(u - h)) / h**2, 0.0)
-  tol1 = SQRT_EPS * abs(u) + 1e-9 / 3
-  return _mse_error_bound(p, beta, grid) + 0.5 * curv * (2 * tol1)**2, curv
 
 
 @pytest.mark.parametrize('fmt', [FP4, FP8])

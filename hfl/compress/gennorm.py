@@ -171,20 +171,34 @@ def quant_mse(p, beta: float, grid: floatgrid.FloatGrid):
   return err / p[..., 0]**2
 
 
-def quant_mse_quad(p: float, beta: float, grid: floatgrid.FloatGrid) -> float:
-  """:func:`quant_mse` by numerical quadrature (scipy.integrate.quad), for checks."""
+def quant_mse_quad(p: float, beta: float, grid: floatgrid.FloatGrid,
+                   with_error: bool = False):
+  """:func:`quant_mse` by numerical quadrature (scipy.integrate.quad), for checks.
+
+  Args:
+    p: pre-scale (> 0).
+    beta: shape.
+    grid: the float grid.
+    with_error: also return the bound on the quadrature's absolute error: the sum
+      of the error estimates ``quad`` returns for the cells (x2 on a signed grid).
+
+  Returns:
+    float, or (float, float) with ``with_error``.
+  """
   s = grid.fmt[0]
   f = lambda x: stats.gennorm.pdf(x, beta)  # noqa: E731
   edges = np.concatenate([[0.0], grid.mids / p, [np.inf]])
-  total = 0.0
+  total = err = 0.0
   for k, c in enumerate(grid.mags):
-    val, _ = integrate.quad(lambda x, c=c: (c / p - x)**2 * f(x), edges[k], edges[k + 1],
+    val, e = integrate.quad(lambda x, c=c: (c / p - x)**2 * f(x), edges[k], edges[k + 1],
                             limit=200)
-    total += val
+    total, err = total + val, err + e
   if s:
-    return 2 * total
-  val, _ = integrate.quad(lambda x: x**2 * f(x), -np.inf, 0)
-  return total + val
+    total, err = 2 * total, 2 * err
+  else:
+    val, e = integrate.quad(lambda x: x**2 * f(x), -np.inf, 0)
+    total, err = total + val, err + e
+  return (total, err) if with_error else total
 
 
 def optimal_prescale(beta: float, grid: floatgrid.FloatGrid) -> float:
