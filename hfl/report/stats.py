@@ -1,0 +1,140 @@
+"""Seed groups and paired statistics over a run table (:func:`hfl.report.runs.run_frame`).
+
+* A *group* is the runs whose configs differ only in ``seed`` (and
+  ``workdir``). Config fields that some runs lack (added to hfl after they
+  ran) are schema differences, not settings, and do not split a group. Keys
+  named in ``keep`` (e.g. ``seed`` when the caller labels rows by seed) split
+  groups too.
+* A group's value of a metric is the mean over its runs that have one, with
+  the sample standard deviation (ddof = 1; none for one value), the count n
+  and the standard error std / √n.
+* A *paired* Δ compares a group with a baseline group seed by seed: for every
+  seed that both have, ours − baseline (× ``scale``; 100 turns accuracy
+  fractions into percentage points), then mean ± sample std over those seeds.
+  Runs with the same seed share the initialisation and data order, so this
+  removes most of the seed-to-seed spread that the difference of the group
+  means carries.
+* Reduction = 1 − ours / baseline (positive = less); factor = baseline / ours.
+"""
+
+import json
+import logging
+import math
+from typing import Any, Iterable, NamedTuple, Sequence
+
+import numpy as np
+import pandas as pd
+
+from hfl.report import runs as runs_lib
+
+IGNORED = ('seed', 'workdir')
+
+
+class Stat(NamedTuple):
+  """Mean ± sample std (ddof = 1) of n values; std None below 2 values, mean None at 0."""
+  mean: float | None
+  std: float | None
+  n: int
+
+  @property
+  def sem(self) -> float | None:
+    """Standard error of the mean, std / √n (None without a std)."""
+    return None if self.std is None else self.std / math.sqrt(self.n)
+
+
+def stat(values: Iterable[Any]) -> Stat:
+  """The :class:`Stat` of the finite values among ``values`` (None / NaN skipped)."""
+  v = pd.to_numeric(pd.Series(list(values), dtype=object), errors='coerce').astype(float)
+  v = v[np.isfinite(v)]
+  if v.empty:
+    return Stat(None, None, 0)
+  return Stat(float(v.mean()), float(v.std()) if len(v) > 1 else None, int(len(v)))
+
+
+def group_ids(frame: pd.DataFrame, keep: Sequence[str] = ()) -> pd.Series:
+  """A group id per run (see the module docstring).
+
+  Args:
+    frame: runs (column ``config``: flattened configs).
+    keep: keys of :data:`IGNORED` that split groups here (e.g. ``('seed',)``).
+
+  Returns:
+    Series of strings aligned with ``frame``; a run without a config is its
+    own group.
+  """
+  configs = list(frame['config'])
+  shared = set.intersection(*(set(c) for c in configs if c)) if any(configs) else set()
+  keys = sorted(k for k in shared if k not in IGNORED or k in keep)
+  ids = [json.dumps([(k, repr(c[k])) for k in keys]) if c else f'workdir:{w}'
+         for c, w in zip(configs, frame['workdir'])]
+  return pd.Series(ids, index=frame.index, name='group')
+
+
+def summarize(frame: pd.DataFrame, groups: pd.Series) -> pd.DataFrame:
+  """One row per group, in first-seen order.
+
+  Columns: ``runs`` (row labels of ``frame``), ``seeds``, ``workdirs``, and for
+  every metric m of :data:`hfl.report.runs.METRICS`: ``m`` (mean), ``m_std``
+  (sample std) and ``m_n`` (how many runs have a value).
+  """
+  metrics = list(runs_lib.METRICS)
+  values = frame[metrics].apply(pd.to_numeric, errors='coerce').astype(float)
+  by = values.groupby(groups, sort=False)
+  out = by.mean()
+  std, count = by.std(ddof=1), by.count()
+  for m in metrics:
+    out[f'{m}_std'], out[f'{m}_n'] = std[m], count[m]
+  members = frame.groupby(groups, sort=False)
+  out['runs'] = members.apply(lambda g: list(g.index), include_groups=False)
+  out['seeds'] = members['seed'].agg(list)
+  out['workdirs'] = members['workdir'].agg(list)
+  return out.astype(object).where(out.notna(), None)
+
+
+def group_stat(summary: pd.DataFrame, group: str, metric: str) -> Stat:
+  """The :class:`Stat` of ``metric`` in one row of :func:`summarize`."""
+  row = summary.loc[group]
+  return Stat(row[metric], row[f'{metric}_std'], int(row[f'{metric}_n'] or 0))
+
+
+def paired_deltas(frame: pd.DataFrame, groups: pd.Series, group: str, base: str,
+                  metric: str = 'final_acc', scale: float = 100.0) -> pd.Series:
+  """Per seed, ``scale`` × (``metric`` of ``group`` − that of ``base``).
+
+  Only seeds with a value on both sides count; a seed that appears twice in a
+  group keeps its first run (with a warning).
+
+  Returns:
+    Series indexed by seed, sorted.
+  """
+  def by_seed(g):
+    s = frame.loc[groups == g].set_index('seed')[metric]
+    if s.index.has_duplicates:
+      logging.warning('group %s has seeds %s twice; keeping the first run of each',
+                      g, sorted(set(s.index[s.index.duplicated()])))
+      s = s[~s.index.duplicated()]
+    return pd.to_numeric(s, errors='coerce').astype(float)
+  ours, theirs = by_seed(group), by_seed(base)
+  d = (scale * (ours - theirs)).dropna()
+  return d.sort_index()
+
+
+def paired(frame: pd.DataFrame, groups: pd.Series, group: str, base: str,
+           metric: str = 'final_acc', scale: float = 100.0) -> tuple[Stat, dict]:
+  """:func:`paired_deltas` summarised: (its :class:`Stat`, {seed: Δ})."""
+  d = paired_deltas(frame, groups, group, base, metric, scale)
+  return stat(d.values), {k: float(v) for k, v in d.items()}
+
+
+def reduction(ours: float | None, base: float | None) -> float | None:
+  """1 − ours / base; None when either is missing or base ≤ 0."""
+  if ours is None or base is None or base <= 0:
+    return None
+  return 1.0 - ours / base
+
+
+def factor(ours: float | None, base: float | None) -> float | None:
+  """base / ours (∞ for ours = 0); None when either is missing."""
+  if ours is None or base is None:
+    return None
+  return math.inf if ours == 0 else base / ours
