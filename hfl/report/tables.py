@@ -93,7 +93,7 @@ _UNIT_FORMAT: dict[str, tuple[Callable, Callable | None]] = {
     'fraction': (lambda v, u: f'{100 * v:.2f}', None),
     'bytes': (metrics_lib.format_bytes, metrics_lib.byte_unit),
     's': (format_seconds, time_unit),
-    'rounds': (lambda v, u: f'{v:.1f}' if v != int(v) else f'{v:.0f}', None),
+    'rounds': (lambda v, u: f'{v:.0f}', None),
     'iterations': (lambda v, u: f'{v:.0f}', None),
 }
 
@@ -109,6 +109,8 @@ def fmt_stat(st: stats.Stat, unit: str, n_runs: int | None = None,
   if st.mean is None:
     return NEVER if to_target else '–'
   fmt, unit_of = _UNIT_FORMAT[unit]
+  if unit == 'rounds' and to_target:  # interpolated: a fraction of a round
+    fmt = lambda v, u: f'{v:.1f}'
   u = unit_of(st.mean) if unit_of else None
   s = fmt(st.mean, u) + (f' ± {fmt(st.std, u)}' if st.std else '')
   if unit == 'fraction':
