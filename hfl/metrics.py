@@ -152,7 +152,8 @@ def value(record: Mapping[str, Any], key: str) -> Any:
   return node
 
 
-def _finite(x: Any) -> bool:
+def finite(x: Any) -> bool:
+  """True for an int or float (not a bool) that is finite."""
   return isinstance(x, (int, float)) and not isinstance(x, bool) and math.isfinite(x)
 
 
@@ -199,7 +200,7 @@ def time_to_target(records: Sequence[Mapping[str, Any]], target: float,
   """
   prev = None
   for r in records:
-    if not (_finite(r.get('test_accuracy')) and _finite(value(r, key))):
+    if not (finite(r.get('test_accuracy')) and finite(value(r, key))):
       continue
     if r['test_accuracy'] >= target:
       return crossing(prev, r, target, key)

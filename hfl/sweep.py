@@ -1,21 +1,16 @@
 """Sweep launcher: a grid of config overrides, one training job per point.
 
-Each point gets a deterministic workdir ``ROOT/<name>``, built from its
-overrides in sorted key order (e.g. ``seed=0__sync.k=4``). A workdir with
-``summary.json`` is done and skipped; one without it (never started, or
-interrupted) is (re)run, and the job resumes from its own checkpoints. Jobs run
-as ``python main.py --config=BASE --workdir=ROOT/<name> --config.KEY=VALUE ...``
-in the caller's directory, one at a time or ``--parallel N`` at a time, each
-appending its output to ``ROOT/<name>/train.log``. Before any job starts, the
-config of every run to launch is checked as main.py checks it (unknown fields,
-values of the wrong type, :func:`hfl.config.validate`): one bad point stops the
-sweep before anything is written. A failed run is reported with its
-``train.log`` and the log's last error line. Ctrl-C stops the running jobs
-(rerun to resume). At the end :func:`hfl.report.write_report` writes
-``ROOT/report`` for the finished runs.
-
-The grid comes from a sweep file, from ``--grid`` flags, or both (see
-:data:`FORMAT`).
+Each point gets a deterministic workdir ``ROOT/<name>`` built from its overrides
+(e.g. ``seed=0__sync.k=4``). A workdir with ``summary.json`` is done and
+skipped; any other is (re)run, and the job resumes from its own checkpoints.
+Jobs run as ``python main.py --config=BASE --workdir=ROOT/<name>
+--config.KEY=VALUE ...`` in the caller's directory, ``--parallel N`` at a time,
+each appending its output to ``ROOT/<name>/train.log``. Every run's config is
+checked as main.py checks it before any job starts (one bad point: nothing is
+written); a failed run is reported with its log's last error line; Ctrl-C stops
+the running jobs (rerun to resume); at the end :func:`hfl.report.write_report`
+writes ``ROOT/report``. The grid comes from a sweep file and/or ``--grid``
+flags (:data:`FORMAT`).
 """
 
 import argparse
@@ -48,46 +43,35 @@ _UNSAFE = re.compile(r'[^A-Za-z0-9._=,+-]')
 
 FORMAT = """\
 sweep file: a Python file defining get_sweep() -> (base, grid)
-  base  a config file path ('configs/default.py', or 'path:arg'; relative to the
-        sweep file's directory, then to hfl's repository), or an
-        ml_collections.ConfigDict (written to ROOT/base_config.py)
-  grid  {dotted.key: [options...]}: the cartesian product, in key order; a value
-        that is not a list (e.g. a tuple for network.dc_speed) is one fixed value;
-        or a list of such dicts, whose points are concatenated (duplicates dropped)
+  base  a config file ('configs/default.py' or 'path:arg'; relative to the sweep file's
+        directory, else to hfl's repository) or an ml_collections.ConfigDict
+  grid  {dotted.key: [options...]}: their cartesian product, in key order (a value that
+        is not a list, e.g. a tuple for network.dc_speed, is one fixed value); or a list
+        of such dicts, whose points are concatenated (duplicates dropped)
 
-  # my_sweep.py: 2 strategies x 2 uplink compressors x 3 seeds = 12 runs
-  def get_sweep():
+  def get_sweep():  # 2 strategies x 2 uplink compressors x 3 seeds = 12 runs
     return 'configs/default.py', {
         'sync.strategy': ['sync', 'periodic'],
         'compression.uplink.name': ['identity', 'topk'],
         'train.num_steps': 400,          # one fixed value
-        'seed': [0, 1, 2],
-    }
+        'seed': [0, 1, 2]}
 
---grid KEY=V1,V2,...: a grid on the command line (values as Python literals,
-  else strings; a tuple value in parentheses); several --grid flags make their
-  cartesian product, and with --sweep they multiply the file's grid.
+--grid KEY=V1,V2,...  a grid axis on the command line (Python literals, else strings;
+  tuples in parentheses); several --grid flags: their cartesian product, with --sweep
+  times the file's points. Relative paths (--sweep, --config, --root) are the caller's;
+  jobs run in the caller's directory and write only under ROOT.
 
 examples:
   python -m hfl.sweep --sweep=my_sweep.py --root=workdirs/mine --dry_run
   python -m hfl.sweep --config=configs/smoke.py --grid sync.k=1,2,4 --grid seed=0,1 \\
       --root=/tmp/k_sweep --parallel=2
-  python -m hfl.report /tmp/k_sweep        # the table again (also written to ROOT/report)
-
-Relative paths (--sweep, --config, --root) are the caller's; a job runs in the
-caller's directory and writes only under ROOT.
+  python -m hfl.report /tmp/k_sweep   # the table again (also written to ROOT/report)
 """
 
 
 class RunSpec(NamedTuple):
-  """One point of the sweep.
-
-  Attributes:
-    name: deterministic workdir name (from the overrides).
-    workdir: absolute workdir path.
-    overrides: dotted config key -> value, sorted by key.
-    command: argv of the training job.
-  """
+  """One point: workdir ``name`` (from the overrides), absolute ``workdir``,
+  ``overrides`` (dotted key -> value, sorted by key) and the job's ``command`` (argv)."""
   name: str
   workdir: str
   overrides: dict
@@ -100,16 +84,10 @@ Runner = Callable[[RunSpec], Any]
 
 
 class SweepResult(NamedTuple):
-  """What a sweep invocation did.
-
-  Attributes:
-    runs: every point of the grid.
-    skipped: names already done before this invocation.
-    ran: names executed now that finished (wrote summary.json).
-    failed: names executed now that did not finish.
-    not_run: names left pending (``max_runs`` or ``dry_run``).
-    report: files written by the report (name -> path), or None.
-  """
+  """What a sweep invocation did: every point (``runs``); the names ``skipped``
+  (done before), ``ran`` (finished now), ``failed`` (ran, no summary.json) and
+  ``not_run`` (left by ``max_runs`` or ``dry_run``); ``report``: files written
+  (name -> path) or None."""
   runs: list
   skipped: list
   ran: list
@@ -122,18 +100,14 @@ class SweepResult(NamedTuple):
 # The grid.
 
 def load_sweep(path: str) -> tuple[Any, Any]:
-  """Imports a sweep file and returns ``get_sweep()`` (see :data:`FORMAT`).
+  """Imports a sweep file (:data:`FORMAT`) and returns ``get_sweep()``: (base, grid).
 
-  A relative config path as ``base`` is made absolute: against the sweep
-  file's directory if the file is there, else against hfl's repository (whose
-  sweep files name ``configs/...``). Sweep files may import ``configs.*``.
-
-  Returns:
-    ``(base, grid)``.
+  A relative config path as base is taken from the sweep file's directory if
+  the file is there, else from hfl's repository; sweep files may import
+  ``configs.*``.
 
   Raises:
-    FileNotFoundError: the file does not exist.
-    AttributeError: it defines no ``get_sweep``.
+    FileNotFoundError: no such file. AttributeError: it defines no ``get_sweep``.
   """
   if not os.path.isfile(path):
     raise FileNotFoundError(f'sweep file not found: {path}')
@@ -151,19 +125,6 @@ def load_sweep(path: str) -> tuple[Any, Any]:
     root = here if os.path.isfile(os.path.join(here, file)) else REPO_ROOT
     base = os.path.join(root, base)
   return base, grid
-
-
-def _split_top(text: str) -> list[str]:
-  """Splits on commas outside brackets: ``'(1,2),(3,4)'`` -> ``['(1,2)', '(3,4)']``."""
-  parts, depth, cur = [], 0, ''
-  for ch in text:
-    depth += (ch in '([{') - (ch in ')]}')
-    if ch == ',' and depth == 0:
-      parts.append(cur)
-      cur = ''
-    else:
-      cur += ch
-  return parts + [cur]
 
 
 def _literal(text: str) -> Any:
@@ -187,7 +148,8 @@ def parse_grid(flags: Sequence[str]) -> dict[str, list]:
       raise ValueError(f'--grid {flag!r}: expected KEY=V1,V2,... e.g. --grid sync.k=1,2,4')
     if key in grid:
       raise ValueError(f'--grid: {key!r} given twice; list all its values in one flag')
-    grid[key] = [_literal(v.strip()) for v in _split_top(values)]
+    # Commas inside brackets belong to a value: '(1.0,2.0),(1.0,1.0)' is two tuples.
+    grid[key] = [_literal(v.strip()) for v in re.split(r',(?![^()\[\]]*[)\]])', values)]
   return grid
 
 
@@ -198,21 +160,9 @@ def combine_grids(grid: Any, extra: Mapping[str, list] | None) -> Any:
   return [dict(p, **q) for p in expand_grid(grid) for q in expand_grid(dict(extra))]
 
 
-def expand_grid(grid: Mapping[str, Any] | Sequence[Mapping[str, Any]] | None
-                ) -> list[dict]:
-  """Expands a grid into a list of override dicts.
-
-  Args:
-    grid: dict key -> list of options (or one fixed value), expanded as a
-      cartesian product in key order; or a list of such dicts, concatenated;
-      or None/empty for the single base run.
-
-  Returns:
-    List of dicts ``{dotted_key: value}`` without duplicates, in grid order.
-
-  Raises:
-    TypeError: on a grid of another type.
-  """
+def expand_grid(grid: Mapping[str, Any] | Sequence[Mapping[str, Any]] | None) -> list[dict]:
+  """The points of a grid (:data:`FORMAT`; None/empty: the base run alone), as override
+  dicts in grid order, duplicates dropped; TypeError for another type of grid."""
   if not grid:
     return [{}]
   if isinstance(grid, Mapping):
@@ -223,12 +173,10 @@ def expand_grid(grid: Mapping[str, Any] | Sequence[Mapping[str, Any]] | None
     points = [p for sub in grid for p in expand_grid(sub)]
   else:
     raise TypeError(f'grid must be a dict or a list of dicts, got {type(grid)}')
-  seen, out = set(), []
+  first = {}
   for p in points:
-    if _canonical(p) not in seen:
-      seen.add(_canonical(p))
-      out.append(p)
-  return out
+    first.setdefault(_canonical(p), p)
+  return list(first.values())
 
 
 def _canonical(overrides: Mapping[str, Any]) -> str:
@@ -245,13 +193,10 @@ def _name_value(v: Any) -> str:
 def run_name(overrides: Mapping[str, Any]) -> str:
   """Deterministic, filesystem-safe workdir name of a set of overrides.
 
-  Keys are sorted, so the name does not depend on the grid's key order. When
-  the readable form had to be altered (unsafe characters, more than 200
-  characters), an 8-hex-digit hash of the overrides is appended so that
-  distinct overrides never share a name.
-
-  Returns:
-    E.g. ``'seed=0__sync.strategy=periodic'``; ``'base'`` for no overrides.
+  Keys are sorted (the grid's key order does not matter); when the readable form
+  had to be altered (unsafe characters, over 200 characters) an 8-hex-digit hash
+  of the overrides is appended, so distinct overrides never share a name. E.g.
+  ``'seed=0__sync.strategy=periodic'``; ``'base'`` for no overrides.
   """
   if not overrides:
     return 'base'
@@ -280,20 +225,16 @@ def run_status(workdir: str) -> str:
 
 
 def resolve_base(base: Any, root: str, write: bool = True) -> str:
-  """The ``--config=`` argument for a base config.
+  """The ``--config=`` value (absolute path, plus ``:arg``) of a base config.
 
   Args:
-    base: config path (``'path'`` or ``'path:arg'``; a relative path is the
-      caller's) or a ConfigDict (written to ``ROOT/base_config.py``).
+    base: config path (``'path'`` or ``'path:arg'``; relative: the caller's) or a
+      ConfigDict, written to ``ROOT/base_config.py`` (only with ``write``).
     root: sweep root.
-    write: write ``base_config.py`` for a ConfigDict base (False: only return
-      its path, for dry runs).
-
-  Returns:
-    The value of ``--config`` (an absolute path, plus ``:arg``).
+    write: write ``base_config.py`` (False for dry runs: only its path).
 
   Raises:
-    FileNotFoundError: if a config path does not exist.
+    FileNotFoundError: the config path does not exist.
   """
   if not isinstance(base, str):
     path = os.path.join(os.path.abspath(root), BASE_CONFIG_FILE)
@@ -310,49 +251,30 @@ def resolve_base(base: Any, root: str, write: bool = True) -> str:
 
 
 def _config_module_text(config: Any) -> str:
-  """Source of a config file that rebuilds ``config`` (tuples preserved)."""
+  """Source of a config file that rebuilds ``config`` (a Python literal: tuples kept).
+
+  Raises:
+    ValueError: a value has no literal form (e.g. inf, or an object).
+  """
   d = config.to_dict() if hasattr(config, 'to_dict') else dict(config)
-
-  def encode(x):
-    if isinstance(x, tuple):
-      return {'__tuple__': [encode(v) for v in x]}
-    if isinstance(x, list):
-      return [encode(v) for v in x]
-    if isinstance(x, Mapping):
-      return {k: encode(v) for k, v in x.items()}
-    return x
-
-  payload = json.dumps(encode(d), indent=1, sort_keys=True, default=repr)
-  return (
-      '"""Base config of this sweep, written by hfl.sweep (do not edit)."""\n\n'
-      'import json\n\nimport ml_collections\n\n'
-      f"_CONFIG = json.loads(r'''{payload}''')\n\n\n"
-      'def _decode(x):\n'
-      '  if isinstance(x, dict) and set(x) == {\'__tuple__\'}:\n'
-      '    return tuple(_decode(v) for v in x[\'__tuple__\'])\n'
-      '  if isinstance(x, dict):\n'
-      '    return {k: _decode(v) for k, v in x.items()}\n'
-      '  if isinstance(x, list):\n'
-      '    return [_decode(v) for v in x]\n'
-      '  return x\n\n\n'
-      'def get_config(arg=None):\n'
-      '  del arg\n'
-      '  return ml_collections.ConfigDict(_decode(_CONFIG))\n')
+  try:
+    if ast.literal_eval(repr(d)) != d:
+      raise ValueError
+  except (ValueError, SyntaxError):
+    raise ValueError('the base ConfigDict holds a value without a Python literal form; '
+                     'give the sweep a config file instead') from None
+  return ('"""Base config of this sweep, written by hfl.sweep (do not edit)."""\n\n'
+          'import ml_collections\n\n\ndef get_config(arg=None):\n  del arg\n'
+          f'  return ml_collections.ConfigDict({d!r})\n')
 
 
 def make_runs(config_arg: str, grid: Any, root: str, python: str = sys.executable,
               main_py: str = MAIN_PY) -> list[RunSpec]:
-  """The RunSpecs of a grid, in grid order.
-
-  Args:
-    config_arg: value of ``--config`` (see :func:`resolve_base`).
-    grid: the sweep grid (see :func:`expand_grid`).
-    root: sweep root directory.
-    python: interpreter for the jobs.
-    main_py: the training entry point.
+  """The RunSpecs of a grid in grid order: ``[python, main_py, --config=config_arg,
+  --workdir=ROOT/<name>, --config.KEY=VALUE...]``.
 
   Raises:
-    ValueError: if two grid points map to the same workdir name.
+    ValueError: two grid points map to the same workdir name.
   """
   runs, names = [], set()
   for overrides in expand_grid(grid):
@@ -369,17 +291,13 @@ def make_runs(config_arg: str, grid: Any, root: str, python: str = sys.executabl
 
 
 def check_runs(base: Any, config_arg: str, runs: Sequence[RunSpec]) -> None:
-  """Checks the config of each run as main.py will, before any is launched.
-
-  Each run's config is the base with its overrides applied as
-  ``--config.KEY=VALUE`` would (only existing fields, values of the field's
-  type), then :func:`hfl.config.validate`. Checks that need the data or the
-  model's shapes still run in each job.
+  """Checks each run's config as main.py will (base + overrides as ``--config.KEY=VALUE``
+  applies them, then :func:`hfl.config.validate`) before any is launched; checks that
+  need the data or the model still run in each job.
 
   Raises:
-    ValueError: the first bad run, named with its problem, e.g. ``run 'seed=0'
-      ...: unknown config field 'optimizer.learnin_rate'; did you mean
-      'optimizer.learning_rate'?``.
+    ValueError: the first bad run with its problem, e.g. ``run 'seed=0' ...: unknown
+      config field 'optimizer.learnin_rate'; did you mean 'optimizer.learning_rate'?``.
   """
   if not runs:
     return
@@ -408,12 +326,8 @@ _STOPPING = threading.Event()
 
 
 def subprocess_runner(spec: RunSpec) -> int:
-  """Runs the training job in the current directory, appending its output to ``WORKDIR/train.log``.
-
-  Returns:
-    The job's exit status (130 without starting it once :func:`stop_children`
-    has been called).
-  """
+  """Runs the job in the current directory, appending its output to ``WORKDIR/train.log``;
+  returns its exit status (130, not started, once :func:`stop_children` was called)."""
   os.makedirs(spec.workdir, exist_ok=True)
   with open(os.path.join(spec.workdir, LOG_FILE), 'ab') as log:
     log.write(('$ ' + ' '.join(spec.command) + '\n').encode())
@@ -434,13 +348,9 @@ def subprocess_runner(spec: RunSpec) -> int:
 
 
 def stop_children(grace_s: float = 2.0, timeout_s: float = 10.0) -> None:
-  """Stops the running jobs after a Ctrl-C; no new job starts after this.
-
-  A Ctrl-C in the terminal reaches the jobs too (they exit with their own
-  "interrupted" line), so they first get ``grace_s`` to exit; those still
-  running then get SIGINT (a clean stop, their checkpoints are kept) and after
-  ``timeout_s`` more are killed.
-  """
+  """Stops the running jobs after a Ctrl-C; no job starts after this. The jobs get
+  ``grace_s`` to exit on the terminal's own Ctrl-C, then SIGINT (a clean stop that
+  keeps their checkpoints), then after ``timeout_s`` are killed."""
   with _CHILDREN_LOCK:
     _STOPPING.set()
     procs = list(_CHILDREN)
@@ -460,15 +370,9 @@ def stop_children(grace_s: float = 2.0, timeout_s: float = 10.0) -> None:
 
 
 def last_error_line(log_path: str, max_bytes: int = 65536) -> str | None:
-  """The last error line of a run's latest attempt in its ``train.log``.
-
-  Looks after the last ``$ command`` line for ``error: ...`` (main.py's
-  one-line errors), ``interrupted: ...`` or a traceback's ``SomeError: ...``;
-  falls back to the last non-empty line.
-
-  Returns:
-    The line (at most 500 characters), or None for a missing or empty log.
-  """
+  """The last ``error: ...``, ``interrupted: ...`` or ``SomeError: ...`` line after the
+  last ``$ command`` line of a ``train.log`` (else its last non-empty line), at most
+  500 characters; None for a missing or empty log."""
   try:
     with open(log_path, 'rb') as f:
       f.seek(max(0, os.path.getsize(log_path) - max_bytes))
@@ -537,20 +441,16 @@ def _label_keys(grid: Any) -> list[str] | None:
 
 
 def _write_manifest(root: str, config_arg: str, runs: Sequence[RunSpec]):
-  manifest = {
-      'config': config_arg,
-      'runs': [{'name': r.name, 'workdir': r.workdir, 'overrides': r.overrides,
-                'command': r.command} for r in runs],
-  }
   with open(os.path.join(root, MANIFEST), 'w', encoding='utf-8') as f:
-    json.dump(manifest, f, indent=1, default=repr)
+    json.dump({'config': config_arg, 'runs': [r._asdict() for r in runs]}, f, indent=1,
+              default=repr)
 
 
 def _dry_run(runs, status, todo, rest, root, max_runs, out) -> SweepResult:
   done = [r.name for r in runs if status[r.name] == 'done']
-  out(f'{len(runs)} runs ({len(done)} done, {len(todo) + len(rest)} to '
-      f'run{f", {len(todo)} with --max_runs" if max_runs is not None else ""})'
-      f' under {os.path.abspath(root)}')
+  limited = f', {len(todo)} with --max_runs' if max_runs is not None else ''
+  out(f'{len(runs)} runs ({len(done)} done, {len(todo) + len(rest)} to run{limited}) under '
+      f'{os.path.abspath(root)}')
   for r in runs:
     out(f'[{status[r.name]:7s}] {r.name}\n    {" ".join(r.command)}')
   return SweepResult(runs, done, [], [], [r.name for r in todo + rest], None)
@@ -563,31 +463,22 @@ def run_sweep(base: Any, grid: Any, root: str, *, runner: Runner | None = None,
   """Runs the unfinished points of a sweep, then writes the report.
 
   Args:
-    base: base config path or ConfigDict (see :func:`resolve_base`).
-    grid: overrides grid (see :func:`expand_grid`).
+    base: base config path or ConfigDict (:func:`resolve_base`).
+    grid: overrides grid (:func:`expand_grid`).
     root: sweep root; run ``NAME`` uses ``ROOT/NAME``.
-    runner: executes one RunSpec (default :func:`subprocess_runner`); a run
-      counts as finished iff its workdir then holds summary.json. Exceptions
-      are logged and the run counts as failed.
-    dry_run: only print the grid (status, name, command); run nothing and
-      write nothing.
+    runner: runs one RunSpec (default :func:`subprocess_runner`); a run finished
+      iff its workdir then holds summary.json; an exception counts as a failure.
+    dry_run: only print the grid (status, name, command); write nothing.
     max_runs: run at most this many unfinished points now (grid order).
-    parallel: number of runs executed at the same time.
-    report: write :func:`hfl.report.write_report` for the finished runs to
-      ``ROOT/report``.
-    python: interpreter for the jobs.
-    main_py: training entry point.
-    out: where the dry-run listing and the final summary line go.
-    check: check the config of every run to launch (:func:`check_runs`)
-      before launching or writing anything.
-
-  Returns:
-    A :class:`SweepResult`.
+    parallel: runs executed at the same time.
+    report: write :func:`hfl.report.write_report` for the finished runs to ``ROOT/report``.
+    python, main_py: interpreter and entry point of the jobs.
+    out: where the dry-run listing and the summary line go.
+    check: check every config to launch (:func:`check_runs`) before anything.
 
   Raises:
     ValueError: a run's config is invalid (``check``); nothing was written.
-    KeyboardInterrupt: Ctrl-C; the running jobs were stopped
-      (:func:`stop_children`).
+    KeyboardInterrupt: Ctrl-C; the running jobs were stopped (:func:`stop_children`).
   """
   runner = runner or subprocess_runner
   _STOPPING.clear()  # a new sweep in this process (an earlier one was interrupted)
@@ -649,12 +540,8 @@ def parse_args(argv: Sequence[str] | None = None) -> argparse.Namespace:
 
 
 def sweep_from_args(args: argparse.Namespace) -> tuple[Any, Any]:
-  """(base, grid) from ``--sweep``, ``--config`` and ``--grid``.
-
-  Raises:
-    ValueError: neither ``--sweep`` nor ``--config``, or a bad ``--grid``.
-    FileNotFoundError, AttributeError: a bad sweep file.
-  """
+  """(base, grid) from ``--sweep``, ``--config`` and ``--grid``; ValueError without
+  ``--sweep`` or ``--config``, or for a bad ``--grid``."""
   if not args.sweep and not args.config:
     raise ValueError('give --sweep=FILE, or --config=FILE with --grid KEY=V1,V2,... '
                      '(python -m hfl.sweep --help shows the format)')

@@ -38,7 +38,7 @@ from hfl import sweep as sweep_lib  # pylint: disable=g-import-not-at-top,wrong-
 from hfl.report import plots  # pylint: disable=g-import-not-at-top,wrong-import-position
 from hfl.report import runs as runs_lib  # pylint: disable=g-import-not-at-top,wrong-import-position
 from hfl.report import stats  # pylint: disable=g-import-not-at-top,wrong-import-position
-from hfl.report import tables as T  # pylint: disable=g-import-not-at-top,wrong-import-position
+from hfl.report import tables as tables_lib  # pylint: disable=g-import-not-at-top,wrong-import-position
 
 PLOTS_DIR = 'results'
 COMMAND = 'python3 docs/results/make_results.py'
@@ -87,6 +87,7 @@ class Table(NamedTuple):
     summary: :func:`hfl.report.stats.summarize` of ``frame`` by ``gid``.
     target: the target accuracy (fraction).
     extra: directories under the sweep root that are no point of the sweep.
+    base_cfg: the sweep's base ConfigDict (what the sweep file gives now).
   """
   spec: dict
   base: str
@@ -100,6 +101,7 @@ class Table(NamedTuple):
   summary: pd.DataFrame
   target: float
   extra: list
+  base_cfg: Any
 
 
 def _matches(flat: dict, want: dict) -> bool:
@@ -139,16 +141,18 @@ def _points(sweep_path: str, sweep_root: str) -> tuple[list, Any, str]:
 
 
 def _label(rules, flat: dict) -> str:
+  """The template of the first label rule whose config values match."""
   for want, template in rules:
     if _matches(flat, want):
       return Template(flat).format(template)
-  return sweep_lib.run_name({})
+  raise ValueError(f'no label rule of the results spec matches {flat.get("seed")=} and '
+                   f'{rules}; end the list with a catch-all ({{}}, template)')
 
 
 def load_table(spec: dict, root: str) -> Table:
   """Loads one table of the spec from ``ROOT/<spec['root']>``."""
   sweep_root = os.path.join(root, spec['root'])
-  all_points, _, config_arg = _points(os.path.join(REPO, spec['sweep']), sweep_root)
+  all_points, base_cfg, config_arg = _points(os.path.join(REPO, spec['sweep']), sweep_root)
   known = {p.spec.name for p in all_points}
   points = [p for p in all_points if _matches(p.config, spec.get('where', {}))]
   firsts = {}
@@ -156,11 +160,10 @@ def load_table(spec: dict, root: str) -> Table:
     firsts.setdefault(p.group, p)
   labels = {g: _label(spec['labels'], p.config) for g, p in firsts.items()}
   base_gid = next((g for g, p in firsts.items() if _matches(p.config, spec['baseline'])), None)
-  order = spec.get('order_by')
-  key = lambda g: (g != base_gid, *(() if not order else (
-      firsts[g].config.get(order) is None, str(type(firsts[g].config.get(order))),
-      firsts[g].config.get(order) if firsts[g].config.get(order) is not None else 0)))
-  groups = sorted(firsts, key=key)  # stable: grid order within equal keys
+  def order(g):  # baseline first, then by ``order_by`` (numbers, then text); else grid order
+    v = firsts[g].config.get(spec['order_by']) if spec.get('order_by') else None
+    return g != base_gid, v is None, v if isinstance(v, (int, float)) else 0, str(v)
+  groups = sorted(firsts, key=order)  # stable
   done = [p for p in points if p.status == 'done']
   targets = sorted({float(p.config.get('train.target_accuracy', 0.88)) for p in points}) or [0.88]
   if len(targets) > 1:
@@ -174,9 +177,8 @@ def load_table(spec: dict, root: str) -> Table:
                  and d not in known)
   rel = os.path.relpath(config_arg, REPO)
   return Table(spec, config_arg if rel.startswith('..') else rel, points, all_points, groups,
-               labels,
-               {g: p.config for g, p in firsts.items()}, base_gid, frame, summary,
-               targets[0], extra)
+               labels, {g: p.config for g, p in firsts.items()}, base_gid, frame, summary,
+               targets[0], extra, base_cfg)
 
 
 # ------------------------------------------------------------------------------
@@ -249,16 +251,16 @@ def fmt_number(expr: str, x: float | None) -> str:
   if x is None:
     return '–'
   if kind in ('delta', 'paired'):
-    return T.fmt_points(x)
+    return tables_lib.fmt_points(x)
   if kind == 'reduction':
-    return T.fmt_pct(x)
+    return tables_lib.fmt_pct(x)
   if kind == 'factor':
-    return T.fmt_factor(x)
+    return tables_lib.fmt_factor(x)
   if kind == 'bits':
     return f'{x:.2f}'
   if kind == 'saved':
-    return T.fmt_pct(x, 2)
-  return T.fmt_stat(stats.Stat(x, None, 1), runs_lib.METRICS[metric])
+    return tables_lib.fmt_pct(x, 2)
+  return tables_lib.fmt_stat(stats.Stat(x, None, 1), runs_lib.METRICS[metric])
 
 
 def seeds_cell(t: Table, gid: str) -> str:
@@ -279,23 +281,23 @@ def cell(t: Table, gid: str, expr: str) -> str:
     return seeds_cell(t, gid)
   if kind == 'config':
     key, _, fmt = arg.partition(':')
-    return '–' if T.unused_hyper(flat, key) else Template(flat).format(f'{{{key}:{fmt}}}')
+    return '–' if tables_lib.unused_hyper(flat, key) else Template(flat).format(f'{{{key}:{fmt}}}')
   if kind == 'idle_s':
     run = next(p.run for p in t.points if p.group == gid and p.status == 'done')
     idle = run.summary.get('idle_s')
     return ' / '.join(f'{x:.1f}' for x in idle) if isinstance(idle, list) else '–'
   if kind in runs_lib.METRICS:
     n = sum(p.group == gid and p.status == 'done' for p in t.points)
-    return T.fmt_stat(metric_stat(t, gid, kind), runs_lib.METRICS[kind], n,
+    return tables_lib.fmt_stat(metric_stat(t, gid, kind), runs_lib.METRICS[kind], n,
                       to_target=kind.endswith(('_to_target', '_target_s')))
   if gid == t.base_gid and kind != 'bits':
     return 'baseline'
   if kind == 'paired':
     st = paired(t, gid, arg)[0]
-    return T.fmt_points(st.mean, st.std, st.n or None)
+    return tables_lib.fmt_points(st.mean, st.std, st.n or None)
   if kind == 'saved':
     r, f = number(t, gid, expr), number(t, gid, f'factor:{arg}')
-    return '–' if r is None else f'{100 * r:.2f}% ({T.fmt_factor(f)})'
+    return '–' if r is None else f'{100 * r:.2f}% ({tables_lib.fmt_factor(f)})'
   return fmt_number(expr, number(t, gid, expr))
 
 
@@ -307,11 +309,11 @@ def prose(t: Table, gid: str, expr: str) -> str:
   if kind == 'paired':
     st = paired(t, gid, metric)[0]
     se = f', standard error {st.sem:.2f} pts' if st.sem is not None else ''
-    return f'paired Δ {T.fmt_points(st.mean, st.std)} (n={st.n}{se})'
+    return f'paired Δ {tables_lib.fmt_points(st.mean, st.std)} (n={st.n}{se})'
   if kind == 'delta':
     return f'Δ of the seed means {fmt_number(expr, x)}'
   if kind == 'saved':
-    return f'{fmt_number(expr, x)} fewer {words} ({T.fmt_factor(number(t, gid, "factor:" + metric))})'
+    return f'{fmt_number(expr, x)} fewer {words} ({tables_lib.fmt_factor(number(t, gid, "factor:" + metric))})'
   if kind == 'factor':
     return f'{fmt_number(expr, x)} fewer {words}'
   if kind == 'reduction':
@@ -420,7 +422,7 @@ def extras(t: Table, spec_module, published: dict) -> dict:
   lan = c.get('network.lan_bandwidth_gbps')
   return dict(
       baseline=t.labels.get(t.base_gid, 'missing'), bar=f'{spec_module.BAR:g}',
-      target=T.fmt_acc(t.target), lan=_lan(lan),
+      target=tables_lib.fmt_acc(t.target), lan=_lan(lan),
       partition={'iid': 'IID', 'dirichlet': 'non-IID (Dirichlet α = '
                  f'{c.get("dataset.dirichlet_alpha")})'}.get(part, f'`{part}`'),
       **{f'@{k}': v for k, v in published.items()})
@@ -445,7 +447,7 @@ def table_lines(t: Table, ctx: dict) -> list[str]:
       rows.append([cell(t, g, e) for _, e in t.spec['columns']])
     else:
       rows.append([t.labels[g], '*not finished*'] + ['–'] * (len(header) - 2))
-  return T.markdown_table(header, rows)
+  return tables_lib.markdown_table(header, rows)
 
 
 def run_label(t: Table, p: Point, all_points: bool = False) -> str:
@@ -463,7 +465,7 @@ def run_label(t: Table, p: Point, all_points: bool = False) -> str:
 
 
 def _where_suffix(t: Table, p: Point) -> str:
-  return ''.join(f', {T.short_key(k)}={p.config.get(k)}' for k in t.spec.get('where', {}))
+  return ''.join(f', {tables_lib.short_key(k)}={p.config.get(k)}' for k in t.spec.get('where', {}))
 
 
 def settings_lines(t: Table, root_display: str) -> list[str]:
@@ -488,7 +490,7 @@ def settings_lines(t: Table, root_display: str) -> list[str]:
       + ' (see the table and the commands below).',
       f'- **Steps**: `train.num_steps` = {g("train.num_steps")} intra-DC iterations (of the '
       f'fastest DC), batch {g("train.batch_size")} per worker, evaluation every '
-      f'`train.eval_every` inter-DC rounds; target accuracy {T.fmt_acc(t.target)} '
+      f'`train.eval_every` inter-DC rounds; target accuracy {tables_lib.fmt_acc(t.target)} '
       '(`train.target_accuracy`).',
       f'- **Mesh**: {g("mesh.num_dcs")} DCs × {g("mesh.workers_per_dc")} workers per DC; data '
       f'`{g("dataset.name")}`, partition `{g("dataset.partition")}`'
@@ -526,7 +528,7 @@ def progress(t: Table, p: Point) -> str:
   if not m:
     return f'running or interrupted: no evaluation yet (of {steps} steps)'
   return (f'running or interrupted: step {m[-1].get("step")}/{steps}, round '
-          f'{m[-1].get("round")}, last test accuracy {T.fmt_acc(m[-1].get("test_accuracy"))}')
+          f'{m[-1].get("round")}, last test accuracy {tables_lib.fmt_acc(m[-1].get("test_accuracy"))}')
 
 
 def missing_lines(t: Table, root_display: str) -> list[str]:
@@ -556,10 +558,10 @@ def paired_list_lines(t: Table, spec: dict, bar: float, ctx: dict) -> list[str]:
       lines.append(f'- {name}: not measured yet')
       continue
     total = sum(p.group == g for p in t.points)
-    s = ('✓' if st.mean >= -bar else '✗') + f' {name}: {T.fmt_points(st.mean, st.std, st.n)}'
+    s = ('✓' if st.mean >= -bar else '✗') + f' {name}: {tables_lib.fmt_points(st.mean, st.std, st.n)}'
     s += f', {st.n} of {total} seeds' if st.n < total else ''
     if len(per_seed) > 1:
-      s += ' — per seed: ' + ', '.join(f'{k}: {T.fmt_points(v)}' for k, v in per_seed.items())
+      s += ' — per seed: ' + ', '.join(f'{k}: {tables_lib.fmt_points(v)}' for k, v in per_seed.items())
     if st.sem is not None and abs(st.mean + bar) < st.sem:
       s += ' — within one standard error of the bar'
     lines.append('- ' + s)
@@ -581,7 +583,7 @@ def same_as_lines(t: Table, spec: dict, by_name: dict) -> list[str]:
     (same if a == b else diff).append((run_label(t, p), 100 * (a - b)))
   if diff:
     return ['', f'- ⚠ {_WORDS.get(metric, metric).capitalize()} differs from the same run in '
-            f'the table above ({key} aside): ' + ', '.join(f'{l}: {T.fmt_points(d)}'
+            f'the table above ({key} aside): ' + ', '.join(f'{l}: {tables_lib.fmt_points(d)}'
                                                           for l, d in diff)
             + '; the runs were not trained identically (e.g. by different code versions).']
   if same:
@@ -592,12 +594,11 @@ def same_as_lines(t: Table, spec: dict, by_name: dict) -> list[str]:
 
 def drift_notes(t: Table) -> list[str]:
   """Finished runs trained with another config than the sweep file gives now, as notes."""
-  _, base_cfg, _ = _points(os.path.join(REPO, t.spec['sweep']), '/nonexistent')
   notes, absent = [], {}
   for p in t.points:
     if p.status != 'done':
       continue
-    want, have = resolved(base_cfg, p.spec.overrides), p.config
+    want, have = resolved(t.base_cfg, p.spec.overrides), p.config
     added = tuple(sorted(k for k in set(want) - set(have) if k != 'workdir'))
     diff = sorted(k for k in set(want) & set(have) if k != 'workdir'
                   and repr(want[k]) != repr(have[k]))
@@ -633,7 +634,7 @@ def claims_table(judged: Sequence[Judged], sources: dict) -> list[str]:
   """The published-vs-ours table."""
   rows = [[sources[j.claim['source']]['short'], j.claim['where'], j.claim['quantity'],
            j.claim['published'], j.ours, j.verdict] for j in judged]
-  return T.markdown_table(('source', 'where in the source', 'claim', 'published', 'ours',
+  return tables_lib.markdown_table(('source', 'where in the source', 'claim', 'published', 'ours',
                            'verdict'), rows)
 
 
@@ -780,7 +781,7 @@ def render_page(spec_module, sections: Sequence[Section], plot_files: dict, root
       target = s.tables[0].target
       lines += ['**Plots** (one line per finished point: mean over its finished seeds, shaded '
                 f'±1 std where there are several, (n=…) seeds; dashed line: target '
-                f'{T.fmt_acc(target)}):', '']
+                f'{tables_lib.fmt_acc(target)}):', '']
       lines += [f'![{os.path.splitext(os.path.basename(f))[0]}]({f})' for f in files] + ['']
     else:
       lines += ['*No plots yet: no finished run in this section.*', '']

@@ -1,23 +1,19 @@
 """Reports from training workdirs: tables (Markdown, CSV) and plots.
 
-Any directory with workdirs below it works (a workdir, a sweep root, a
-results root)::
+Any directory with workdirs below it works (a workdir, a sweep root)::
 
-  python -m hfl.report DIR... [--out OUT] [--target 0.88] \
-      [--label-by sync.strategy,compression.uplink.name] [--baseline LABEL]
+  python -m hfl.report DIR... [--out OUT] [--target 0.88] [--label-by KEYS] [--baseline LABEL]
 
 From Python::
 
-  from hfl import report
-  frame = report.load(['workdirs/semisync'])           # one row per run (pandas)
-  table = report.tables.build_table(frame)             # one row per seed group
+  frame = report.load(['workdirs/semisync'])   # pandas, one row per run
+  table = report.tables.build_table(frame)     # one row per seed group
   report.write_report(['workdirs/semisync'], '/tmp/report')
 
-Modules: :mod:`~hfl.report.runs` (find and load workdirs),
-:mod:`~hfl.report.stats` (seed groups, paired statistics),
-:mod:`~hfl.report.tables` (labels, baselines, Markdown/CSV),
-:mod:`~hfl.report.plots` (figures). Time to target and the byte formatter are
-:func:`hfl.metrics.time_to_target` and :func:`hfl.metrics.format_bytes`.
+Modules: :mod:`~hfl.report.runs` (find and load workdirs), :mod:`~hfl.report.stats`
+(seed groups, paired statistics), :mod:`~hfl.report.tables` (labels, baselines,
+Markdown/CSV), :mod:`~hfl.report.plots` (figures). The byte formatter and time to
+target are :func:`hfl.metrics.format_bytes` and :func:`hfl.metrics.time_to_target`.
 """
 
 import logging
@@ -35,16 +31,11 @@ __all__ = ('load', 'runs', 'stats', 'tables', 'write_report')
 
 def load(paths: Sequence[str], target: float | None = None,
          exclude: Sequence[str] = ()) -> pd.DataFrame:
-  """The runs among and below ``paths`` as :func:`hfl.report.runs.run_frame`.
+  """:func:`hfl.report.runs.run_frame` of the workdirs among and below ``paths``.
 
-  Args:
-    paths: workdirs or directories with workdirs below them.
-    target: target accuracy (fraction) for time/rounds to target; default the
-      runs' common ``train.target_accuracy`` (else 0.88).
-    exclude: directories not to search (e.g. the report's own output).
-
-  Returns:
-    The run table; ``frame.attrs['target']`` is the target used.
+  ``target`` (accuracy, fraction) defaults to the runs' common
+  ``train.target_accuracy`` (else 0.88) and is kept in ``frame.attrs['target']``;
+  ``exclude``: directories not searched.
 
   Raises:
     FileNotFoundError: a path is missing or holds no workdir.
@@ -63,24 +54,13 @@ def load(paths: Sequence[str], target: float | None = None,
 def write_report(paths: Sequence[str], out_dir: str, target: float | None = None,
                  label_by: Sequence[str] | None = None, baseline: str | None = None,
                  plots: bool = True) -> dict[str, str]:
-  """Writes ``results.md``, ``results.csv`` and PNG plots for the runs below ``paths``.
+  """Writes ``results.md``, ``results.csv`` and the PNG plots of the runs below ``paths``
+  (:func:`load`; ``out_dir`` is not searched) and returns {file name: path}.
 
-  Args:
-    paths: workdirs or directories with workdirs below them (``out_dir`` is
-      not searched).
-    out_dir: output directory (created if missing).
-    target: see :func:`load`.
-    label_by: config keys for the labels (and the grouping, see
-      :func:`hfl.report.tables.build_table`).
-    baseline: label of the row every row is compared with.
-    plots: also write the figures.
-
-  Returns:
-    File name -> path of every file written.
+  ``label_by`` and ``baseline``: see :func:`hfl.report.tables.build_table`.
 
   Raises:
-    FileNotFoundError: no workdir found.
-    ValueError: ``baseline`` is not a label.
+    FileNotFoundError: no workdir found. ValueError: ``baseline`` is not a label.
   """
   frame = load(paths, target, exclude=[out_dir])
   target = frame.attrs['target']
@@ -96,6 +76,5 @@ def write_report(paths: Sequence[str], out_dir: str, target: float | None = None
     from hfl.report import plots as plots_lib  # pylint: disable=g-import-not-at-top
     curves = [plots_lib.Curves(r['label'], [frame.at[i, 'run'].metrics for i in r['runs']])
               for _, r in table.iterrows()]
-    for path in plots_lib.write_plots(curves, out_dir, target):
-      written[os.path.basename(path)] = path
+    written.update({os.path.basename(p): p for p in plots_lib.write_plots(curves, out_dir, target)})
   return written

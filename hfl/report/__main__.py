@@ -1,10 +1,4 @@
-"""CLI: ``python -m hfl.report DIR... [--out OUT]``.
-
-Finds the training workdirs among and below the given directories (a sweep
-root works), groups runs that differ only in ``seed`` and writes
-``OUT/results.md``, ``OUT/results.csv`` and accuracy plots (PNG). Relative
-paths are the caller's.
-"""
+"""CLI: ``python -m hfl.report DIR... [--out OUT]`` (see :mod:`hfl.report`)."""
 
 import argparse
 import logging
@@ -19,22 +13,18 @@ def parse_args(argv: Sequence[str] | None = None) -> argparse.Namespace:
   """Parses the command line."""
   p = argparse.ArgumentParser(
       prog='python -m hfl.report',
-      description='Tables and plots from hfl training workdirs: every workdir (a directory '
-      'with summary.json or metrics.jsonl) among and below DIR... Runs whose configs differ '
-      'only in seed are one row (mean ± std); --label-by seed gives a row per seed.',
+      description='Tables and plots from hfl training workdirs: every directory with '
+      'summary.json or metrics.jsonl among and below DIR... (relative paths are the '
+      "caller's). Runs whose configs differ only in seed are one row (mean ± std); "
+      '--label-by seed gives a row per seed.',
       epilog='example: python -m hfl.report workdirs/semisync  (writes workdirs/semisync/report)')
-  p.add_argument('dirs', nargs='+', metavar='DIR',
-                 help='workdirs, or directories with workdirs below them')
-  p.add_argument('--out', default=None,
-                 help='output directory (default with one DIR: DIR/report)')
-  p.add_argument('--target', type=float, default=None,
-                 help="target test accuracy (fraction); default: the runs' "
-                 'train.target_accuracy, else 0.88')
-  p.add_argument('--label-by', '--label_by', dest='label_by', default=None,
-                 help='comma-separated config keys for labels (and rows), e.g. '
-                 'sync.strategy,compression.uplink.name or seed')
-  p.add_argument('--baseline', default=None,
-                 help='label of the row to compare with (default: the closest '
+  p.add_argument('dirs', nargs='+', metavar='DIR', help='workdirs, or directories above them')
+  p.add_argument('--out', help='output directory (default with one DIR: DIR/report)')
+  p.add_argument('--target', type=float, help="target test accuracy (fraction); default: the "
+                 "runs' train.target_accuracy, else 0.88")
+  p.add_argument('--label-by', '--label_by', dest='label_by', help='comma-separated config '
+                 'keys for labels (and rows), e.g. sync.strategy,compression.uplink.name or seed')
+  p.add_argument('--baseline', help='label of the row to compare with (default: the closest '
                  'uncompressed one)')
   p.add_argument('--no-plots', '--no_plots', dest='plots', action='store_false',
                  help='skip the PNG plots')
@@ -48,16 +38,15 @@ def main(argv: Sequence[str] | None = None) -> int:
   if args.out is None and len(args.dirs) > 1:
     print('error: --out is required with several DIRs', file=sys.stderr)
     return 2
-  out = args.out or os.path.join(args.dirs[0], 'report')
   label_by = [k.strip() for k in (args.label_by or '').split(',') if k.strip()] or None
   try:
-    written = report.write_report(args.dirs, out, target=args.target, label_by=label_by,
+    written = report.write_report(args.dirs, args.out or os.path.join(args.dirs[0], 'report'),
+                                  target=args.target, label_by=label_by,
                                   baseline=args.baseline, plots=args.plots)
   except (FileNotFoundError, ValueError) as e:
     print(f'error: {e}', file=sys.stderr)
     return 2
-  for path in written.values():
-    print(path)
+  print('\n'.join(written.values()))
   return 0
 
 

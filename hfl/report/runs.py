@@ -1,18 +1,16 @@
 """Training workdirs as data: find them, load them, one table row per run.
 
-A workdir written by ``main.py`` holds ``summary.json`` (finished runs only),
-``metrics.jsonl`` (one record per evaluation) and ``config.json`` (formats:
-:mod:`hfl.metrics` and the README). :func:`find_runs` accepts workdirs or any
-directory with workdirs below it (a sweep root, a results root);
-:func:`run_frame` turns loaded runs into a pandas DataFrame with one row per
-run: the metrics of :data:`METRICS` (summary values, falling back to the last
-evaluation of an unfinished run; time and rounds to target recomputed from
-``metrics.jsonl``) and the flattened config.
+A workdir (written by ``main.py``; formats in the README) holds ``summary.json``
+(finished runs only), ``metrics.jsonl`` (one record per evaluation) and
+``config.json``. :func:`run_frame` gives one pandas row per run: the
+:data:`METRICS` (summary values, or an unfinished run's last evaluation; time
+and rounds to target recomputed from ``metrics.jsonl``) and the flattened config.
 """
 
 import json
 import logging
 import os
+import pathlib
 from typing import Any, Iterable, Mapping, NamedTuple, Sequence
 
 import pandas as pd
@@ -22,35 +20,23 @@ from hfl import metrics as metrics_lib
 RUN_FILES = ('summary.json', 'metrics.jsonl')
 # Per-run quantities (columns of run_frame) and their units.
 METRICS = {
-    'final_acc': 'fraction', 'best_acc': 'fraction',
-    'rounds_to_target': 'rounds', 'time_to_target_s': 's',
-    'bytes.intra_up': 'bytes', 'bytes.intra_down': 'bytes', 'bytes.inter_dc': 'bytes',
-    'bytes.intra': 'bytes', 'bytes.total': 'bytes',
-    'inter_dc_rounds': 'rounds', 'intra_dc_iterations': 'iterations',
-    'sim_time_s': 's', 'wall_time_s': 's',
-}
-# summary.json key -> the metrics.jsonl key of an unfinished run's last evaluation.
-_FROM_SUMMARY = {
-    'final_acc': ('final_test_accuracy', 'test_accuracy'),
-    'inter_dc_rounds': ('inter_dc_rounds', 'round'),
-    'intra_dc_iterations': ('intra_dc_iterations', 'step'),
-    'sim_time_s': ('sim_time_s', 'sim_time_s'),
-    'wall_time_s': ('wall_time_s', 'wall_time_s'),
-}
+    'final_acc': 'fraction', 'best_acc': 'fraction', 'rounds_to_target': 'rounds',
+    'time_to_target_s': 's', 'bytes.intra_up': 'bytes', 'bytes.intra_down': 'bytes',
+    'bytes.inter_dc': 'bytes', 'bytes.intra': 'bytes', 'bytes.total': 'bytes',
+    'inter_dc_rounds': 'rounds', 'intra_dc_iterations': 'iterations', 'sim_time_s': 's',
+    'wall_time_s': 's'}
+# metric -> (summary.json key, metrics.jsonl key of an unfinished run's last evaluation)
+_FROM_SUMMARY = {'final_acc': ('final_test_accuracy', 'test_accuracy'),
+                 'inter_dc_rounds': ('inter_dc_rounds', 'round'),
+                 'intra_dc_iterations': ('intra_dc_iterations', 'step'),
+                 'sim_time_s': ('sim_time_s', 'sim_time_s'),
+                 'wall_time_s': ('wall_time_s', 'wall_time_s')}
 
 
 class Run(NamedTuple):
-  """One training workdir.
-
-  Attributes:
-    workdir: its path.
-    name: its basename.
-    config: the resolved config, nested (``summary.json``'s or ``config.json``;
-      {} if neither has one).
-    summary: ``summary.json`` ({} for an unfinished run).
-    metrics: evaluations from ``metrics.jsonl`` in step order, one per step
-      (a step logged twice keeps the later record).
-  """
+  """One workdir: path, basename, nested ``config`` (summary.json's or config.json;
+  {} if none), ``summary`` ({} when unfinished) and ``metrics`` (metrics.jsonl in
+  step order, one record per step: a step logged twice keeps the later one)."""
   workdir: str
   name: str
   config: dict
@@ -59,7 +45,6 @@ class Run(NamedTuple):
 
   @property
   def finished(self) -> bool:
-    """True when the run wrote ``summary.json``."""
     return bool(self.summary)
 
 
@@ -69,17 +54,8 @@ def is_run_dir(path: str) -> bool:
 
 
 def find_runs(paths: Iterable[str], exclude: Iterable[str] = ()) -> list[str]:
-  """The workdirs among and below ``paths``.
-
-  A path that is a workdir is taken as is; any other directory is searched
-  (sorted, not below a workdir) for workdirs.
-
-  Args:
-    paths: workdirs or directories with workdirs below them.
-    exclude: directories to skip (e.g. the report's output directory).
-
-  Returns:
-    Workdir paths, in the order found, without duplicates.
+  """The workdirs among and below ``paths``, in the order found (sorted walk, not
+  below a workdir, skipping ``exclude``), without duplicates.
 
   Raises:
     FileNotFoundError: a path does not exist, or holds no workdir.
@@ -104,10 +80,8 @@ def find_runs(paths: Iterable[str], exclude: Iterable[str] = ()) -> list[str]:
 
 
 def read_metrics(path: str) -> list[dict]:
-  """``metrics.jsonl`` in step order, one record per step (the last one logged).
-
-  Lines that are not JSON are skipped with a warning; a missing file reads as [].
-  """
+  """``metrics.jsonl`` in step order, one record per step (the last logged); lines that
+  are not JSON are skipped with a warning; a missing file reads as []."""
   by_step = {}
   for r in metrics_lib.read_jsonl(path, strict=False):
     if isinstance(r, dict):
@@ -123,17 +97,12 @@ def load_run(workdir: str) -> Run:
     FileNotFoundError: ``workdir`` holds neither summary.json nor metrics.jsonl.
   """
   if not is_run_dir(workdir):
-    raise FileNotFoundError(f'{workdir}: not a training workdir (no '
-                            f'{" or ".join(RUN_FILES)})')
+    raise FileNotFoundError(f'{workdir}: not a training workdir (no {" or ".join(RUN_FILES)})')
   path = lambda f: os.path.join(workdir, f)
-  summary = {}
-  if os.path.isfile(path('summary.json')):
-    with open(path('summary.json'), encoding='utf-8') as f:
-      summary = json.load(f)
-  config = summary.get('config') or {}
-  if not config and os.path.isfile(path('config.json')):
-    with open(path('config.json'), encoding='utf-8') as f:
-      config = json.load(f)
+  read = lambda f: (json.loads(pathlib.Path(path(f)).read_text(encoding='utf-8'))
+                    if os.path.isfile(path(f)) else {})
+  summary = read('summary.json')
+  config = summary.get('config') or read('config.json')
   return Run(workdir, os.path.basename(os.path.normpath(workdir)), dict(config), summary,
              read_metrics(path('metrics.jsonl')))
 
@@ -154,16 +123,13 @@ def _freeze(v: Any) -> Any:
 
 
 def _number(x: Any) -> float | None:
-  return float(x) if metrics_lib._finite(x) else None  # pylint: disable=protected-access
+  return float(x) if metrics_lib.finite(x) else None
 
 
 def run_metrics(run: Run, target: float) -> dict[str, float | None]:
-  """The :data:`METRICS` of one run (None where unknown).
-
-  Summary values come first; an unfinished run falls back to its last
-  evaluation (accuracy, bytes, rounds, times). Time and rounds to ``target``
-  are recomputed with :func:`hfl.metrics.time_to_target`.
-  """
+  """The :data:`METRICS` of one run (None where unknown): summary values, else (an
+  unfinished run) its last evaluation's; time and rounds to ``target`` recomputed
+  by :func:`hfl.metrics.time_to_target`."""
   last = run.metrics[-1] if run.metrics else {}
   accs = [m['test_accuracy'] for m in run.metrics if _number(m.get('test_accuracy')) is not None]
   out = {k: _number(run.summary.get(s, last.get(m))) for k, (s, m) in _FROM_SUMMARY.items()}

@@ -1,20 +1,14 @@
 """Seed groups and paired statistics over a run table (:func:`hfl.report.runs.run_frame`).
 
-* A *group* is the runs whose configs differ only in ``seed`` (and
-  ``workdir``). Config fields that some runs lack (added to hfl after they
-  ran) are schema differences, not settings, and do not split a group. Keys
-  named in ``keep`` (e.g. ``seed`` when the caller labels rows by seed) split
-  groups too.
-* A group's value of a metric is the mean over its runs that have one, with
-  the sample standard deviation (ddof = 1; none for one value), the count n
-  and the standard error std / √n.
-* A *paired* Δ compares a group with a baseline group seed by seed: for every
-  seed that both have, ours − baseline (× ``scale``; 100 turns accuracy
-  fractions into percentage points), then mean ± sample std over those seeds.
-  Runs with the same seed share the initialisation and data order, so this
-  removes most of the seed-to-seed spread that the difference of the group
-  means carries.
-* Reduction = 1 − ours / baseline (positive = less); factor = baseline / ours.
+A *group* is the runs whose configs differ only in ``seed`` (and ``workdir``);
+fields some runs lack (added to hfl after they ran) do not split a group; keys
+in ``keep`` (``seed`` when rows are labelled by seed) do. A group's value is the
+mean over its runs, with the sample std (ddof = 1), n and the standard error
+std / √n. A *paired* Δ compares a group with a baseline seed by seed (same
+initialisation and data order, which removes most of the seed-to-seed spread):
+ours − baseline for every seed both have, × ``scale`` (100: accuracy fractions
+to points), then mean ± sample std. Reduction = 1 − ours / baseline; factor =
+baseline / ours.
 """
 
 import json
@@ -37,8 +31,7 @@ class Stat(NamedTuple):
   n: int
 
   @property
-  def sem(self) -> float | None:
-    """Standard error of the mean, std / √n (None without a std)."""
+  def sem(self) -> float | None:  # standard error of the mean, std / √n
     return None if self.std is None else self.std / math.sqrt(self.n)
 
 
@@ -52,16 +45,8 @@ def stat(values: Iterable[Any]) -> Stat:
 
 
 def group_ids(frame: pd.DataFrame, keep: Sequence[str] = ()) -> pd.Series:
-  """A group id per run (see the module docstring).
-
-  Args:
-    frame: runs (column ``config``: flattened configs).
-    keep: keys of :data:`IGNORED` that split groups here (e.g. ``('seed',)``).
-
-  Returns:
-    Series of strings aligned with ``frame``; a run without a config is its
-    own group.
-  """
+  """A group id (str) per run of ``frame``; ``keep``: keys of :data:`IGNORED` that
+  split groups here. A run without a config is its own group."""
   configs = list(frame['config'])
   shared = set.intersection(*(set(c) for c in configs if c)) if any(configs) else set()
   keys = sorted(k for k in shared if k not in IGNORED or k in keep)
@@ -71,12 +56,9 @@ def group_ids(frame: pd.DataFrame, keep: Sequence[str] = ()) -> pd.Series:
 
 
 def summarize(frame: pd.DataFrame, groups: pd.Series) -> pd.DataFrame:
-  """One row per group, in first-seen order.
-
-  Columns: ``runs`` (row labels of ``frame``), ``seeds``, ``workdirs``, and for
-  every metric m of :data:`hfl.report.runs.METRICS`: ``m`` (mean), ``m_std``
-  (sample std) and ``m_n`` (how many runs have a value).
-  """
+  """One row per group (first-seen order, NaN as None): ``runs`` (row labels of
+  ``frame``), ``seeds``, ``workdirs``, and per metric m of
+  :data:`hfl.report.runs.METRICS` its mean ``m``, sample std ``m_std`` and count ``m_n``."""
   metrics = list(runs_lib.METRICS)
   values = frame[metrics].apply(pd.to_numeric, errors='coerce').astype(float)
   by = values.groupby(groups, sort=False)
@@ -93,19 +75,15 @@ def summarize(frame: pd.DataFrame, groups: pd.Series) -> pd.DataFrame:
 
 def group_stat(summary: pd.DataFrame, group: str, metric: str) -> Stat:
   """The :class:`Stat` of ``metric`` in one row of :func:`summarize`."""
-  row = summary.loc[group]
-  return Stat(row[metric], row[f'{metric}_std'], int(row[f'{metric}_n'] or 0))
+  return Stat(*summary.loc[group, [metric, f'{metric}_std']], int(summary.at[group, f'{metric}_n'] or 0))
 
 
-def paired_deltas(frame: pd.DataFrame, groups: pd.Series, group: str, base: str,
-                  metric: str = 'final_acc', scale: float = 100.0) -> pd.Series:
-  """Per seed, ``scale`` × (``metric`` of ``group`` − that of ``base``).
+def paired(frame: pd.DataFrame, groups: pd.Series, group: str, base: str,
+           metric: str = 'final_acc', scale: float = 100.0) -> tuple[Stat, dict]:
+  """The paired Δ of ``metric``, ``group`` vs ``base``: (its :class:`Stat`, {seed: Δ}).
 
-  Only seeds with a value on both sides count; a seed that appears twice in a
-  group keeps its first run (with a warning).
-
-  Returns:
-    Series indexed by seed, sorted.
+  Only seeds with a value on both sides count; a seed twice in a group keeps
+  its first run (with a warning).
   """
   def by_seed(g):
     s = frame.loc[groups == g].set_index('seed')[metric]
@@ -114,15 +92,7 @@ def paired_deltas(frame: pd.DataFrame, groups: pd.Series, group: str, base: str,
                       g, sorted(set(s.index[s.index.duplicated()])))
       s = s[~s.index.duplicated()]
     return pd.to_numeric(s, errors='coerce').astype(float)
-  ours, theirs = by_seed(group), by_seed(base)
-  d = (scale * (ours - theirs)).dropna()
-  return d.sort_index()
-
-
-def paired(frame: pd.DataFrame, groups: pd.Series, group: str, base: str,
-           metric: str = 'final_acc', scale: float = 100.0) -> tuple[Stat, dict]:
-  """:func:`paired_deltas` summarised: (its :class:`Stat`, {seed: Δ})."""
-  d = paired_deltas(frame, groups, group, base, metric, scale)
+  d = (scale * (by_seed(group) - by_seed(base))).dropna().sort_index()
   return stat(d.values), {k: float(v) for k, v in d.items()}
 
 

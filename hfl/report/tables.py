@@ -1,23 +1,18 @@
 """Result tables from runs: one row per seed group, as Markdown and CSV.
 
-Conventions (every table):
-
-* Accuracies are fractions in CSV and percent in Markdown; accuracy
-  differences (Δ) are percentage points (pts), ours − baseline.
-* Bytes are raw bytes in CSV and decimal units in Markdown
-  (:func:`hfl.metrics.format_bytes`); times are seconds (``sim_time_s``: the
-  network model's clock; ``wall_time_s``: real time of the job).
-* A row is a seed group (:mod:`hfl.report.stats`): mean ± sample std over its
-  runs; time and rounds to target average the runs that reached it (the count
-  is shown; ``never`` when none did).
-* Each row is compared with a baseline row: by default the uncompressed group
-  (every compressor ``identity``) closest to it in config; compression = 1 −
-  B / B_base (factor B_base / B) with B the mean total bytes over all links;
-  paired Δ of the final accuracy against the baseline's runs of the same seed.
+Accuracies are fractions in CSV, percent in Markdown; accuracy differences (Δ)
+are percentage points (pts), ours − baseline. Bytes are raw in CSV and decimal
+units in Markdown (:func:`hfl.metrics.format_bytes`); times are seconds
+(``sim_time_s``: the network model's clock; ``wall_time_s``: the job's real
+time). A row is a seed group (:mod:`hfl.report.stats`), mean ± sample std over
+its runs; time and rounds to target average the runs that reached it. Each row
+is compared with a baseline row (default: the uncompressed group closest to it
+in config): compression = 1 − B / B_base (factor B_base / B), B the mean total
+bytes over all links, and the paired Δ of the final accuracy.
 """
 
 import math
-from typing import Any, Callable, Mapping, Sequence
+from typing import Any, Mapping, Sequence
 
 import pandas as pd
 
@@ -29,8 +24,7 @@ NEVER = 'never'
 # Keys that never change what is trained: not used in automatic labels.
 LABEL_IGNORED_KEYS = frozenset(stats.IGNORED) | {
     'train.eval_every', 'train.log_every', 'train.checkpoint_every', 'train.eval_batch_size'}
-COMPRESSOR_KEYS = ('compression.uplink.name', 'compression.downlink.name',
-                   'compression.wan.name')
+COMPRESSOR_KEYS = ('compression.uplink.name', 'compression.downlink.name', 'compression.wan.name')
 DEFAULT_LABEL_KEYS = ('sync.strategy',) + COMPRESSOR_KEYS
 _SHORT_NAMES = {'sync.strategy': '', 'compression.uplink.name': 'up',
                 'compression.downlink.name': 'down', 'compression.wan.name': 'wan'}
@@ -57,11 +51,6 @@ def format_seconds(s: float | None, unit: tuple[str, float] | None = None) -> st
   return f'{v:.3g} s' if name == 's' and abs(v) < 1 else f'{v:.1f} {name}'
 
 
-def minus(text: str) -> str:
-  """A typeset minus sign in place of ``-``."""
-  return text.replace('-', '−')
-
-
 def fmt_acc(x: float | None, std: float | None = None) -> str:
   """Accuracy fraction in percent: ``'89.25%'`` or ``'89.38 ± 0.80%'``."""
   if x is None:
@@ -73,13 +62,13 @@ def fmt_points(x: float | None, std: float | None = None, n: int | None = None) 
   """Points: ``'−0.45 pts'``, ``'−0.45 ± 0.21 pts (n=2)'``."""
   if x is None:
     return '–'
-  return minus(f'{x:+.2f}') + ('' if std is None else f' ± {std:.2f}') + ' pts' + (
-      '' if n is None else f' (n={n})')
+  return (f'{x:+.2f}'.replace('-', '−') + ('' if std is None else f' ± {std:.2f}') + ' pts'
+          + ('' if n is None else f' (n={n})'))
 
 
 def fmt_pct(x: float | None, digits: int = 1) -> str:
   """A fraction in percent: ``'65.4%'``."""
-  return '–' if x is None else minus(f'{100 * x:.{digits}f}%')
+  return '–' if x is None else f'{100 * x:.{digits}f}%'.replace('-', '−')
 
 
 def fmt_factor(x: float | None) -> str:
@@ -89,7 +78,7 @@ def fmt_factor(x: float | None) -> str:
   return '∞×' if math.isinf(x) else (f'{x:.1f}×' if x < 1000 else f'{x:.0f}×')
 
 
-_UNIT_FORMAT: dict[str, tuple[Callable, Callable | None]] = {
+_UNIT_FORMAT = {  # unit -> (format(value, unit of the mean), unit of a mean or None)
     'fraction': (lambda v, u: f'{100 * v:.2f}', None),
     'bytes': (metrics_lib.format_bytes, metrics_lib.byte_unit),
     's': (format_seconds, time_unit),
@@ -100,24 +89,18 @@ _UNIT_FORMAT: dict[str, tuple[Callable, Callable | None]] = {
 
 def fmt_stat(st: stats.Stat, unit: str, n_runs: int | None = None,
              to_target: bool = False) -> str:
-  """``mean ± std`` of a metric in its unit (:data:`hfl.report.runs.METRICS`).
-
-  The std is printed in the mean's unit and left out when 0 or unknown. A
-  to-target quantity prints ``never`` when no run reached it and
-  ``(k/n reached)`` when only some of ``n_runs`` did.
-  """
+  """``mean ± std`` in the metric's unit (:data:`hfl.report.runs.METRICS`; the std in
+  the mean's unit, left out when 0 or unknown). A to-target quantity prints ``never``
+  when no run reached it and ``(k/n reached)`` when only k of ``n_runs`` did."""
   if st.mean is None:
     return NEVER if to_target else '–'
   fmt, unit_of = _UNIT_FORMAT[unit]
   if unit == 'rounds' and to_target:  # interpolated: a fraction of a round
     fmt = lambda v, u: f'{v:.1f}'
   u = unit_of(st.mean) if unit_of else None
-  s = fmt(st.mean, u) + (f' ± {fmt(st.std, u)}' if st.std else '')
-  if unit == 'fraction':
-    s += '%'
-  if to_target and n_runs is not None and st.n < n_runs:
-    s += f' ({st.n}/{n_runs} reached)'
-  return s
+  s = fmt(st.mean, u) + (f' ± {fmt(st.std, u)}' if st.std else '') + (
+      '%' if unit == 'fraction' else '')
+  return s + (f' ({st.n}/{n_runs} reached)' if to_target and n_runs and st.n < n_runs else '')
 
 
 def markdown_table(header: Sequence[str], rows: Sequence[Sequence[Any]]) -> list[str]:
@@ -131,7 +114,7 @@ def markdown_table(header: Sequence[str], rows: Sequence[Sequence[Any]]) -> list
 # Labels and baselines.
 
 def short_key(key: str) -> str:
-  """How a config key is named in a label: ``'up'``, ``'k'``, ``''`` (strategy)."""
+  """How a config key is named in a label: ``'up'``, ``'k'``, ``''`` (the strategy)."""
   if key in _SHORT_NAMES:
     return _SHORT_NAMES[key]
   parts = key.split('.')
@@ -139,7 +122,7 @@ def short_key(key: str) -> str:
 
 
 def unused_hyper(flat: Mapping[str, Any], key: str) -> bool:
-  """A compressor field of a link whose compressor does not use it (e.g. density of identity)."""
+  """A compressor field of a link whose compressor ignores it (density of identity)."""
   parts = key.split('.')
   if len(parts) != 3 or parts[0] != 'compression' or parts[2] == 'name':
     return False
@@ -147,7 +130,8 @@ def unused_hyper(flat: Mapping[str, Any], key: str) -> bool:
 
 
 def label_keys(flats: Sequence[Mapping[str, Any]]) -> list[str]:
-  """The keys that tell groups apart: strategy and compressors first, then the rest."""
+  """The keys that tell groups apart: strategy and compressors first, then the rest
+  (keys some configs lack are schema differences, not settings)."""
   shared = set.intersection(*(set(f) for f in flats)) if flats else set()
   varying = [k for k in sorted(shared) if k not in LABEL_IGNORED_KEYS
              and len({repr(f[k]) for f in flats}) > 1]
@@ -157,25 +141,16 @@ def label_keys(flats: Sequence[Mapping[str, Any]]) -> list[str]:
 
 def make_labels(flats: Sequence[Mapping[str, Any]], names: Sequence[str],
                 label_by: Sequence[str] | None = None) -> list[str]:
-  """A unique label per group, e.g. ``'periodic, up=topk'`` or ``'seed=1'``.
-
-  Args:
-    flats: a flattened config per group.
-    names: a fallback name per group (a workdir name).
-    label_by: config keys to show; default :func:`label_keys`.
-
-  Returns:
-    Labels aligned with ``flats``; duplicates get their fallback name appended.
-  """
+  """A unique label per group (flattened config of its first run), e.g.
+  ``'periodic, up=topk'`` or ``'seed=1'``, from ``label_by`` (default
+  :func:`label_keys`); duplicates get the fallback ``names`` appended."""
   keys = list(label_by) if label_by else label_keys([f for f in flats if f])
   labels = []
   for flat, name in zip(flats, names):
     parts = []
-    for k in keys:
-      if k in flat and not unused_hyper(flat, k):
-        v = flat[k]
-        v = ','.join(map(str, v)) if isinstance(v, tuple) else str(v)
-        parts.append(f'{short_key(k)}={v}' if short_key(k) else v)
+    for k in (k for k in keys if k in flat and not unused_hyper(flat, k)):
+      v = ','.join(map(str, flat[k])) if isinstance(flat[k], tuple) else str(flat[k])
+      parts.append(f'{short_key(k)}={v}' if short_key(k) else v)
     labels.append(', '.join(parts) or name)
   dup = pd.Series(labels).duplicated(keep=False)
   return [f'{l} [{n}]' if d else l for l, n, d in zip(labels, names, dup)]
@@ -188,10 +163,8 @@ def is_uncompressed(flat: Mapping[str, Any]) -> bool:
 
 
 def closest_baselines(flats: Sequence[Mapping[str, Any]]) -> list[int | None]:
-  """Per group, the uncompressed group closest to it in config (outside compression.*).
-
-  Ties go to the earlier group; None when there is no uncompressed group.
-  """
+  """Per group, the uncompressed group with the fewest differing keys outside
+  ``compression.*`` (ties: the earlier); None without an uncompressed group."""
   candidates = [i for i, f in enumerate(flats) if f and is_uncompressed(f)]
 
   def distance(a, b):
@@ -207,20 +180,19 @@ def closest_baselines(flats: Sequence[Mapping[str, Any]]) -> list[int | None]:
 
 def build_table(frame: pd.DataFrame, label_by: Sequence[str] | None = None,
                 baseline: str | None = None) -> pd.DataFrame:
-  """One row per seed group, compared with its baseline.
+  """One row per seed group of ``frame`` (:func:`hfl.report.runs.run_frame`).
 
   Args:
-    frame: :func:`hfl.report.runs.run_frame`.
-    label_by: config keys for the labels; a key such as ``seed`` named here
-      also splits the groups (one row per seed).
+    frame: the runs.
+    label_by: config keys for the labels; a key the grouping ignores (``seed``)
+      named here splits the groups too (one row per seed).
     baseline: label of the row every row is compared with; default
       :func:`closest_baselines`.
 
   Returns:
     :func:`hfl.report.stats.summarize` plus ``label``, ``baseline``,
     ``compression_ratio``, ``compression_factor`` and the paired Δ of the final
-    accuracy (``paired_delta``, ``paired_std``, ``paired_n``, ``paired_sem``,
-    pts), indexed by group id.
+    accuracy in pts (``paired_delta``, ``paired_std``, ``paired_n``, ``paired_sem``).
 
   Raises:
     ValueError: ``baseline`` is not a label.
@@ -229,28 +201,22 @@ def build_table(frame: pd.DataFrame, label_by: Sequence[str] | None = None,
   table = stats.summarize(frame, groups)
   first = [frame.loc[r[0]] for r in table['runs']]
   flats = [f['config'] for f in first]
-  table['label'] = make_labels(flats, [f['name'] for f in first], label_by)
-  if baseline is not None:
-    if baseline not in list(table['label']):
-      raise ValueError(f'--baseline {baseline!r} is not a label; labels: {list(table["label"])}')
-    base_pos = [list(table['label']).index(baseline)] * len(table)
-  else:
-    base_pos = closest_baselines(flats)
-  ids = list(table.index)
-  cols = {c: [] for c in ('baseline', 'compression_ratio', 'compression_factor',
-                          'paired_delta', 'paired_std', 'paired_n', 'paired_sem')}
-  for gid, b in zip(ids, base_pos):
+  labels = make_labels(flats, [f['name'] for f in first], label_by)
+  if baseline is not None and baseline not in labels:
+    raise ValueError(f'--baseline {baseline!r} is not a label; labels: {labels}')
+  bases = ([labels.index(baseline)] * len(labels) if baseline is not None
+           else closest_baselines(flats))
+  ids, rows = list(table.index), []
+  for gid, b in zip(ids, bases):
     base = None if b is None else ids[b]
     ours, theirs = table.at[gid, 'bytes.total'], base and table.at[base, 'bytes.total']
     p = (stats.paired(frame, groups, gid, base)[0] if base not in (None, gid)
          else stats.Stat(None, None, 0))
-    for c, v in zip(cols, (None if base is None else table.at[base, 'label'],
-                           stats.reduction(ours, theirs), stats.factor(ours, theirs),
-                           p.mean, p.std, p.n or None, p.sem)):
-      cols[c].append(v)
-  for c, v in cols.items():
-    table[c] = pd.Series(v, index=table.index, dtype=object)
-  return table
+    rows.append(dict(label=labels[ids.index(gid)], baseline=base and labels[b],
+                     compression_ratio=stats.reduction(ours, theirs),
+                     compression_factor=stats.factor(ours, theirs), paired_delta=p.mean,
+                     paired_std=p.std, paired_n=p.n or None, paired_sem=p.sem))
+  return table.join(pd.DataFrame(rows, index=table.index, dtype=object))
 
 
 MD_COLUMNS = ('label', 'runs', 'final acc (%)', 'best acc (%)', 'rounds to target',
@@ -262,10 +228,9 @@ _MD_METRICS = ('final_acc', 'best_acc', 'rounds_to_target', 'time_to_target_s',
 
 
 def _md_row(table: pd.DataFrame, gid: str) -> list[str]:
-  row = table.loc[gid]
-  n = len(row['runs'])
+  row, n = table.loc[gid], len(table.at[gid, 'runs'])
   cell = lambda m: fmt_stat(stats.group_stat(table, gid, m), runs_lib.METRICS[m], n,
-                            to_target=m.endswith('_to_target') or m.endswith('_target_s'))
+                            to_target='to_target' in m)
   ratio, fac = row['compression_ratio'], row['compression_factor']
   comp = ('–' if ratio is None else '100% (∞×)' if math.isinf(fac)
           else f'{100 * ratio:.1f}% ({fac:.1f}×)')
@@ -276,22 +241,19 @@ def _md_row(table: pd.DataFrame, gid: str) -> list[str]:
 
 def to_markdown(table: pd.DataFrame, target: float) -> str:
   """The table as a Markdown document: table, notes, and the workdirs of each row."""
-  baselines = sorted({b for b in table['baseline'] if b})
+  baselines = ', '.join(f'`{b}`' for b in sorted({b for b in table['baseline'] if b})) or 'none'
   lines = ['# Results', '', *markdown_table(MD_COLUMNS, [_md_row(table, g) for g in table.index]),
            '', '## Notes', '',
            f'- Target test accuracy: {100 * target:.2f}%. Rounds (inter-DC) and simulated time '
            'to target: first crossing, linearly interpolated between evaluations '
-           '(`hfl.metrics.time_to_target`); `never` = not reached; (k/n reached) when only '
-           'some seeds did (the mean is over those).',
+           '(`hfl.metrics.time_to_target`); `never` = not reached; (k/n reached): the mean is '
+           'over the k seeds that did.',
            '- `runs` > 1: configs differ only in `seed`; cells are mean ± sample std (ddof=1).',
-           '- Bytes are totals over the run per link, decimal units (1 MB = 10^6 bytes); raw '
-           'bytes are in `results.csv`.',
+           '- Bytes: totals per link over the run, 1 MB = 10^6 bytes (raw in `results.csv`).',
            '- Compression = 1 − total bytes / baseline total bytes (all links), and the × '
            'factor. Paired Δ: final accuracy minus the baseline run with the same seed, mean '
-           '± sample std over the seeds both have (n). Baseline: '
-           + (', '.join(f'`{b}`' for b in baselines) or 'none')
-           + ' (the uncompressed row closest in config unless `--baseline` is given).',
-           '', '## Runs', '']
+           f'± sample std over the seeds both have (n). Baseline: {baselines} (the closest '
+           'uncompressed row unless `--baseline` is given).', '', '## Runs', '']
   lines += [f'- {r["label"]}: ' + ', '.join(f'`{w}`' for w in r['workdirs'])
             for _, r in table.iterrows()]
   return '\n'.join(lines) + '\n'
@@ -308,8 +270,7 @@ def to_csv(table: pd.DataFrame, target: float) -> str:
   for m in runs_lib.METRICS:
     name = _CSV_NAMES.get(m, m.replace('.', '_'))
     out[f'{name}_mean'], out[f'{name}_std'] = table[m], table[f'{m}_std']
-  out['n_reached_target'] = table['time_to_target_s_n']
-  out['target_accuracy'] = target
+  out['n_reached_target'], out['target_accuracy'] = table['time_to_target_s_n'], target
   for c in ('baseline', 'compression_ratio', 'compression_factor', 'paired_delta',
             'paired_std', 'paired_n', 'paired_sem'):
     out[c] = table[c]
