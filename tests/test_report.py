@@ -287,6 +287,17 @@ def test_label_by_seed_gives_a_row_per_seed(runs):
   assert list(t['label'])[:2] == ['periodic, seed=0 [a0]', 'periodic, seed=1']
 
 
+def test_rows_per_seed_compare_with_the_same_seed(tmp_path):
+  _seed_runs(tmp_path, {0: 0.80, 1: 0.90}, prefix='id')
+  _seed_runs(tmp_path, {0: 0.85, 1: 0.70}, comp='topk', prefix='tk')
+  t = tables.build_table(report.load([str(tmp_path)]),
+                         label_by=['seed', 'compression.uplink.name'])
+  rows = {r['label']: r for _, r in t.iterrows()}
+  assert rows['seed=1, up=topk']['baseline'] == 'seed=1, up=identity'
+  assert rows['seed=1, up=topk']['paired_delta'] == pytest.approx(-20.0)
+  assert rows['seed=0, up=topk']['paired_delta'] == pytest.approx(5.0)
+
+
 def test_sweeping_only_seed(tmp_path):
   """A seed-only sweep: one row (mean ± std) by default, one per seed by seed."""
   _seed_runs(tmp_path, {0: 0.80, 1: 0.90, 2: 0.85})

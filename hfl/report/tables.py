@@ -162,13 +162,14 @@ def is_uncompressed(flat: Mapping[str, Any]) -> bool:
   return bool(names) and all(n == 'identity' for n in names)
 
 
-def closest_baselines(flats: Sequence[Mapping[str, Any]]) -> list[int | None]:
+def closest_baselines(flats: Sequence[Mapping[str, Any]],
+                      ignore: Sequence[str] = stats.IGNORED) -> list[int | None]:
   """Per group, the uncompressed group with the fewest differing keys outside
-  ``compression.*`` (ties: the earlier); None without an uncompressed group."""
+  ``compression.*`` and ``ignore`` (ties: the earlier); None without one."""
   candidates = [i for i, f in enumerate(flats) if f and is_uncompressed(f)]
 
   def distance(a, b):
-    keys = (set(a) | set(b)) - set(stats.IGNORED)
+    keys = (set(a) | set(b)) - set(ignore)
     return sum(not k.startswith('compression.') and repr(a.get(k)) != repr(b.get(k))
                for k in keys)
   return [min(candidates, key=lambda j: (distance(f, flats[j]), j))
@@ -197,7 +198,8 @@ def build_table(frame: pd.DataFrame, label_by: Sequence[str] | None = None,
   Raises:
     ValueError: ``baseline`` is not a label.
   """
-  groups = stats.group_ids(frame, keep=[k for k in label_by or () if k in stats.IGNORED])
+  keep = [k for k in label_by or () if k in stats.IGNORED]
+  groups = stats.group_ids(frame, keep=keep)
   table = stats.summarize(frame, groups)
   first = [frame.loc[r[0]] for r in table['runs']]
   flats = [f['config'] for f in first]
@@ -205,7 +207,7 @@ def build_table(frame: pd.DataFrame, label_by: Sequence[str] | None = None,
   if baseline is not None and baseline not in labels:
     raise ValueError(f'--baseline {baseline!r} is not a label; labels: {labels}')
   bases = ([labels.index(baseline)] * len(labels) if baseline is not None
-           else closest_baselines(flats))
+           else closest_baselines(flats, [k for k in stats.IGNORED if k not in keep]))
   ids, rows = list(table.index), []
   for gid, b in zip(ids, bases):
     base = None if b is None else ids[b]
