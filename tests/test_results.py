@@ -588,7 +588,8 @@ def test_co3_no_claim_without_the_uncompressed_runs(root):
     os.remove(os.path.join(root, 'co3_iid', IID_IDENTITY.format(s=seed), 'summary.json'))
   sections, by_name = _build(root)
   t = by_name['co3_iid']
-  assert _cells(t, 'co3 fp4 γ=0.9')[3] == '–' and _cells(t, 'co3 fp4 γ=0.9')[5:7] == ['–', '–']
+  cells = _cells(t, 'co3 fp4 γ=0.9')
+  assert cells[3] == '–' and cells[5:7] == ['–', '–']
   claim, = sections['co3'].judged
   assert claim.met is None and claim.verdict.startswith('not measured')
   md = sections['co3'].markdown.split('### hfl')[0]
@@ -689,16 +690,19 @@ def _env():
   return dict(os.environ, PYTHONPATH=REPO + os.pathsep + os.environ.get('PYTHONPATH', ''))
 
 
-def test_cli_no_run_from_another_directory(root, tmp_path):
+def test_cli_no_run_from_another_directory(tmp_path):
   """The documented command, run elsewhere: relative --root and --out are the caller's."""
-  cwd = os.path.dirname(root)
+  write_published_semisync(str(tmp_path / 'workdirs'))  # 5 of 44 runs
   p = subprocess.run([sys.executable, SCRIPT, '--no-run', '--root', 'workdirs', '--out', 'o'],
-                     cwd=cwd, capture_output=True, text=True, timeout=600, check=False)
+                     cwd=tmp_path, capture_output=True, text=True, timeout=600, check=False)
   assert p.returncode == 0, p.stderr
   assert p.stdout.splitlines()[0] == os.path.join('o', 'results.md')
-  assert '13 runs not finished' in p.stderr
-  text = open(os.path.join(cwd, 'o', 'results.md'), encoding='utf-8').read()
+  assert '39 runs not finished' in p.stderr
+  text = (tmp_path / 'o' / 'results.md').read_text(encoding='utf-8')
   assert 'make_results.py --root workdirs --out o' in text
+  assert '--workdir=workdirs/semisync/sync.strategy=sync__train.eval_every=40' in text
+  assert sorted(os.listdir(tmp_path / 'o' / 'results')) == sorted(
+      f'semisync_{a.filename}' for a in results.plots.AXES)
 
 
 def test_cli_runs_the_missing_sweeps_first(tmp_path, caplog, monkeypatch):
@@ -897,7 +901,8 @@ def test_page_reproduces_the_published_numbers(tmp_path):
     if label != 'uncompressed':
       row[1] = row[1].split(' ± ')[0].rstrip('%')
     assert row == cells, label
-  assert '- ✓ γ=0.9: −0.06 ± 0.04 pts (n=3) — per seed: 0: −0.03 pts, 1: −0.04 pts, 2: −0.11 pts' in md
+  assert ('- ✓ γ=0.9: −0.06 ± 0.04 pts (n=3) — per seed: 0: −0.03 pts, 1: −0.04 pts, '
+          '2: −0.11 pts') in md
   claim, = sections['co3'].judged
   assert claim.met is True and claim.verdict == 'met: paired Δ (mean) −0.06 pts ≥ −0.50 pts'
   assert claim.ours.startswith('paired Δ −0.06 ± 0.04 pts (n=3, standard error 0.03 pts), 16.2× '

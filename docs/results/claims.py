@@ -160,7 +160,8 @@ _COMPRESSION = dict(
              where={'network.lan_bandwidth_gbps': 1.0}, heading='**{lan} LAN**:',
              baseline={'compression.uplink.name': 'identity'}, labels=_SPARSE_LABELS,
              columns=[
-                 ('run', 'label'), ('density ρ (up = down)', 'config:compression.uplink.density:pct'),
+                 ('run', 'label'),
+                 ('density ρ (up = down)', 'config:compression.uplink.density:pct'),
                  ('seeds', 'seeds'), ('intra-DC up (mean)', 'bytes.intra_up'),
                  ('intra-DC down (mean)', 'bytes.intra_down'),
                  ('intra-DC bytes saved, up + down (thesis: {@compression_ratio}; DGC: '
@@ -337,7 +338,8 @@ NOT_YET_COMPARED = [
          claim='fragment-wise sync + 4-bit outer gradients: ~100× less peak bandwidth'),
     dict(source='Gaia: K. Hsieh et al., "Gaia: Geo-Distributed Machine Learning Approaching '
          'LAN Speeds", NSDI 2017',
-         claim='1.8–53.5× over naive geo-distributed training, within 0.94–1.40× of LAN speed'),
+         claim='1.8–53.5× over naive geo-distributed training, within 0.94–1.40× of LAN '
+         'speed'),
     dict(source='LanFL', claim='1.5–6× faster, 18–76× less WAN traffic'),
     dict(source='1-bit Adam (Tang et al., 2021) / 0/1 Adam (Lu et al.)',
          claim='up to 5× / 87% less communication'),

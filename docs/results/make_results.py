@@ -14,7 +14,6 @@ numbers; the others are listed as missing, with their progress.
 """
 
 import argparse
-import copy
 import datetime
 import importlib.util
 import json
@@ -32,13 +31,16 @@ REPO = os.path.dirname(os.path.dirname(HERE))
 if REPO not in sys.path:
   sys.path.insert(0, REPO)
 
-import pandas as pd  # pylint: disable=g-import-not-at-top,wrong-import-position
 
-from hfl import sweep as sweep_lib  # pylint: disable=g-import-not-at-top,wrong-import-position
-from hfl.report import plots  # pylint: disable=g-import-not-at-top,wrong-import-position
-from hfl.report import runs as runs_lib  # pylint: disable=g-import-not-at-top,wrong-import-position
-from hfl.report import stats  # pylint: disable=g-import-not-at-top,wrong-import-position
-from hfl.report import tables as tables_lib  # pylint: disable=g-import-not-at-top,wrong-import-position
+# pylint: disable=g-import-not-at-top,wrong-import-position
+import pandas as pd
+
+from hfl import sweep as sweep_lib
+from hfl.report import plots
+from hfl.report import runs as runs_lib
+from hfl.report import stats
+from hfl.report import tables as tables_lib
+# pylint: enable=g-import-not-at-top,wrong-import-position
 
 PLOTS_DIR = 'results'
 COMMAND = 'python3 docs/results/make_results.py'
@@ -87,7 +89,8 @@ class Table(NamedTuple):
     summary: :func:`hfl.report.stats.summarize` of ``frame`` by ``gid``.
     target: the target accuracy (fraction).
     extra: directories under the sweep root that are no point of the sweep.
-    base_cfg: the sweep's base ConfigDict (what the sweep file gives now).
+    base_cfg: the sweep's base config, flattened (what the sweep file gives now).
+    cache: paired statistics computed so far.
   """
   spec: dict
   base: str
@@ -101,27 +104,31 @@ class Table(NamedTuple):
   summary: pd.DataFrame
   target: float
   extra: list
-  base_cfg: Any
+  base_cfg: dict
+  cache: dict
 
 
 def _matches(flat: dict, want: dict) -> bool:
   return all(k in flat and (flat[k] == v or repr(flat[k]) == repr(v)) for k, v in want.items())
 
 
-def _base_config(config_arg: str):
-  """The sweep's base ConfigDict (its config file's ``get_config``)."""
+def _base_config(config_arg: str) -> dict:
+  """The sweep's base config (its config file's ``get_config``), flattened as a run's."""
   path, _, arg = config_arg.partition(':')
   spec = importlib.util.spec_from_file_location('_results_base_config', path)
   module = importlib.util.module_from_spec(spec)
   spec.loader.exec_module(module)
-  return module.get_config(arg or None)
+  return runs_lib.flatten(json.loads(module.get_config(arg or None).to_json()))
 
 
-def resolved(base_cfg, overrides: dict) -> dict:
-  """A point's flattened config as the sweep gives it now."""
-  cfg = copy.deepcopy(base_cfg)
-  cfg.update_from_flattened_dict(dict(overrides))
-  return runs_lib.flatten(json.loads(cfg.to_json()))
+def resolved(base_cfg: dict, overrides: dict) -> dict:
+  """A point's flattened config as the sweep gives it now (an int for a float field
+  becomes a float, as ``--config.KEY=VALUE`` makes it)."""
+  out = dict(base_cfg)
+  for k, v in overrides.items():
+    is_int = isinstance(v, int) and not isinstance(v, bool)
+    out[k] = float(v) if is_int and isinstance(out.get(k), float) else runs_lib.flatten({k: v})[k]
+  return out
 
 
 def _points(sweep_path: str, sweep_root: str) -> tuple[list, Any, str]:
@@ -134,7 +141,8 @@ def _points(sweep_path: str, sweep_root: str) -> tuple[list, Any, str]:
     status, run = sweep_lib.run_status(spec.workdir), None
     if status != 'pending' and runs_lib.is_run_dir(spec.workdir):
       run = runs_lib.load_run(spec.workdir)
-    flat = runs_lib.flatten(run.config) if run and run.config else resolved(base_cfg, spec.overrides)
+    flat = (runs_lib.flatten(run.config) if run and run.config
+            else resolved(base_cfg, spec.overrides))
     gid = json.dumps(sorted((k, repr(v)) for k, v in spec.overrides.items() if k != 'seed'))
     out.append(Point(spec, flat, status if run or status == 'pending' else 'partial', run, gid))
   return out, base_cfg, config_arg
@@ -178,7 +186,7 @@ def load_table(spec: dict, root: str) -> Table:
   rel = os.path.relpath(config_arg, REPO)
   return Table(spec, config_arg if rel.startswith('..') else rel, points, all_points, groups,
                labels, {g: p.config for g, p in firsts.items()}, base_gid, frame, summary,
-               targets[0], extra, base_cfg)
+               targets[0], extra, base_cfg, {})
 
 
 # ------------------------------------------------------------------------------
@@ -219,8 +227,10 @@ def paired(t: Table, gid: str, metric: str) -> tuple[stats.Stat, dict]:
   """The group's paired Δ (pts for accuracies) vs the baseline, and its per-seed values."""
   if t.base_gid is None or gid == t.base_gid or not done(t, gid) or not done(t, t.base_gid):
     return stats.Stat(None, None, 0), {}
-  scale = 100.0 if runs_lib.METRICS[metric] == 'fraction' else 1.0
-  return stats.paired(t.frame, t.frame['gid'], gid, t.base_gid, metric, scale)
+  if (gid, metric) not in t.cache:
+    scale = 100.0 if runs_lib.METRICS[metric] == 'fraction' else 1.0
+    t.cache[gid, metric] = stats.paired(t.frame, t.frame['gid'], gid, t.base_gid, metric, scale)
+  return t.cache[gid, metric]
 
 
 def number(t: Table, gid: str, expr: str) -> float | None:
@@ -281,7 +291,9 @@ def cell(t: Table, gid: str, expr: str) -> str:
     return seeds_cell(t, gid)
   if kind == 'config':
     key, _, fmt = arg.partition(':')
-    return '–' if tables_lib.unused_hyper(flat, key) else Template(flat).format(f'{{{key}:{fmt}}}')
+    if tables_lib.unused_hyper(flat, key):
+      return '–'
+    return Template(flat).format(f'{{{key}:{fmt}}}')
   if kind == 'idle_s':
     run = next(p.run for p in t.points if p.group == gid and p.status == 'done')
     idle = run.summary.get('idle_s')
@@ -289,7 +301,7 @@ def cell(t: Table, gid: str, expr: str) -> str:
   if kind in runs_lib.METRICS:
     n = sum(p.group == gid and p.status == 'done' for p in t.points)
     return tables_lib.fmt_stat(metric_stat(t, gid, kind), runs_lib.METRICS[kind], n,
-                      to_target=kind.endswith(('_to_target', '_target_s')))
+                               to_target='to_target' in kind)
   if gid == t.base_gid and kind != 'bits':
     return 'baseline'
   if kind == 'paired':
@@ -302,7 +314,8 @@ def cell(t: Table, gid: str, expr: str) -> str:
 
 
 def prose(t: Table, gid: str, expr: str) -> str:
-  """An expression's value in a sentence: 'paired Δ −0.44 ± 0.24 pts (n=3, standard error 0.14 pts)'."""
+  """An expression's value in a sentence, e.g. 'paired Δ −0.44 ± 0.24 pts (n=3, standard
+  error 0.14 pts)'."""
   kind, _, metric = expr.partition(':')
   words = _WORDS.get(metric, metric)
   x = number(t, gid, expr)
@@ -313,7 +326,8 @@ def prose(t: Table, gid: str, expr: str) -> str:
   if kind == 'delta':
     return f'Δ of the seed means {fmt_number(expr, x)}'
   if kind == 'saved':
-    return f'{fmt_number(expr, x)} fewer {words} ({tables_lib.fmt_factor(number(t, gid, "factor:" + metric))})'
+    f = tables_lib.fmt_factor(number(t, gid, 'factor:' + metric))
+    return f'{fmt_number(expr, x)} fewer {words} ({f})'
   if kind == 'factor':
     return f'{fmt_number(expr, x)} fewer {words}'
   if kind == 'reduction':
@@ -528,7 +542,8 @@ def progress(t: Table, p: Point) -> str:
   if not m:
     return f'running or interrupted: no evaluation yet (of {steps} steps)'
   return (f'running or interrupted: step {m[-1].get("step")}/{steps}, round '
-          f'{m[-1].get("round")}, last test accuracy {tables_lib.fmt_acc(m[-1].get("test_accuracy"))}')
+          f'{m[-1].get("round")}, last test accuracy '
+          f'{tables_lib.fmt_acc(m[-1].get("test_accuracy"))}')
 
 
 def missing_lines(t: Table, root_display: str) -> list[str]:
@@ -558,10 +573,12 @@ def paired_list_lines(t: Table, spec: dict, bar: float, ctx: dict) -> list[str]:
       lines.append(f'- {name}: not measured yet')
       continue
     total = sum(p.group == g for p in t.points)
-    s = ('✓' if st.mean >= -bar else '✗') + f' {name}: {tables_lib.fmt_points(st.mean, st.std, st.n)}'
+    s = (('✓' if st.mean >= -bar else '✗')
+         + f' {name}: {tables_lib.fmt_points(st.mean, st.std, st.n)}')
     s += f', {st.n} of {total} seeds' if st.n < total else ''
     if len(per_seed) > 1:
-      s += ' — per seed: ' + ', '.join(f'{k}: {tables_lib.fmt_points(v)}' for k, v in per_seed.items())
+      s += ' — per seed: ' + ', '.join(f'{k}: {tables_lib.fmt_points(v)}'
+                                       for k, v in per_seed.items())
     if st.sem is not None and abs(st.mean + bar) < st.sem:
       s += ' — within one standard error of the bar'
     lines.append('- ' + s)

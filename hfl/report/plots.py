@@ -206,7 +206,7 @@ def plot_accuracy_vs_factor(points: Sequence[FactorPoint], path: str, title: str
   base = 100 * points[0].acc
   ax.axhline(base, color='0.3', linestyle='--', linewidth=1, label=f'baseline {base:.2f}%'
              + (f' (mean of {points[0].n} seeds)' if points[0].n > 1 else ''))
-  ax.axhline(base - bar, color='0.5', linestyle='-.', linewidth=1, label=f'baseline − {bar:g} pts')
+  ax.axhline(base - bar, color='0.5', linestyle='-.', label=f'baseline − {bar:g} pts')
   xs, ys = [p.factor for p in points], [100 * p.acc for p in points]
   errs = [100 * (p.acc_std or 0.0) for p in points]
   several = any(p.n > 1 for p in points)

@@ -103,6 +103,7 @@ def load_run(workdir: str) -> Run:
                     if os.path.isfile(path(f)) else {})
   summary = read('summary.json')
   config = summary.get('config') or read('config.json')
+  config = json.loads(config) if isinstance(config, str) else config  # early workdirs
   return Run(workdir, os.path.basename(os.path.normpath(workdir)), dict(config), summary,
              read_metrics(path('metrics.jsonl')))
 

@@ -62,12 +62,10 @@ def summarize(frame: pd.DataFrame, groups: pd.Series) -> pd.DataFrame:
   metrics = list(runs_lib.METRICS)
   values = frame[metrics].apply(pd.to_numeric, errors='coerce').astype(float)
   by = values.groupby(groups, sort=False)
-  out = by.mean()
-  std, count = by.std(ddof=1), by.count()
-  for m in metrics:
-    out[f'{m}_std'], out[f'{m}_n'] = std[m], count[m]
+  out = pd.concat([by.mean(), by.std(ddof=1).add_suffix('_std'), by.count().add_suffix('_n')],
+                  axis=1)
   members = frame.groupby(groups, sort=False)
-  out['runs'] = members.apply(lambda g: list(g.index), include_groups=False)
+  out['runs'] = pd.Series(frame.index, index=frame.index).groupby(groups, sort=False).agg(list)
   out['seeds'] = members['seed'].agg(list)
   out['workdirs'] = members['workdir'].agg(list)
   return out.astype(object).where(out.notna(), None)
@@ -75,7 +73,8 @@ def summarize(frame: pd.DataFrame, groups: pd.Series) -> pd.DataFrame:
 
 def group_stat(summary: pd.DataFrame, group: str, metric: str) -> Stat:
   """The :class:`Stat` of ``metric`` in one row of :func:`summarize`."""
-  return Stat(*summary.loc[group, [metric, f'{metric}_std']], int(summary.at[group, f'{metric}_n'] or 0))
+  get = lambda c: summary.at[group, c]
+  return Stat(get(metric), get(f'{metric}_std'), int(get(f'{metric}_n') or 0))
 
 
 def paired(frame: pd.DataFrame, groups: pd.Series, group: str, base: str,

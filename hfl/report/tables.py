@@ -73,9 +73,7 @@ def fmt_pct(x: float | None, digits: int = 1) -> str:
 
 def fmt_factor(x: float | None) -> str:
   """``'24.1×'``, ``'1234×'``, ``'∞×'``."""
-  if x is None:
-    return '–'
-  return '∞×' if math.isinf(x) else (f'{x:.1f}×' if x < 1000 else f'{x:.0f}×')
+  return '–' if x is None else '∞×' if math.isinf(x) else f'{x:.{1 if x < 1000 else 0}f}×'
 
 
 _UNIT_FORMAT = {  # unit -> (format(value, unit of the mean), unit of a mean or None)
