@@ -8,17 +8,27 @@ Files (DESIGN 3) in the workdir:
   summary.json    final numbers, written atomically at the end.
   tb/             TensorBoard event files (tensorboardX; no TensorFlow needed).
 Only process 0 writes.
+
+Also the helpers every reader of these files shares (the training loop's
+progress line and summary, and :mod:`hfl.report`): :func:`format_bytes` (the
+one byte formatter) and :func:`crossing` / :func:`time_to_target` (the one
+time-to-target rule). They need no JAX, so this module imports JAX only where
+it writes.
 """
 
 import json
+import logging
+import math
 import os
-from typing import Any
+from typing import Any, Mapping, Sequence
 
-import jax
+# The links every byte count is keyed by (metrics.jsonl, summary.json, reports).
+LINKS = ('intra_up', 'intra_down', 'inter_dc')
 
 
 def is_writer() -> bool:
   """True on the process that writes files (process 0)."""
+  import jax  # pylint: disable=g-import-not-at-top
   return jax.process_index() == 0
 
 
@@ -30,11 +40,12 @@ def write_json(path: str, obj: Any) -> None:
   os.replace(tmp, path)
 
 
-def read_jsonl(path: str) -> list:
+def read_jsonl(path: str, strict: bool = True) -> list:
   """Reads a metrics.jsonl file; a missing file reads as [].
 
   A last line cut short by a crash mid-write is skipped; a bad line elsewhere
-  raises ``json.JSONDecodeError``.
+  raises ``json.JSONDecodeError`` (``strict``) or is skipped (not ``strict``:
+  for readers such as reports, which log the skip).
   """
   if not os.path.exists(path):
     return []
@@ -45,8 +56,10 @@ def read_jsonl(path: str) -> list:
     try:
       out.append(json.loads(line))
     except json.JSONDecodeError:
-      if i != len(lines) - 1:
+      if strict and i != len(lines) - 1:
         raise
+      if not strict:
+        logging.warning('%s:%d: skipping a line that is not JSON', path, i + 1)
   return out
 
 
@@ -89,3 +102,107 @@ class MetricsWriter:
   def close(self) -> None:
     if self._tb is not None:
       self._tb.close()
+
+
+# ------------------------------------------------------------------------------
+# Reading records: one byte formatter, one time-to-target rule.
+# ------------------------------------------------------------------------------
+
+_BYTE_UNITS = (('TB', 1e12), ('GB', 1e9), ('MB', 1e6), ('kB', 1e3))
+
+
+def byte_unit(n: float) -> tuple[str, float]:
+  """The decimal unit ``format_bytes`` picks for ``n`` bytes: (name, bytes per unit)."""
+  return next(((u, s) for u, s in _BYTE_UNITS if abs(n) >= s), ('B', 1.0))
+
+
+def format_bytes(n: float | None, unit: tuple[str, float] | None = None,
+                 digits: int = 2) -> str:
+  """Bytes in decimal units: ``'1.50 MB'`` (1 kB = 1000 B, 1 MB = 10^6 B).
+
+  Args:
+    n: a byte count (None prints ``'–'``).
+    unit: (name, scale) from :func:`byte_unit` to use instead of ``n``'s own
+      (e.g. a std in its mean's unit).
+    digits: decimals (whole bytes are printed without).
+
+  Returns:
+    E.g. ``'999 B'``, ``'1.00 kB'``, ``'12.14 GB'``.
+  """
+  if n is None:
+    return '–'
+  name, scale = unit or byte_unit(n)
+  return f'{n:.0f} B' if name == 'B' else f'{n / scale:.{digits}f} {name}'
+
+
+def value(record: Mapping[str, Any], key: str) -> Any:
+  """``record['a']['b']`` for ``key='a.b'``, None when missing.
+
+  ``'bytes.total'`` is the sum over :data:`LINKS` of ``record['bytes']``.
+  """
+  if key == 'bytes.total':
+    b = record.get('bytes')
+    return (float(sum(float(b.get(link) or 0) for link in LINKS))
+            if isinstance(b, Mapping) else None)
+  node: Any = record
+  for part in key.split('.'):
+    if not isinstance(node, Mapping) or part not in node:
+      return None
+    node = node[part]
+  return node
+
+
+def finite(x: Any) -> bool:
+  """True for an int or float (not a bool) that is finite."""
+  return isinstance(x, (int, float)) and not isinstance(x, bool) and math.isfinite(x)
+
+
+def crossing(prev: Mapping[str, Any] | None, cur: Mapping[str, Any], target: float,
+             key: str) -> float:
+  """Where test accuracy reaches ``target`` between two evaluations, by linear interpolation.
+
+  ``cur`` is the first evaluation at or above ``target``, ``prev`` the one
+  before it (None if ``cur`` is the first):
+  x = x_prev + (target − acc_prev) / (acc_cur − acc_prev) · (x_cur − x_prev),
+  the fraction clipped to [0, 1]; ``x_cur`` when there is no ``prev`` or the
+  accuracy did not rise.
+
+  Args:
+    prev, cur: evaluation records (``test_accuracy`` and ``key``).
+    target: accuracy (fraction).
+    key: dotted key of x (see :func:`value`), e.g. ``'sim_time_s'`` (seconds)
+      or ``'round'``.
+
+  Returns:
+    The interpolated x.
+  """
+  x1, a1 = float(value(cur, key)), float(cur['test_accuracy'])
+  if prev is None or a1 <= float(prev['test_accuracy']):
+    return x1
+  x0, a0 = float(value(prev, key)), float(prev['test_accuracy'])
+  frac = min(max((target - a0) / (a1 - a0), 0.0), 1.0)
+  return x0 + frac * (x1 - x0)
+
+
+def time_to_target(records: Sequence[Mapping[str, Any]], target: float,
+                   key: str = 'sim_time_s') -> float | None:
+  """The x at which test accuracy first reaches ``target`` (see :func:`crossing`).
+
+  Args:
+    records: evaluations in step order, as in metrics.jsonl; those whose
+      accuracy or x is missing or not finite are skipped.
+    target: accuracy (fraction).
+    key: dotted key of x: ``'sim_time_s'`` (s), ``'round'``, ``'step'``,
+      ``'bytes.inter_dc'`` or ``'bytes.total'`` (bytes).
+
+  Returns:
+    The interpolated x, or None if the target is never reached.
+  """
+  prev = None
+  for r in records:
+    if not (finite(r.get('test_accuracy')) and finite(value(r, key))):
+      continue
+    if r['test_accuracy'] >= target:
+      return crossing(prev, r, target, key)
+    prev = r
+  return None

@@ -1,40 +1,20 @@
 """Sweep launcher: a grid of config overrides, one training job per point.
 
-A sweep file is a Python file with ``get_sweep()`` returning ``(base, grid)``:
-
-* ``base``: path of a config file (``'configs/default.py'``, optionally
-  ``'path:arg'``) or an ``ml_collections.ConfigDict`` (written to
-  ``ROOT/base_config.py`` so the jobs can load it);
-* ``grid``: a dict ``{dotted_key: [values...]}`` expanded as a cartesian
-  product (in key order), or a list of such dicts whose expansions are
-  concatenated (duplicates dropped). A *list* is a list of options; any other
-  value (including a tuple) is one fixed value.
-
-Each point gets a deterministic workdir ``ROOT/<name>``, where ``<name>`` is
-built from its overrides in sorted key order, e.g.
-``compression.uplink.name=topk__seed=0__sync.strategy=periodic``. A workdir
-with ``summary.json`` is done and skipped; one without it (never started, or
-interrupted) is (re)run — the training job resumes from its own checkpoints.
-Each job runs as::
-
-  python main.py --config=BASE --workdir=ROOT/<name> --config.KEY=VALUE ...
-
-sequentially, or ``--parallel N`` at a time, with its output appended to
-``ROOT/<name>/train.log``. Before any job starts, the config of every run to
-launch (base + overrides) is checked as main.py checks it (unknown fields,
-values of the wrong type, :func:`hfl.config.validate`); one bad point stops the
-sweep before anything is written. A failed run is reported with its
-``train.log`` and the log's last error line. Ctrl-C stops the running jobs (they
-resume from their checkpoints when the sweep is rerun). At the end
-``hfl.report`` is written to ``ROOT/report`` for all finished runs.
-
-CLI::
-
-  python -m hfl.sweep --sweep=configs/sweeps/example.py --root=/tmp/sweep \
-      [--dry_run] [--max_runs N] [--parallel N] [--no_report]
+Each point gets a deterministic workdir ``ROOT/<name>`` built from its overrides
+(e.g. ``seed=0__sync.k=4``). A workdir with ``summary.json`` is done and
+skipped; any other is (re)run, and the job resumes from its own checkpoints.
+Jobs run as ``python main.py --config=BASE --workdir=ROOT/<name>
+--config.KEY=VALUE ...`` in the caller's directory, ``--parallel N`` at a time,
+each appending its output to ``ROOT/<name>/train.log``. Every run's config is
+checked as main.py checks it before any job starts (one bad point: nothing is
+written); a failed run is reported with its log's last error line; Ctrl-C stops
+the running jobs (rerun to resume); at the end :func:`hfl.report.write_report`
+writes ``ROOT/report``. The grid comes from a sweep file and/or ``--grid``
+flags (:data:`FORMAT`).
 """
 
 import argparse
+import ast
 import concurrent.futures
 import copy
 import hashlib
@@ -52,6 +32,7 @@ import time
 from typing import Any, Callable, Mapping, NamedTuple, Sequence
 
 REPO_ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+MAIN_PY = os.path.join(REPO_ROOT, 'main.py')
 SUMMARY = 'summary.json'
 LOG_FILE = 'train.log'
 REPORT_DIR = 'report'
@@ -60,16 +41,37 @@ BASE_CONFIG_FILE = 'base_config.py'
 _MAX_NAME = 200
 _UNSAFE = re.compile(r'[^A-Za-z0-9._=,+-]')
 
+FORMAT = """\
+sweep file: a Python file defining get_sweep() -> (base, grid)
+  base  a config file ('configs/default.py' or 'path:arg'; relative to the sweep file's
+        directory, else to hfl's repository) or an ml_collections.ConfigDict
+  grid  {dotted.key: [options...]}: their cartesian product, in key order (a value that
+        is not a list, e.g. a tuple for network.dc_speed, is one fixed value); or a list
+        of such dicts, whose points are concatenated (duplicates dropped)
+
+  def get_sweep():  # 2 strategies x 2 uplink compressors x 3 seeds = 12 runs
+    return 'configs/default.py', {
+        'sync.strategy': ['sync', 'periodic'],
+        'compression.uplink.name': ['identity', 'topk'],
+        'train.num_steps': 400,          # one fixed value
+        'seed': [0, 1, 2]}
+
+--grid KEY=V1,V2,...  a grid axis on the command line (Python literals, else strings;
+  tuples in parentheses); several --grid flags: their cartesian product, with --sweep
+  times the file's points. Relative paths (--sweep, --config, --root) are the caller's;
+  jobs run in the caller's directory and write only under ROOT.
+
+examples:
+  python -m hfl.sweep --sweep=my_sweep.py --root=workdirs/mine --dry_run
+  python -m hfl.sweep --config=configs/smoke.py --grid sync.k=1,2,4 --grid seed=0,1 \\
+      --root=/tmp/k_sweep --parallel=2
+  python -m hfl.report /tmp/k_sweep   # the table again (also written to ROOT/report)
+"""
+
 
 class RunSpec(NamedTuple):
-  """One point of the sweep.
-
-  Attributes:
-    name: deterministic workdir name (from the overrides).
-    workdir: absolute workdir path.
-    overrides: dotted config key -> value, sorted by key.
-    command: argv of the training job.
-  """
+  """One point: workdir ``name`` (from the overrides), absolute ``workdir``,
+  ``overrides`` (dotted key -> value, sorted by key) and the job's ``command`` (argv)."""
   name: str
   workdir: str
   overrides: dict
@@ -82,16 +84,10 @@ Runner = Callable[[RunSpec], Any]
 
 
 class SweepResult(NamedTuple):
-  """What a sweep invocation did.
-
-  Attributes:
-    runs: every point of the grid.
-    skipped: names already done before this invocation.
-    ran: names executed now that finished (wrote summary.json).
-    failed: names executed now that did not finish.
-    not_run: names left pending (``max_runs`` or ``dry_run``).
-    report: files written by the report (name -> path), or None.
-  """
+  """What a sweep invocation did: every point (``runs``); the names ``skipped``
+  (done before), ``ran`` (finished now), ``failed`` (ran, no summary.json) and
+  ``not_run`` (left by ``max_runs`` or ``dry_run``); ``report``: files written
+  (name -> path) or None."""
   runs: list
   skipped: list
   ran: list
@@ -100,45 +96,73 @@ class SweepResult(NamedTuple):
   report: dict | None
 
 
+# ------------------------------------------------------------------------------
+# The grid.
+
 def load_sweep(path: str) -> tuple[Any, Any]:
-  """Imports a sweep file and returns ``get_sweep()``.
+  """Imports a sweep file (:data:`FORMAT`) and returns ``get_sweep()``: (base, grid).
 
-  Args:
-    path: path of a Python file defining ``get_sweep()``.
-
-  Returns:
-    ``(base, grid)``.
+  A relative config path as base is taken from the sweep file's directory if
+  the file is there, else from hfl's repository; sweep files may import
+  ``configs.*``.
 
   Raises:
-    FileNotFoundError: if the file does not exist.
-    AttributeError: if it defines no ``get_sweep``.
+    FileNotFoundError: no such file. AttributeError: it defines no ``get_sweep``.
   """
   if not os.path.isfile(path):
     raise FileNotFoundError(f'sweep file not found: {path}')
+  if REPO_ROOT not in sys.path:
+    sys.path.insert(0, REPO_ROOT)
   spec = importlib.util.spec_from_file_location('_hfl_sweep_file', path)
   module = importlib.util.module_from_spec(spec)
   spec.loader.exec_module(module)
   if not hasattr(module, 'get_sweep'):
     raise AttributeError(f'{path} defines no get_sweep()')
   base, grid = module.get_sweep()
+  if isinstance(base, str) and not os.path.isabs(base.partition(':')[0]):
+    here = os.path.dirname(os.path.abspath(path))
+    file = base.partition(':')[0]
+    root = here if os.path.isfile(os.path.join(here, file)) else REPO_ROOT
+    base = os.path.join(root, base)
   return base, grid
 
 
-def expand_grid(grid: Mapping[str, Any] | Sequence[Mapping[str, Any]] | None
-                ) -> list[dict]:
-  """Expands a grid into a list of override dicts.
+def _literal(text: str) -> Any:
+  try:
+    return ast.literal_eval(text)
+  except (ValueError, SyntaxError):
+    return text
 
-  Args:
-    grid: dict key -> list of options (or one fixed value), expanded as a
-      cartesian product in key order; or a list of such dicts, concatenated;
-      or None/empty for the single base run.
 
-  Returns:
-    List of dicts ``{dotted_key: value}`` without duplicates, in grid order.
+def parse_grid(flags: Sequence[str]) -> dict[str, list]:
+  """``['sync.k=1,2,4', 'seed=0,1']`` -> ``{'sync.k': [1, 2, 4], 'seed': [0, 1]}``.
 
   Raises:
-    TypeError: on a grid of another type.
+    ValueError: a flag without ``KEY=`` or without values, or a key given twice.
   """
+  grid = {}
+  for flag in flags:
+    key, sep, values = flag.partition('=')
+    key = key.strip()
+    if not sep or not key or not values.strip():
+      raise ValueError(f'--grid {flag!r}: expected KEY=V1,V2,... e.g. --grid sync.k=1,2,4')
+    if key in grid:
+      raise ValueError(f'--grid: {key!r} given twice; list all its values in one flag')
+    # Commas inside brackets belong to a value: '(1.0,2.0),(1.0,1.0)' is two tuples.
+    grid[key] = [_literal(v.strip()) for v in re.split(r',(?![^()\[\]]*[)\]])', values)]
+  return grid
+
+
+def combine_grids(grid: Any, extra: Mapping[str, list] | None) -> Any:
+  """The cartesian product of a sweep file's points and a ``--grid`` grid."""
+  if not extra:
+    return grid
+  return [dict(p, **q) for p in expand_grid(grid) for q in expand_grid(dict(extra))]
+
+
+def expand_grid(grid: Mapping[str, Any] | Sequence[Mapping[str, Any]] | None) -> list[dict]:
+  """The points of a grid (:data:`FORMAT`; None/empty: the base run alone), as override
+  dicts in grid order, duplicates dropped; TypeError for another type of grid."""
   if not grid:
     return [{}]
   if isinstance(grid, Mapping):
@@ -149,13 +173,10 @@ def expand_grid(grid: Mapping[str, Any] | Sequence[Mapping[str, Any]] | None
     points = [p for sub in grid for p in expand_grid(sub)]
   else:
     raise TypeError(f'grid must be a dict or a list of dicts, got {type(grid)}')
-  seen, out = set(), []
+  first = {}
   for p in points:
-    key = _canonical(p)
-    if key not in seen:
-      seen.add(key)
-      out.append(p)
-  return out
+    first.setdefault(_canonical(p), p)
+  return list(first.values())
 
 
 def _canonical(overrides: Mapping[str, Any]) -> str:
@@ -166,24 +187,16 @@ def _canonical(overrides: Mapping[str, Any]) -> str:
 def _name_value(v: Any) -> str:
   if isinstance(v, (list, tuple)):
     return ','.join(_name_value(x) for x in v)
-  if isinstance(v, float):
-    return repr(v)
-  return str(v)
+  return repr(v) if isinstance(v, float) else str(v)
 
 
 def run_name(overrides: Mapping[str, Any]) -> str:
   """Deterministic, filesystem-safe workdir name of a set of overrides.
 
-  Keys are sorted, so the name does not depend on the grid's key order. When
-  the readable form had to be altered (unsafe characters, more than 200
-  characters), an 8-hex-digit hash of the overrides is appended so that
-  distinct overrides never share a name.
-
-  Args:
-    overrides: dotted config key -> value.
-
-  Returns:
-    E.g. ``'seed=0__sync.strategy=periodic'``; ``'base'`` for no overrides.
+  Keys are sorted (the grid's key order does not matter); when the readable form
+  had to be altered (unsafe characters, over 200 characters) an 8-hex-digit hash
+  of the overrides is appended, so distinct overrides never share a name. E.g.
+  ``'seed=0__sync.strategy=periodic'``; ``'base'`` for no overrides.
   """
   if not overrides:
     return 'base'
@@ -212,21 +225,16 @@ def run_status(workdir: str) -> str:
 
 
 def resolve_base(base: Any, root: str, write: bool = True) -> str:
-  """The ``--config=`` argument for a base config.
+  """The ``--config=`` value (absolute path, plus ``:arg``) of a base config.
 
   Args:
-    base: config path (``'path'`` or ``'path:arg'``; relative paths are tried
-      against the current directory, then the repository root) or a
-      ConfigDict (written to ``ROOT/base_config.py``).
+    base: config path (``'path'`` or ``'path:arg'``; relative: the caller's) or a
+      ConfigDict, written to ``ROOT/base_config.py`` (only with ``write``).
     root: sweep root.
-    write: write ``base_config.py`` for a ConfigDict base (False: only return
-      its path, for dry runs).
-
-  Returns:
-    The value of ``--config``.
+    write: write ``base_config.py`` (False for dry runs: only its path).
 
   Raises:
-    FileNotFoundError: if a config path does not exist.
+    FileNotFoundError: the config path does not exist.
   """
   if not isinstance(base, str):
     path = os.path.join(os.path.abspath(root), BASE_CONFIG_FILE)
@@ -236,61 +244,37 @@ def resolve_base(base: Any, root: str, write: bool = True) -> str:
         f.write(_config_module_text(base))
     return path
   path, sep, arg = base.partition(':')
-  for candidate in (path, os.path.join(REPO_ROOT, path)):
-    if os.path.isfile(candidate):
-      return os.path.abspath(candidate) + sep + arg
-  raise FileNotFoundError(f'base config not found: {path}')
+  if not os.path.isfile(path):
+    raise FileNotFoundError(f'base config not found: {path} (relative paths are '
+                            f'taken from {os.getcwd()})')
+  return os.path.abspath(path) + sep + arg
 
 
 def _config_module_text(config: Any) -> str:
-  """Source of a config file that rebuilds ``config`` (tuples preserved)."""
-  d = config.to_dict() if hasattr(config, 'to_dict') else dict(config)
-
-  def encode(x):
-    if isinstance(x, tuple):
-      return {'__tuple__': [encode(v) for v in x]}
-    if isinstance(x, list):
-      return [encode(v) for v in x]
-    if isinstance(x, Mapping):
-      return {k: encode(v) for k, v in x.items()}
-    return x
-
-  payload = json.dumps(encode(d), indent=1, sort_keys=True, default=repr)
-  return (
-      '"""Base config of this sweep, written by hfl.sweep (do not edit)."""\n\n'
-      'import json\n\nimport ml_collections\n\n'
-      f"_CONFIG = json.loads(r'''{payload}''')\n\n\n"
-      'def _decode(x):\n'
-      '  if isinstance(x, dict) and set(x) == {\'__tuple__\'}:\n'
-      '    return tuple(_decode(v) for v in x[\'__tuple__\'])\n'
-      '  if isinstance(x, dict):\n'
-      '    return {k: _decode(v) for k, v in x.items()}\n'
-      '  if isinstance(x, list):\n'
-      '    return [_decode(v) for v in x]\n'
-      '  return x\n\n\n'
-      'def get_config(arg=None):\n'
-      '  del arg\n'
-      '  return ml_collections.ConfigDict(_decode(_CONFIG))\n')
-
-
-def make_runs(config_arg: str, grid: Any, root: str,
-              python: str = sys.executable,
-              main_py: str = os.path.join(REPO_ROOT, 'main.py')
-              ) -> list[RunSpec]:
-  """The RunSpecs of a grid.
-
-  Args:
-    config_arg: value of ``--config`` (see :func:`resolve_base`).
-    grid: the sweep grid (see :func:`expand_grid`).
-    root: sweep root directory.
-    python: interpreter for the jobs.
-    main_py: the training entry point.
-
-  Returns:
-    One RunSpec per grid point, in grid order.
+  """Source of a config file that rebuilds ``config`` (a Python literal: tuples kept).
 
   Raises:
-    ValueError: if two grid points map to the same workdir name.
+    ValueError: a value has no literal form (e.g. inf, or an object).
+  """
+  d = config.to_dict() if hasattr(config, 'to_dict') else dict(config)
+  try:
+    if ast.literal_eval(repr(d)) != d:
+      raise ValueError
+  except (ValueError, SyntaxError):
+    raise ValueError('the base ConfigDict holds a value without a Python literal form; '
+                     'give the sweep a config file instead') from None
+  return ('"""Base config of this sweep, written by hfl.sweep (do not edit)."""\n\n'
+          'import ml_collections\n\n\ndef get_config(arg=None):\n  del arg\n'
+          f'  return ml_collections.ConfigDict({d!r})\n')
+
+
+def make_runs(config_arg: str, grid: Any, root: str, python: str = sys.executable,
+              main_py: str = MAIN_PY) -> list[RunSpec]:
+  """The RunSpecs of a grid in grid order: ``[python, main_py, --config=config_arg,
+  --workdir=ROOT/<name>, --config.KEY=VALUE...]``.
+
+  Raises:
+    ValueError: two grid points map to the same workdir name.
   """
   runs, names = [], set()
   for overrides in expand_grid(grid):
@@ -300,30 +284,20 @@ def make_runs(config_arg: str, grid: Any, root: str,
     names.add(name)
     ordered = {k: overrides[k] for k in sorted(overrides)}
     workdir = os.path.join(os.path.abspath(root), name)
-    command = [python, main_py, f'--config={config_arg}',
-               f'--workdir={workdir}']
+    command = [python, main_py, f'--config={config_arg}', f'--workdir={workdir}']
     command += [f'--config.{k}={flag_value(v)}' for k, v in ordered.items()]
     runs.append(RunSpec(name, workdir, ordered, command))
   return runs
 
 
 def check_runs(base: Any, config_arg: str, runs: Sequence[RunSpec]) -> None:
-  """Checks the config of each run as main.py will, before any is launched.
-
-  Each run's config is the base with its overrides applied as
-  ``--config.KEY=VALUE`` would (only existing fields, values of the field's
-  type), then :func:`hfl.config.validate`. Checks that need the data or the
-  model's shapes still run in each job.
-
-  Args:
-    base: the sweep's base (config path or ConfigDict, see :func:`resolve_base`).
-    config_arg: its ``--config`` value (a path base is loaded from it).
-    runs: the runs about to be launched.
+  """Checks each run's config as main.py will (base + overrides as ``--config.KEY=VALUE``
+  applies them, then :func:`hfl.config.validate`) before any is launched; checks that
+  need the data or the model still run in each job.
 
   Raises:
-    ValueError: the first bad run, named with its problem, e.g. ``run 'seed=0'
-      ...: unknown config field 'optimizer.learnin_rate'; did you mean
-      'optimizer.learning_rate'?``.
+    ValueError: the first bad run with its problem, e.g. ``run 'seed=0' ...: unknown
+      config field 'optimizer.learnin_rate'; did you mean 'optimizer.learning_rate'?``.
   """
   if not runs:
     return
@@ -342,6 +316,9 @@ def check_runs(base: Any, config_arg: str, runs: Sequence[RunSpec]) -> None:
       raise ValueError(f'run {r.name!r} (nothing was launched): {e}') from None
 
 
+# ------------------------------------------------------------------------------
+# Running the jobs.
+
 # The jobs running now, stopped on Ctrl-C (see stop_children).
 _CHILDREN: set = set()
 _CHILDREN_LOCK = threading.Lock()
@@ -349,15 +326,8 @@ _STOPPING = threading.Event()
 
 
 def subprocess_runner(spec: RunSpec) -> int:
-  """Runs the training job, appending its output to ``WORKDIR/train.log``.
-
-  Args:
-    spec: the run.
-
-  Returns:
-    The job's exit status (130 without starting it once :func:`stop_children`
-    has been called).
-  """
+  """Runs the job in the current directory, appending its output to ``WORKDIR/train.log``;
+  returns its exit status (130, not started, once :func:`stop_children` was called)."""
   os.makedirs(spec.workdir, exist_ok=True)
   with open(os.path.join(spec.workdir, LOG_FILE), 'ab') as log:
     log.write(('$ ' + ' '.join(spec.command) + '\n').encode())
@@ -365,8 +335,7 @@ def subprocess_runner(spec: RunSpec) -> int:
     with _CHILDREN_LOCK:
       if _STOPPING.is_set():
         return 130
-      proc = subprocess.Popen(spec.command, cwd=REPO_ROOT, stdout=log,
-                              stderr=subprocess.STDOUT)
+      proc = subprocess.Popen(spec.command, stdout=log, stderr=subprocess.STDOUT)
       _CHILDREN.add(proc)
     try:
       return proc.wait()
@@ -379,13 +348,9 @@ def subprocess_runner(spec: RunSpec) -> int:
 
 
 def stop_children(grace_s: float = 2.0, timeout_s: float = 10.0) -> None:
-  """Stops the running jobs after a Ctrl-C; no new job starts after this.
-
-  A Ctrl-C in the terminal reaches the jobs too (they exit with their own
-  "interrupted" line), so they first get ``grace_s`` to exit; those still
-  running then get SIGINT (a clean stop, their checkpoints are kept) and after
-  ``timeout_s`` more are killed.
-  """
+  """Stops the running jobs after a Ctrl-C; no job starts after this. The jobs get
+  ``grace_s`` to exit on the terminal's own Ctrl-C, then SIGINT (a clean stop that
+  keeps their checkpoints), then after ``timeout_s`` are killed."""
   with _CHILDREN_LOCK:
     _STOPPING.set()
     procs = list(_CHILDREN)
@@ -405,15 +370,9 @@ def stop_children(grace_s: float = 2.0, timeout_s: float = 10.0) -> None:
 
 
 def last_error_line(log_path: str, max_bytes: int = 65536) -> str | None:
-  """The last error line of a run's latest attempt in its ``train.log``.
-
-  Looks after the last ``$ command`` line for ``error: ...`` (main.py's
-  one-line errors), ``interrupted: ...`` or a traceback's ``SomeError: ...``;
-  falls back to the last non-empty line.
-
-  Returns:
-    The line (at most 500 characters), or None for a missing or empty log.
-  """
+  """The last ``error: ...``, ``interrupted: ...`` or ``SomeError: ...`` line after the
+  last ``$ command`` line of a ``train.log`` (else its last non-empty line), at most
+  500 characters; None for a missing or empty log."""
   try:
     with open(log_path, 'rb') as f:
       f.seek(max(0, os.path.getsize(log_path) - max_bytes))
@@ -449,100 +408,15 @@ def _execute(spec: RunSpec, runner: Runner) -> bool:
                   SUMMARY, f'; log: {log}' if os.path.isfile(log) else '',
                   f': {last}' if last else '')
   elif rc not in (None, 0):
-    logging.warning('run %s wrote %s but exited with %s', spec.name, SUMMARY,
-                    rc)
+    logging.warning('run %s wrote %s but exited with %s', spec.name, SUMMARY, rc)
   return done
 
 
-def _label_keys(grid: Any) -> list[str] | None:
-  """Grid keys that vary (not ``seed``): strategy/compressors first, then grid order."""
-  from hfl.report import tables  # pylint: disable=g-import-not-at-top
-  points = expand_grid(grid)
-  keys = list(dict.fromkeys(k for p in points for k in p))
-  keys = [k for k in keys if k != 'seed' and
-          len({repr(p.get(k)) for p in points}) > 1]
-  preferred = [k for k in tables.DEFAULT_LABEL_KEYS if k in keys]
-  return (preferred + [k for k in keys if k not in preferred]) or None
-
-
-def _write_manifest(root: str, config_arg: str, runs: Sequence[RunSpec]):
-  manifest = {
-      'config': config_arg,
-      'runs': [{'name': r.name, 'workdir': r.workdir, 'overrides': r.overrides,
-                'command': r.command} for r in runs],
-  }
-  with open(os.path.join(root, MANIFEST), 'w', encoding='utf-8') as f:
-    json.dump(manifest, f, indent=1, default=repr)
-
-
-def run_sweep(base: Any, grid: Any, root: str, *,
-              runner: Runner | None = None,
-              dry_run: bool = False,
-              max_runs: int | None = None,
-              parallel: int = 1,
-              report: bool = True,
-              python: str = sys.executable,
-              main_py: str = os.path.join(REPO_ROOT, 'main.py'),
-              out: Callable[[str], None] = print,
-              check: bool = True) -> SweepResult:
-  """Runs the unfinished points of a sweep, then writes the report.
-
-  Args:
-    base: base config path or ConfigDict (see :func:`resolve_base`).
-    grid: overrides grid (see :func:`expand_grid`).
-    root: sweep root; run ``NAME`` uses ``ROOT/NAME``.
-    runner: executes one RunSpec (default :func:`subprocess_runner`); a run
-      counts as finished iff its workdir then holds summary.json. Exceptions
-      are logged and the run counts as failed.
-    dry_run: only print the grid (status, name, command); run nothing and
-      write nothing.
-    max_runs: run at most this many unfinished points now (grid order).
-    parallel: number of runs executed at the same time.
-    report: write ``hfl.report`` for all finished runs to ``ROOT/report``.
-    python: interpreter for the jobs.
-    main_py: training entry point.
-    out: where the dry-run listing and the final summary line go.
-    check: check the config of every run to launch (:func:`check_runs`)
-      before launching or writing anything.
-
-  Returns:
-    A :class:`SweepResult`.
-
-  Raises:
-    ValueError: a run's config is invalid (``check``); nothing was written.
-    KeyboardInterrupt: Ctrl-C; the running jobs were stopped
-      (:func:`stop_children`).
-  """
-  runner = runner or subprocess_runner
-  _STOPPING.clear()  # a new sweep in this process (an earlier one was interrupted)
-  config_arg = resolve_base(base, root, write=False)
-  runs = make_runs(config_arg, grid, root, python=python, main_py=main_py)
-  status = {r.name: run_status(r.workdir) for r in runs}
-  skipped = [r.name for r in runs if status[r.name] == 'done']
-  todo = [r for r in runs if status[r.name] != 'done']
-  if max_runs is not None:
-    todo, rest = todo[:max_runs], todo[max_runs:]
-  else:
-    rest = []
-  if check:
-    check_runs(base, config_arg, todo + (rest if dry_run else []))
-
-  if dry_run:
-    out(f'{len(runs)} runs ({len(skipped)} done, {len(todo) + len(rest)} to '
-        f'run{f", {len(todo)} with --max_runs" if max_runs is not None else ""})'
-        f' under {os.path.abspath(root)}')
-    for r in runs:
-      out(f'[{status[r.name]:7s}] {r.name}\n    {" ".join(r.command)}')
-    return SweepResult(runs, skipped, [], [], [r.name for r in todo + rest],
-                       None)
-
-  os.makedirs(root, exist_ok=True)
-  resolve_base(base, root, write=True)
-  _write_manifest(root, config_arg, runs)
-  ran, failed = [], []
+def _execute_all(todo: Sequence[RunSpec], runner: Runner, parallel: int
+                 ) -> tuple[list[str], list[str]]:
+  """Runs the specs (``parallel`` at a time); (names finished, names failed)."""
   if parallel <= 1:
-    for r in todo:
-      (ran if _execute(r, runner) else failed).append(r.name)
+    results = [_execute(r, runner) for r in todo]
   else:
     pool = concurrent.futures.ThreadPoolExecutor(max_workers=parallel)
     try:
@@ -552,46 +426,127 @@ def run_sweep(base: Any, grid: Any, root: str, *,
       stop_children()
       raise
     pool.shutdown()
-    for r, ok in zip(todo, results):
-      (ran if ok else failed).append(r.name)
+  return ([r.name for r, ok in zip(todo, results) if ok],
+          [r.name for r, ok in zip(todo, results) if not ok])
 
+
+def _label_keys(grid: Any) -> list[str] | None:
+  """Grid keys that vary (not ``seed``): strategy/compressors first, then grid order."""
+  from hfl.report import tables  # pylint: disable=g-import-not-at-top
+  points = expand_grid(grid)
+  keys = list(dict.fromkeys(k for p in points for k in p))
+  keys = [k for k in keys if k != 'seed' and len({repr(p.get(k)) for p in points}) > 1]
+  preferred = [k for k in tables.DEFAULT_LABEL_KEYS if k in keys]
+  return (preferred + [k for k in keys if k not in preferred]) or None
+
+
+def _write_manifest(root: str, config_arg: str, runs: Sequence[RunSpec]):
+  with open(os.path.join(root, MANIFEST), 'w', encoding='utf-8') as f:
+    json.dump({'config': config_arg, 'runs': [r._asdict() for r in runs]}, f, indent=1,
+              default=repr)
+
+
+def _dry_run(runs, status, todo, rest, root, max_runs, out) -> SweepResult:
+  done = [r.name for r in runs if status[r.name] == 'done']
+  limited = f', {len(todo)} with --max_runs' if max_runs is not None else ''
+  out(f'{len(runs)} runs ({len(done)} done, {len(todo) + len(rest)} to run{limited}) under '
+      f'{os.path.abspath(root)}')
+  for r in runs:
+    out(f'[{status[r.name]:7s}] {r.name}\n    {" ".join(r.command)}')
+  return SweepResult(runs, done, [], [], [r.name for r in todo + rest], None)
+
+
+def run_sweep(base: Any, grid: Any, root: str, *, runner: Runner | None = None,
+              dry_run: bool = False, max_runs: int | None = None, parallel: int = 1,
+              report: bool = True, python: str = sys.executable, main_py: str = MAIN_PY,
+              out: Callable[[str], None] = print, check: bool = True) -> SweepResult:
+  """Runs the unfinished points of a sweep, then writes the report.
+
+  Args:
+    base: base config path or ConfigDict (:func:`resolve_base`).
+    grid: overrides grid (:func:`expand_grid`).
+    root: sweep root; run ``NAME`` uses ``ROOT/NAME``.
+    runner: runs one RunSpec (default :func:`subprocess_runner`); a run finished
+      iff its workdir then holds summary.json; an exception counts as a failure.
+    dry_run: only print the grid (status, name, command); write nothing.
+    max_runs: run at most this many unfinished points now (grid order).
+    parallel: runs executed at the same time.
+    report: write :func:`hfl.report.write_report` for the finished runs to ``ROOT/report``.
+    python, main_py: interpreter and entry point of the jobs.
+    out: where the dry-run listing and the summary line go.
+    check: check every config to launch (:func:`check_runs`) before anything.
+
+  Raises:
+    ValueError: a run's config is invalid (``check``); nothing was written.
+    KeyboardInterrupt: Ctrl-C; the running jobs were stopped (:func:`stop_children`).
+  """
+  runner = runner or subprocess_runner
+  _STOPPING.clear()  # a new sweep in this process (an earlier one was interrupted)
+  config_arg = resolve_base(base, root, write=False)
+  runs = make_runs(config_arg, grid, root, python=python, main_py=main_py)
+  status = {r.name: run_status(r.workdir) for r in runs}
+  todo = [r for r in runs if status[r.name] != 'done']
+  todo, rest = (todo, []) if max_runs is None else (todo[:max_runs], todo[max_runs:])
+  if check:
+    check_runs(base, config_arg, todo + (rest if dry_run else []))
+  if dry_run:
+    return _dry_run(runs, status, todo, rest, root, max_runs, out)
+  os.makedirs(root, exist_ok=True)
+  resolve_base(base, root, write=True)
+  _write_manifest(root, config_arg, runs)
+  ran, failed = _execute_all(todo, runner, parallel)
   written = None
   finished = [r.workdir for r in runs if run_status(r.workdir) == 'done']
   if report and finished:
     from hfl import report as report_lib  # pylint: disable=g-import-not-at-top
-    label_by = _label_keys(grid)
-    written = report_lib.write_report(
-        finished, os.path.join(root, REPORT_DIR), label_by=label_by)
+    written = report_lib.write_report(finished, os.path.join(root, REPORT_DIR),
+                                      label_by=_label_keys(grid))
   elif report:
     logging.warning('no finished runs; no report written')
+  skipped = [r.name for r in runs if status[r.name] == 'done']
   out(f'sweep {os.path.abspath(root)}: {len(runs)} runs, {len(skipped)} '
       f'skipped (done), {len(ran)} finished now, {len(failed)} failed, '
       f'{len(rest)} left by --max_runs'
       + (f'; report in {os.path.join(root, REPORT_DIR)}' if written else ''))
   if failed:
     out('failed: ' + ', '.join(failed))
-  return SweepResult(runs, skipped, ran, failed, [r.name for r in rest],
-                     written)
+  return SweepResult(runs, skipped, ran, failed, [r.name for r in rest], written)
 
+
+# ------------------------------------------------------------------------------
+# Command line.
 
 def parse_args(argv: Sequence[str] | None = None) -> argparse.Namespace:
-  """Parses the command line."""
-  p = argparse.ArgumentParser(prog='python -m hfl.sweep',
-                              description='Run a grid of hfl experiments.')
-  p.add_argument('--sweep', required=True,
-                 help='sweep file with get_sweep() -> (base, grid)')
-  p.add_argument('--root', required=True, help='sweep root directory')
+  """Parses the command line (``--help`` shows :data:`FORMAT`)."""
+  p = argparse.ArgumentParser(
+      prog='python -m hfl.sweep', formatter_class=argparse.RawDescriptionHelpFormatter,
+      description='Run a grid of hfl experiments: one training job per point, finished '
+      'points skipped, interrupted ones resumed.', epilog=FORMAT)
+  p.add_argument('--sweep', help='sweep file with get_sweep() -> (base, grid)')
+  p.add_argument('--config', help='base config file (PATH or PATH:ARG); with --sweep it '
+                 "replaces the sweep file's base")
+  p.add_argument('--grid', action='append', default=[], metavar='KEY=V1,V2,...',
+                 help='a grid axis, e.g. sync.k=1,2,4; repeat for a cartesian product')
+  p.add_argument('--root', required=True, help='sweep root directory (workdir per point)')
   p.add_argument('--dry_run', '--dry-run', action='store_true',
                  help='list the grid and commands; run nothing')
   p.add_argument('--max_runs', '--max-runs', type=int, default=None,
                  help='run at most N unfinished points')
-  p.add_argument('--parallel', type=int, default=1,
-                 help='runs executed at the same time')
-  p.add_argument('--no_report', '--no-report', dest='report',
-                 action='store_false', help='skip the final report')
-  p.add_argument('--python', default=sys.executable,
-                 help='interpreter for the training jobs')
+  p.add_argument('--parallel', type=int, default=1, help='runs executed at the same time')
+  p.add_argument('--no_report', '--no-report', dest='report', action='store_false',
+                 help='skip the final report')
+  p.add_argument('--python', default=sys.executable, help='interpreter for the training jobs')
   return p.parse_args(argv)
+
+
+def sweep_from_args(args: argparse.Namespace) -> tuple[Any, Any]:
+  """(base, grid) from ``--sweep``, ``--config`` and ``--grid``; ValueError without
+  ``--sweep`` or ``--config``, or for a bad ``--grid``."""
+  if not args.sweep and not args.config:
+    raise ValueError('give --sweep=FILE, or --config=FILE with --grid KEY=V1,V2,... '
+                     '(python -m hfl.sweep --help shows the format)')
+  base, grid = load_sweep(args.sweep) if args.sweep else (args.config, None)
+  return (args.config or base), combine_grids(grid, parse_grid(args.grid))
 
 
 def main(argv: Sequence[str] | None = None) -> int:
@@ -599,7 +554,7 @@ def main(argv: Sequence[str] | None = None) -> int:
   args = parse_args(argv)
   logging.basicConfig(level=logging.INFO, format='%(levelname)s %(message)s')
   try:
-    base, grid = load_sweep(args.sweep)
+    base, grid = sweep_from_args(args)
     result = run_sweep(base, grid, args.root, dry_run=args.dry_run,
                        max_runs=args.max_runs, parallel=args.parallel,
                        report=args.report, python=args.python)

@@ -1,23 +1,30 @@
-"""Tests of hfl.report (tables, plots, CLI) and hfl.sweep on hand-made workdirs."""
+"""Tests of hfl.report (runs, seed groups, paired statistics, tables, plots, CLI),
+hfl.metrics' time-to-target and byte formatter, and hfl.sweep, on workdirs they write."""
 
 import csv
 import importlib.util
 import json
 import math
 import os
+import subprocess
 import sys
 
 import ml_collections
+import numpy as np
 import pytest
 
+from hfl import metrics
 from hfl import report
 from hfl import sweep
 from hfl.report import __main__ as report_cli
 from hfl.report import plots
+from hfl.report import runs as runs_lib
+from hfl.report import stats
 from hfl.report import tables
 
 REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 PNG_MAGIC = b'\x89PNG\r\n\x1a\n'
+MB = 10**6
 
 
 def _default_config() -> ml_collections.ConfigDict:
@@ -36,7 +43,7 @@ def _config(**overrides) -> dict:
 
 
 def _write_run(workdir, config, evals, summary=None, config_json=False):
-  """Writes a workdir.
+  """Writes a workdir in the formats hfl/train.py writes.
 
   Args:
     workdir: path.
@@ -72,10 +79,7 @@ def _write_run(workdir, config, evals, summary=None, config_json=False):
     s.update(summary)
     with open(os.path.join(workdir, 'summary.json'), 'w') as f:
       json.dump(s, f)
-  return workdir
-
-
-MB = 10**6
+  return str(workdir)
 
 
 def _bytes(r, up, down, inter):
@@ -85,13 +89,11 @@ def _bytes(r, up, down, inter):
 @pytest.fixture
 def runs(tmp_path):
   """Four workdirs: periodic/identity x 2 seeds, periodic/topk, sync/identity."""
-  a0 = _write_run(tmp_path / 'a0', _config(**{'sync.strategy': 'periodic',
-                                              'seed': 0}),
+  a0 = _write_run(tmp_path / 'a0', _config(**{'sync.strategy': 'periodic', 'seed': 0}),
                   [(1, 0.50, 10.0, _bytes(1, 100, 100, 50)),
                    (2, 0.80, 20.0, _bytes(2, 100, 100, 50)),
                    (3, 0.90, 30.0, _bytes(3, 100, 100, 50))], summary={})
-  a1 = _write_run(tmp_path / 'a1', _config(**{'sync.strategy': 'periodic',
-                                              'seed': 1}),
+  a1 = _write_run(tmp_path / 'a1', _config(**{'sync.strategy': 'periodic', 'seed': 1}),
                   [(1, 0.60, 10.0, _bytes(1, 100, 100, 50)),
                    (2, 0.85, 20.0, _bytes(2, 100, 100, 50)),
                    (3, 0.95, 30.0, _bytes(3, 100, 100, 50))], summary={})
@@ -99,16 +101,15 @@ def runs(tmp_path):
                                             'compression.uplink.name': 'topk'}),
                  [(1, 0.40, 10.0, _bytes(1, 10, 20, 50)),
                   (2, 0.60, 20.0, _bytes(2, 10, 20, 50)),
-                  (3, 0.70, 30.0, _bytes(3, 10, 20, 50))], summary={},
-                 config_json=True)
+                  (3, 0.70, 30.0, _bytes(3, 10, 20, 50))], summary={}, config_json=True)
   c = _write_run(tmp_path / 'c', _config(**{'sync.strategy': 'sync'}),
                  [(4, 0.90, 5.0, _bytes(4, 100, 100, 50)),
                   (8, 0.92, 9.0, _bytes(8, 100, 100, 50))], summary={})
-  return [str(a0), str(a1), str(b), str(c)]
+  return [a0, a1, b, c]
 
 
 # ---------------------------------------------------------------------------
-# time_to_target
+# hfl.metrics: time to target, byte formatter
 
 
 def _m(acc, t, rnd=None):
@@ -117,43 +118,58 @@ def _m(acc, t, rnd=None):
 
 
 def test_time_to_target_interpolates_between_bracketing_evals():
-  metrics = [_m(0.5, 10, 1), _m(0.8, 20, 2), _m(0.9, 30, 3), _m(0.95, 40, 4)]
+  records = [_m(0.5, 10, 1), _m(0.8, 20, 2), _m(0.9, 30, 3), _m(0.95, 40, 4)]
   # 0.88 lies between 0.8 (t=20) and 0.9 (t=30): 20 + 0.08 / 0.1 * 10 = 28.
-  assert report.time_to_target(metrics, 0.88, 'sim_time_s') == pytest.approx(28)
-  assert report.time_to_target(metrics, 0.88, 'round') == pytest.approx(2.8)
-  assert report.time_to_target(metrics, 0.88, 'bytes.total') == pytest.approx(84)
-  # Exactly on an evaluation.
-  assert report.time_to_target(metrics, 0.9, 'sim_time_s') == pytest.approx(30)
+  assert metrics.time_to_target(records, 0.88, 'sim_time_s') == pytest.approx(28)
+  assert metrics.time_to_target(records, 0.88, 'round') == pytest.approx(2.8)
+  assert metrics.time_to_target(records, 0.88, 'bytes.total') == pytest.approx(84)
+  assert metrics.time_to_target(records, 0.9, 'sim_time_s') == pytest.approx(30)
+  # The one rule the training loop applies to each crossing (hfl.train's
+  # interpolate_crossing): same numbers on the bracketing pair.
+  assert metrics.crossing(records[1], records[2], 0.88, 'sim_time_s') == pytest.approx(28)
+  assert metrics.crossing(None, records[2], 0.88, 'round') == 3
 
 
 def test_time_to_target_edge_cases():
-  metrics = [_m(0.5, 10), _m(0.8, 20)]
-  assert report.time_to_target(metrics, 0.88, 'sim_time_s') is None
-  assert report.time_to_target([], 0.88, 'sim_time_s') is None
+  records = [_m(0.5, 10), _m(0.8, 20)]
+  assert metrics.time_to_target(records, 0.88) is None
+  assert metrics.time_to_target([], 0.88) is None
   # Already above target at the first evaluation: its x, no extrapolation.
-  assert report.time_to_target([_m(0.9, 7)], 0.88, 'sim_time_s') == 7
+  assert metrics.time_to_target([_m(0.9, 7)], 0.88) == 7
   # First crossing counts even if accuracy drops again later.
   dip = [_m(0.5, 10), _m(0.9, 20), _m(0.7, 30), _m(0.95, 40)]
-  assert report.time_to_target(dip, 0.88, 'sim_time_s') == pytest.approx(19.5)
+  assert metrics.time_to_target(dip, 0.88) == pytest.approx(19.5)
   # Non-finite accuracy is skipped; bracketing uses finite neighbours.
   nan = [_m(0.5, 10), _m(math.nan, 15), _m(1.0, 20)]
-  assert report.time_to_target(nan, 0.75, 'sim_time_s') == pytest.approx(15)
-  # Missing x key.
-  assert report.time_to_target(metrics, 0.5, 'nope') is None
+  assert metrics.time_to_target(nan, 0.75) == pytest.approx(15)
+  assert metrics.time_to_target(records, 0.5, 'nope') is None
+
+
+def test_one_byte_formatter_in_decimal_units():
+  assert metrics.format_bytes(999) == '999 B'
+  assert metrics.format_bytes(1000) == '1.00 kB'
+  assert metrics.format_bytes(1.5e6) == '1.50 MB'
+  assert metrics.format_bytes(12.14e9) == '12.14 GB'
+  assert metrics.format_bytes(2e12) == '2.00 TB'
+  assert metrics.format_bytes(1.5e6, digits=1) == '1.5 MB'
+  assert metrics.format_bytes(3e5, unit=metrics.byte_unit(2e6)) == '0.30 MB'
+  assert metrics.format_bytes(None) == '–'
+  assert tables.format_seconds(30) == '30.0 s'
+  assert tables.format_seconds(600) == '10.0 min'
+  assert tables.format_seconds(36000) == '10.00 h'
 
 
 # ---------------------------------------------------------------------------
-# load_run
+# Loading: workdirs, and directories with workdirs below them
 
 
 def test_load_run_reads_workdir(runs):
-  r = report.load_run(runs[0])
-  assert isinstance(r, report.RunRecord)
+  r = runs_lib.load_run(runs[0])
   assert r.finished and r.name == 'a0'
   assert r.config['sync']['strategy'] == 'periodic'
   assert [m['step'] for m in r.metrics] == [4, 8, 12]
   # Config from config.json when summary has none.
-  assert report.load_run(runs[2]).config['compression']['uplink']['name'] == 'topk'
+  assert runs_lib.load_run(runs[2]).config['compression']['uplink']['name'] == 'topk'
 
 
 def test_load_run_tolerates_resume_duplicates_and_torn_line(tmp_path):
@@ -163,67 +179,157 @@ def test_load_run_tolerates_resume_duplicates_and_torn_line(tmp_path):
            {'step': 8, 'test_accuracy': 0.3}, {'step': 12, 'test_accuracy': 0.4}]
   text = ''.join(json.dumps(x) + '\n' for x in lines) + '{"step": 16, "te'
   (d / 'metrics.jsonl').write_text(text)
-  r = report.load_run(str(d))
+  r = runs_lib.load_run(str(d))
   assert not r.finished and r.config == {} and r.summary == {}
   assert [(m['step'], m['test_accuracy']) for m in r.metrics] == [
       (4, 0.1), (8, 0.3), (12, 0.4)]
   with pytest.raises(FileNotFoundError):
-    report.load_run(str(tmp_path / 'missing'))
+    runs_lib.load_run(str(tmp_path / 'missing'))
+
+
+def test_find_runs_below_a_sweep_root(tmp_path, runs):
+  """Issue 18 (5): a sweep root (workdirs below it) is found, not refused."""
+  root = tmp_path
+  (root / 'report').mkdir()  # a report directory: not a workdir
+  (root / 'a0' / 'checkpoints' / '1').mkdir(parents=True)  # nothing below a workdir
+  (root / 'a0' / 'checkpoints' / '1' / 'metrics.jsonl').write_text('')
+  assert runs_lib.find_runs([str(root)]) == [str(root / n) for n in ('a0', 'a1', 'b', 'c')]
+  assert runs_lib.find_runs([runs[3], str(root)]) == [runs[3]] + runs[:3]
+  assert runs_lib.find_runs([str(root)], exclude=[str(root / 'b')]) == [runs[0], runs[1], runs[3]]
+  with pytest.raises(FileNotFoundError, match='no training workdir'):
+    runs_lib.find_runs([str(root / 'report')])
+  with pytest.raises(FileNotFoundError, match='not a directory'):
+    runs_lib.find_runs([str(root / 'nope')])
 
 
 # ---------------------------------------------------------------------------
-# Tables
+# Seed groups and paired statistics
 
 
-def _rows(runs, **kw):
-  return report.build_rows([report.load_run(d) for d in runs], 0.88, **kw)
+def test_stat_and_reductions_by_hand():
+  st = stats.stat([0.90, 0.95, None, math.nan])
+  assert (st.mean, st.n) == (pytest.approx(0.925), 2)
+  assert st.std == pytest.approx(math.sqrt(2 * 0.025**2))
+  assert st.sem == pytest.approx(st.std / math.sqrt(2))
+  assert stats.stat([0.5]) == stats.Stat(0.5, None, 1) and stats.stat([]).mean is None
+  assert stats.reduction(25.0, 100.0) == 0.75 and stats.reduction(1.0, 0.0) is None
+  assert stats.factor(25.0, 100.0) == 4.0 and math.isinf(stats.factor(0.0, 1.0))
+
+
+def _seed_runs(tmp_path, finals, comp='identity', prefix='r'):
+  """One workdir per seed (seed -> final accuracy); None writes an unfinished run."""
+  out = []
+  for seed, final in finals.items():
+    cfg = _config(**{'seed': seed, 'compression.uplink.name': comp})
+    evals = [(1, 0.5, 1.0, _bytes(1, 10, 10, 1)), (2, final or 0.6, 2.0, _bytes(2, 10, 10, 1))]
+    out.append(_write_run(tmp_path / f'{prefix}{seed}', cfg, evals,
+                          summary=None if final is None else {}, config_json=True))
+  return out
+
+
+def test_paired_deltas_match_seeds_not_positions(tmp_path):
+  """Paired Δ by hand: seeds 0, 1, 2 vs a baseline with seeds 2, 0 (seed 1 missing)."""
+  base = _seed_runs(tmp_path, {2: 0.80, 0: 0.90}, prefix='base')
+  ours = _seed_runs(tmp_path, {0: 0.87, 1: 0.70, 2: 0.81}, comp='topk', prefix='top')
+  frame = report.load([str(tmp_path)])
+  groups = stats.group_ids(frame)
+  assert groups.nunique() == 2
+  gid = lambda workdir: groups[frame['workdir'] == workdir].iloc[0]
+  g_ours, g_base = gid(ours[0]), gid(base[0])
+  st, per_seed = stats.paired(frame, groups, g_ours, g_base)
+  # Seed 0: 87 - 90 = -3; seed 2: 81 - 80 = +1; seed 1 has no baseline.
+  assert per_seed == {0: pytest.approx(-3.0), 2: pytest.approx(1.0)}
+  assert st.mean == pytest.approx(-1.0) and st.n == 2
+  assert st.std == pytest.approx(math.sqrt(8.0)) and st.sem == pytest.approx(2.0)
+
+
+def test_unfinished_runs_in_groups(tmp_path):
+  """An unfinished run counts with its last evaluation (and is said to be unfinished)."""
+  _seed_runs(tmp_path, {0: 0.9, 1: None})
+  frame = report.load([str(tmp_path)])
+  assert list(frame['finished']) == [True, False]
+  table = tables.build_table(frame)
+  assert len(table) == 1
+  assert table.iloc[0]['final_acc'] == pytest.approx((0.9 + 0.6) / 2)
+  assert table.iloc[0]['bytes.total'] == 42 * MB
 
 
 def test_rows_group_seeds_and_match_hand_computed_values(runs):
-  rows = _rows(runs, label_by=['sync.strategy', 'compression.uplink.name'])
-  assert [r.label for r in rows] == [
-      'periodic, up=identity', 'periodic, up=topk', 'sync, up=identity']
-  a, b, c = rows
-  assert len(a.runs) == 2 and a.seeds == [0, 1]
+  frame = report.load(runs, target=0.88)
+  t = tables.build_table(frame, label_by=['sync.strategy', 'compression.uplink.name'])
+  assert list(t['label']) == ['periodic, up=identity', 'periodic, up=topk', 'sync, up=identity']
+  a, b, c = (t.iloc[i] for i in range(3))
+  assert a['seeds'] == [0, 1]
   # Seeds: final 0.90, 0.95; time to target 28 (seed 0), 23 (seed 1).
-  assert a.final_acc.mean == pytest.approx(0.925)
-  assert a.final_acc.std == pytest.approx(math.sqrt(2 * 0.025**2))
-  assert a.time_to_target_s.mean == pytest.approx(25.5)
-  assert a.time_to_target_s.std == pytest.approx(math.sqrt(12.5))
-  assert a.rounds_to_target.mean == pytest.approx(2.55)
-  assert a.time_to_target_s.n == 2
-  assert a.bytes['intra_up'].mean == 300 * MB
-  assert a.bytes['total'].mean == 750 * MB
-  # Never reached.
-  assert b.time_to_target_s.mean is None and b.rounds_to_target.n == 0
-  # Reached at the first evaluation; single run has no std.
-  assert c.time_to_target_s.mean == 5.0 and c.time_to_target_s.std is None
-  assert c.rounds_to_target.mean == 4.0
-  # Compression vs closest identity run (periodic for b, itself for c).
-  assert b.baseline == 'periodic, up=identity'
-  assert b.compression_ratio == pytest.approx(1 - 240 / 750)
-  assert b.compression_factor == pytest.approx(750 / 240)
-  assert c.baseline == 'sync, up=identity'
-  assert c.compression_ratio == pytest.approx(0.0)
-  assert a.compression_factor == pytest.approx(1.0)
+  assert a['final_acc'] == pytest.approx(0.925)
+  assert a['final_acc_std'] == pytest.approx(math.sqrt(2 * 0.025**2))
+  assert a['time_to_target_s'] == pytest.approx(25.5)
+  assert a['time_to_target_s_std'] == pytest.approx(math.sqrt(12.5))
+  assert a['rounds_to_target'] == pytest.approx(2.55) and a['time_to_target_s_n'] == 2
+  assert a['bytes.intra_up'] == 300 * MB and a['bytes.total'] == 750 * MB
+  assert b['time_to_target_s'] is None and b['rounds_to_target_n'] == 0
+  assert c['time_to_target_s'] == 5.0 and c['time_to_target_s_std'] is None
+  # Compression vs the closest identity row (periodic for b, itself for c).
+  assert b['baseline'] == 'periodic, up=identity'
+  assert b['compression_ratio'] == pytest.approx(1 - 240 / 750)
+  assert b['compression_factor'] == pytest.approx(750 / 240)
+  # Paired Δ vs the baseline's seed 0 (b has seed 0 only): 70 - 90 = -20 pts.
+  assert b['paired_delta'] == pytest.approx(-20.0) and b['paired_n'] == 1
+  assert c['baseline'] == 'sync, up=identity' and c['compression_ratio'] == pytest.approx(0.0)
 
 
-def test_label_by_seed_lists_the_seeds_of_a_group(runs):
-  """Seeds are grouped, so a label by seed names every seed of its group."""
-  rows = _rows(runs, label_by=['seed', 'sync.strategy', 'compression.uplink.name'])
-  assert [r.label for r in rows] == [
-      'seed=0,1, periodic, up=identity', 'seed=0, periodic, up=topk',
-      'seed=0, sync, up=identity']
+def test_label_by_seed_gives_a_row_per_seed(runs):
+  """Issue 18 (5): --label-by seed splits the seeds of a group into rows."""
+  frame = report.load(runs)
+  t = tables.build_table(frame, label_by=['seed'])
+  assert len(t) == 4 and sorted(t['runs'].map(len)) == [1, 1, 1, 1]
+  assert list(t['label']) == ['seed=0 [a0]', 'seed=1', 'seed=0 [b]', 'seed=0 [c]']
+  t = tables.build_table(frame, label_by=['sync.strategy', 'seed'])
+  assert list(t['label'])[:2] == ['periodic, seed=0 [a0]', 'periodic, seed=1']
+
+
+def test_rows_per_seed_compare_with_the_same_seed(tmp_path):
+  _seed_runs(tmp_path, {0: 0.80, 1: 0.90}, prefix='id')
+  _seed_runs(tmp_path, {0: 0.85, 1: 0.70}, comp='topk', prefix='tk')
+  t = tables.build_table(report.load([str(tmp_path)]),
+                         label_by=['seed', 'compression.uplink.name'])
+  rows = {r['label']: r for _, r in t.iterrows()}
+  assert rows['seed=1, up=topk']['baseline'] == 'seed=1, up=identity'
+  assert rows['seed=1, up=topk']['paired_delta'] == pytest.approx(-20.0)
+  assert rows['seed=0, up=topk']['paired_delta'] == pytest.approx(5.0)
+
+
+def test_sweeping_only_seed(tmp_path):
+  """A seed-only sweep: one row (mean ± std) by default, one per seed by seed."""
+  _seed_runs(tmp_path, {0: 0.80, 1: 0.90, 2: 0.85})
+  frame = report.load([str(tmp_path)])
+  assert len(tables.build_table(frame)) == 1
+  assert list(tables.build_table(frame, label_by=['seed'])['label']) == [
+      'seed=0', 'seed=1', 'seed=2']
 
 
 def test_explicit_baseline_and_auto_labels(runs):
-  rows = _rows(runs, baseline='sync, up=identity')
-  assert [r.label for r in rows] == [
-      'periodic, up=identity', 'periodic, up=topk', 'sync, up=identity']
+  frame = report.load(runs)
+  t = tables.build_table(frame, baseline='sync, up=identity')
+  assert list(t['label']) == ['periodic, up=identity', 'periodic, up=topk', 'sync, up=identity']
   # sync run totals 8 * 250 MB = 2000 MB.
-  assert rows[1].compression_ratio == pytest.approx(1 - 240 / 2000)
+  assert t.iloc[1]['compression_ratio'] == pytest.approx(1 - 240 / 2000)
   with pytest.raises(ValueError, match='not a label'):
-    _rows(runs, baseline='nope')
+    tables.build_table(frame, baseline='nope')
+
+
+def test_schema_difference_does_not_split_a_group(tmp_path):
+  """A run trained before a config field existed still joins its seeds."""
+  old = _config(seed=1)
+  del old['optimizer']['shard_state']
+  _write_run(tmp_path / 'new', _config(seed=0), [(1, 0.8, 1.0, (1, 1, 1))], summary={})
+  _write_run(tmp_path / 'old', old, [(1, 0.9, 1.0, (1, 1, 1))], summary={})
+  table = tables.build_table(report.load([str(tmp_path)]))
+  assert len(table) == 1 and table.iloc[0]['seeds'] == [0, 1]
+
+
+# ---------------------------------------------------------------------------
+# Rendering, plots and the CLI
 
 
 def test_markdown_and_csv(runs, tmp_path):
@@ -231,14 +337,13 @@ def test_markdown_and_csv(runs, tmp_path):
   written = report.write_report(runs, str(out), target=0.88)
   md = (out / 'results.md').read_text()
   assert written['results.md'] == str(out / 'results.md')
-  lines = {l.split(' | ')[0].lstrip('| '): l for l in md.splitlines()
-           if l.startswith('| ')}
-  assert '92.50 ± 3.54' in lines['periodic, up=identity']
+  lines = {l.split(' | ')[0].lstrip('| '): l for l in md.splitlines() if l.startswith('| ')}
+  assert '92.50 ± 3.54%' in lines['periodic, up=identity']
   assert '25.5 s ± 3.5 s' in lines['periodic, up=identity']
   assert '300.00 MB' in lines['periodic, up=identity']
   assert 'never' in lines['periodic, up=topk']
   assert '68.0% (3.1×)' in lines['periodic, up=topk']
-  assert 'linear' in md and 'interpolation' in md
+  assert '−20.00 pts (n=1)' in lines['periodic, up=topk']
   with open(out / 'results.csv') as f:
     recs = {r['label']: r for r in csv.DictReader(f)}
   a = recs['periodic, up=identity']
@@ -246,52 +351,34 @@ def test_markdown_and_csv(runs, tmp_path):
   assert float(a['time_to_target_s_mean']) == pytest.approx(25.5)
   assert float(a['bytes_inter_dc_mean']) == 150 * MB
   b = recs['periodic, up=topk']
-  assert b['time_to_target_s_mean'] == 'never'
-  assert b['rounds_to_target_mean'] == 'never'
+  assert b['time_to_target_s_mean'] == 'never' and b['rounds_to_target_mean'] == 'never'
   assert b['n_reached_target'] == '0'
   assert float(b['compression_ratio']) == pytest.approx(0.68)
+  assert float(b['paired_delta']) == pytest.approx(-20.0)
   assert recs['sync, up=identity']['final_test_accuracy_std'] == ''
 
 
 def test_partial_seed_success_is_reported(tmp_path):
-  cfg0, cfg1 = _config(seed=0), _config(seed=1)
-  d0 = _write_run(tmp_path / 's0', cfg0, [(1, 0.5, 1.0, (1, 1, 1)),
-                                          (2, 0.9, 3.0, (2, 2, 2))], summary={})
-  d1 = _write_run(tmp_path / 's1', cfg1, [(1, 0.5, 1.0, (1, 1, 1)),
-                                          (2, 0.6, 3.0, (2, 2, 2))], summary={})
-  rows = _rows([str(d0), str(d1)])
-  assert len(rows) == 1 and rows[0].time_to_target_s.n == 1
-  md = tables.to_markdown(rows, 0.88)
-  assert '(1/2 reached)' in md
-
-
-def test_unfinished_run_falls_back_to_metrics(tmp_path):
-  d = _write_run(tmp_path / 'u', _config(), [(1, 0.5, 1.0, (10, 20, 30)),
-                                             (2, 0.7, 2.0, (20, 40, 60))],
-                 summary=None, config_json=True)
-  (row,) = _rows([str(d)])
-  assert row.final_acc.mean == 0.7 and row.best_acc.mean == 0.7
-  assert row.bytes['total'].mean == 120 and row.inter_dc_rounds.mean == 2
-
-
-def test_human_units():
-  assert tables.human_bytes(999) == '999 B'
-  assert tables.human_bytes(1.5e6) == '1.50 MB'
-  assert tables.human_bytes(2e12) == '2.00 TB'
-  assert tables.human_seconds(30) == '30.0 s'
-  assert tables.human_seconds(600) == '10.0 min'
-  assert tables.human_seconds(36000) == '10.00 h'
-
-
-# ---------------------------------------------------------------------------
-# Plots and CLI
+  _write_run(tmp_path / 's0', _config(seed=0), [(1, 0.5, 1.0, (1, 1, 1)),
+                                                (2, 0.9, 3.0, (2, 2, 2))], summary={})
+  _write_run(tmp_path / 's1', _config(seed=1), [(1, 0.5, 1.0, (1, 1, 1)),
+                                                (2, 0.6, 3.0, (2, 2, 2))], summary={})
+  table = tables.build_table(report.load([str(tmp_path)], target=0.88))
+  assert len(table) == 1 and table.iloc[0]['time_to_target_s_n'] == 1
+  assert '(1/2 reached)' in tables.to_markdown(table, 0.88)
 
 
 def test_plots_are_written(runs, tmp_path):
-  rows = _rows(runs)
-  paths = plots.write_plots(rows, str(tmp_path / 'p'), target=0.88)
+  frame = report.load(runs)
+  curves = [plots.Curves(r.name, [r.metrics]) for r in frame['run']]
+  paths = plots.write_plots(curves, str(tmp_path / 'p'), target=0.88, prefix='x_')
   assert sorted(os.path.basename(p) for p in paths) == sorted(
-      a.filename for a in plots.AXES)
+      'x_' + a.filename for a in plots.AXES)
+  points = [plots.FactorPoint('base', 1.0, 0.9, 0.01, 3),
+            plots.FactorPoint('ρ=1%', 50.0, 0.89, 0.02, 3, -0.5, 0.2, 3)]
+  paths.append(plots.plot_accuracy_vs_factor(points, str(tmp_path / 'f.png'), 't', 'x', 0.5,
+                                             shade=(270, 600, 'published'), line=(20, 'l')))
+  assert plots.plot_accuracy_vs_factor(points[:1], str(tmp_path / 'g.png'), 't', 'x', 0.5) is None
   for p in paths:
     with open(p, 'rb') as f:
       data = f.read()
@@ -299,7 +386,6 @@ def test_plots_are_written(runs, tmp_path):
 
 
 def test_mean_curve_interpolates_common_range():
-  import numpy as np
   x, y, sd = plots.mean_curve([(np.array([0., 2.]), np.array([0., 1.])),
                                (np.array([1., 3.]), np.array([1., 1.]))])
   np.testing.assert_allclose(x, [1., 2.])
@@ -320,6 +406,43 @@ def test_cli(runs, tmp_path, capsys):
   # Target 0.85: seed 0 at 20 + 0.05/0.1*10 = 25, seed 1 at 20.
   assert float(rec['time_to_target_s_mean']) == pytest.approx(22.5)
   assert report_cli.main([str(tmp_path / 'nope'), '--out', str(out)]) == 2
+  assert report_cli.main([*runs[:2]]) == 2  # several DIRs need --out
+
+
+def _env():
+  return dict(os.environ, PYTHONPATH=REPO + os.pathsep + os.environ.get('PYTHONPATH', ''))
+
+
+def test_report_cli_on_a_sweep_root_from_another_directory(runs, tmp_path):
+  """Issue 18 (5): `python3 -m hfl.report ROOT` from any directory finds the runs below
+  ROOT and writes ROOT/report (relative paths are the caller's)."""
+  cwd = tmp_path.parent
+  rel = os.path.relpath(tmp_path, cwd)
+  p = subprocess.run([sys.executable, '-m', 'hfl.report', rel, '--no-plots'], cwd=cwd,
+                     env=_env(), capture_output=True, text=True, timeout=120, check=False)
+  assert p.returncode == 0, p.stderr
+  assert p.stdout.splitlines() == [os.path.join(rel, 'report', 'results.md'),
+                                   os.path.join(rel, 'report', 'results.csv')]
+  with open(tmp_path / 'report' / 'results.csv') as f:
+    assert sum(int(r['n_runs']) for r in csv.DictReader(f)) == 4
+  # Once the report exists, it is not taken for a workdir on the next call.
+  p = subprocess.run([sys.executable, '-m', 'hfl.report', rel, '--no-plots'], cwd=cwd,
+                     env=_env(), capture_output=True, text=True, timeout=120, check=False)
+  assert p.returncode == 0, p.stderr
+
+
+def test_no_import_cycle_and_no_jax_in_reports():
+  """hfl.report imports neither hfl.sweep (which imports hfl.report) nor JAX."""
+  code = ('import sys, hfl.report, hfl.report.plots; '
+          'bad = [m for m in ("hfl.sweep", "jax", "hfl.train") if m in sys.modules]; '
+          'print(bad); sys.exit(bool(bad))')
+  p = subprocess.run([sys.executable, '-c', code], cwd=REPO, capture_output=True, text=True,
+                     timeout=120, check=False)
+  assert p.returncode == 0, p.stdout + p.stderr
+  p = subprocess.run([sys.executable, '-c', 'import sys, hfl.sweep; '
+                      'sys.exit("hfl.report" in sys.modules)'], cwd=REPO, timeout=120,
+                     check=False)
+  assert p.returncode == 0
 
 
 # ---------------------------------------------------------------------------
@@ -597,3 +720,96 @@ def test_ctrl_c_stops_the_sweep_and_its_jobs(tmp_path, capsys, monkeypatch):
     sweep._STOPPING.clear()  # pylint: disable=protected-access
   err = capsys.readouterr().err
   assert err.startswith('interrupted: ') and err.count('\n') == 1
+
+
+def test_sweep_help_gives_the_format_and_an_example(capsys):
+  """Issue 18 (5): --help says what a sweep file holds, with an example, and --grid."""
+  with pytest.raises(SystemExit) as e:
+    sweep.parse_args(['--help'])
+  assert e.value.code == 0
+  out = capsys.readouterr().out
+  for needle in ('get_sweep() -> (base, grid)', "'sync.strategy': ['sync', 'periodic']",
+                 '--grid sync.k=1,2,4 --grid seed=0,1', 'cartesian product', 'caller'):
+    assert needle in out
+
+
+def test_grid_on_the_command_line():
+  """Issue 18 (5): --grid KEY=V1,V2 (Python literals), several flags = cartesian product."""
+  g = sweep.parse_grid(['sync.k=1,2,4', "seed=0,1", 'compression.uplink.name=topk,identity',
+                        'network.dc_speed=(1.0,2.0),(1.0, 1.0)'])
+  assert g == {'sync.k': [1, 2, 4], 'seed': [0, 1], 'compression.uplink.name': ['topk', 'identity'],
+               'network.dc_speed': [(1.0, 2.0), (1.0, 1.0)]}
+  pts = sweep.expand_grid(sweep.parse_grid(['sync.k=1,2,4', 'seed=0,1']))
+  assert len(pts) == 6 and pts[:2] == [{'sync.k': 1, 'seed': 0}, {'sync.k': 1, 'seed': 1}]
+  # With a sweep file's grid: each file point times each --grid point.
+  both = sweep.combine_grids([{'sync.strategy': 'sync'}, {'sync.strategy': 'periodic'}],
+                             {'seed': [0, 1]})
+  assert sweep.expand_grid(both) == [
+      {'sync.strategy': 'sync', 'seed': 0}, {'sync.strategy': 'sync', 'seed': 1},
+      {'sync.strategy': 'periodic', 'seed': 0}, {'sync.strategy': 'periodic', 'seed': 1}]
+  for bad in (['sync.k'], ['sync.k='], ['=1,2'], ['seed=0', 'seed=1']):
+    with pytest.raises(ValueError, match='--grid'):
+      sweep.parse_grid(bad)
+  with pytest.raises(ValueError, match='--sweep=FILE, or --config=FILE'):
+    sweep.sweep_from_args(sweep.parse_args(['--root', 'x', '--grid', 'seed=0,1']))
+
+
+_FAKE_PYTHON = '''#!{python}
+"""Stands in for `python main.py ...`: writes a finished workdir and where it ran."""
+import json, os, sys
+args = dict(a[2:].split('=', 1) for a in sys.argv[2:])
+w = args['workdir']
+os.makedirs(w, exist_ok=True)
+cfg = {{'seed': int(args.get('config.seed', 0)), 'sync': {{'k': int(args.get('config.sync.k', 4))}},
+        'config_file': args['config']}}
+acc = 0.8 + 0.01 * cfg['sync']['k'] + 0.001 * cfg['seed']
+rec = {{'step': 4, 'round': 1, 'test_accuracy': acc, 'sim_time_s': 1.0,
+        'bytes': {{'intra_up': 1, 'intra_down': 1, 'inter_dc': 1}}}}
+open(os.path.join(w, 'metrics.jsonl'), 'w').write(json.dumps(rec) + '\\n')
+json.dump(dict(final_test_accuracy=acc, config=cfg), open(os.path.join(w, 'summary.json'), 'w'))
+open(os.path.join(w, 'cwd.txt'), 'w').write(os.getcwd())
+'''
+
+
+def _git_status():
+  return subprocess.run(['git', 'status', '--porcelain', '--untracked-files=all'], cwd=REPO,
+                        capture_output=True, text=True, check=True).stdout
+
+
+def test_sweep_from_another_directory_uses_the_callers_paths(tmp_path):
+  """Issue 18 (5): relative --config, --sweep and --root are the caller's; jobs run in the
+  caller's directory; nothing is written into the checkout."""
+  fake = tmp_path / 'fake_python'
+  fake.write_text(_FAKE_PYTHON.format(python=sys.executable))
+  fake.chmod(0o755)
+  (tmp_path / 'cfgs').mkdir()
+  (tmp_path / 'cfgs' / 'mine.py').write_text(  # the caller's own config file
+      'from configs import smoke\n\ndef get_config(arg=None):\n  return smoke.get_config()\n')
+  before = _git_status()
+  p = subprocess.run([sys.executable, '-m', 'hfl.sweep', '--config=cfgs/mine.py',
+                      '--grid', 'sync.k=1,2', '--grid', 'seed=1', '--root=out',
+                      f'--python={fake}'], cwd=tmp_path, env=_env(), capture_output=True,
+                     text=True, timeout=300, check=False)
+  assert p.returncode == 0, p.stderr
+  names = sorted(d for d in os.listdir(tmp_path / 'out') if '=' in d)
+  assert names == ['seed=1__sync.k=1', 'seed=1__sync.k=2']
+  for n in names:
+    assert (tmp_path / 'out' / n / 'cwd.txt').read_text() == str(tmp_path)
+    assert json.loads((tmp_path / 'out' / n / 'summary.json').read_text())['config'][
+        'config_file'] == str(tmp_path / 'cfgs' / 'mine.py')
+  with open(tmp_path / 'out' / 'report' / 'results.csv') as f:  # sync.k labels the rows
+    assert sorted(r['label'] for r in csv.DictReader(f)) == ['k=1', 'k=2']
+  # A sweep file next to its own base config, and one naming hfl's configs/.
+  (tmp_path / 'cfgs' / 'sw.py').write_text(
+      'def get_sweep():\n  return "mine.py", {"sync.k": [8]}\n')
+  (tmp_path / 'cfgs' / 'sw2.py').write_text(
+      'from configs.sweeps.compression import FIXED\n\n'
+      'def get_sweep():\n  return "configs/default.py", dict(FIXED, seed=[0, 1])\n')
+  assert sweep.load_sweep(str(tmp_path / 'cfgs' / 'sw.py'))[0] == str(tmp_path / 'cfgs' / 'mine.py')
+  p = subprocess.run([sys.executable, '-m', 'hfl.sweep', '--sweep=cfgs/sw2.py', '--root=o2',
+                      '--dry_run'], cwd=tmp_path, env=_env(), capture_output=True, text=True,
+                     timeout=300, check=False)
+  assert p.returncode == 0, p.stderr
+  assert p.stdout.startswith(f'2 runs (0 done, 2 to run) under {tmp_path / "o2"}')
+  assert f'--config={REPO}/configs/default.py' in p.stdout
+  assert not (tmp_path / 'o2').exists() and _git_status() == before

@@ -1,81 +1,80 @@
-"""Experiment reports from training workdirs: tables (Markdown, CSV) and plots.
+"""Reports from training workdirs: tables (Markdown, CSV) and plots.
 
-Usage from the command line::
+Any directory with workdirs below it works (a workdir, a sweep root)::
 
-  python -m hfl.report RUN_DIR... --out DIR [--target 0.88] \
-      [--label-by sync.strategy,compression.uplink.name] [--baseline LABEL]
+  python -m hfl.report DIR... [--out OUT] [--target 0.88] [--label-by KEYS] [--baseline LABEL]
 
 From Python::
 
-  from hfl import report
-  run = report.load_run('/tmp/hfl_default')
-  t = report.time_to_target(run.metrics, 0.88, 'sim_time_s')  # s, or None
-  report.write_report(['/tmp/a', '/tmp/b'], '/tmp/report')
+  frame = report.load(['workdirs/semisync'])   # pandas, one row per run
+  table = report.tables.build_table(frame)     # one row per seed group
+  report.write_report(['workdirs/semisync'], '/tmp/report')
+
+Modules: :mod:`~hfl.report.runs` (find and load workdirs), :mod:`~hfl.report.stats`
+(seed groups, paired statistics), :mod:`~hfl.report.tables` (labels, baselines,
+Markdown/CSV), :mod:`~hfl.report.plots` (figures). The byte formatter and time to
+target are :func:`hfl.metrics.format_bytes` and :func:`hfl.metrics.time_to_target`.
 """
 
 import logging
 import os
 from typing import Sequence
 
-from hfl.report.tables import build_rows
-from hfl.report.tables import default_target
-from hfl.report.tables import GroupRow
-from hfl.report.tables import load_run
-from hfl.report.tables import RunRecord
-from hfl.report.tables import Stat
-from hfl.report.tables import time_to_target
-from hfl.report.tables import to_csv
-from hfl.report.tables import to_markdown
+import pandas as pd
 
-__all__ = ('GroupRow', 'RunRecord', 'Stat', 'build_rows', 'load_run',
-           'time_to_target', 'write_report')
+from hfl.report import runs
+from hfl.report import stats
+from hfl.report import tables
+
+__all__ = ('load', 'runs', 'stats', 'tables', 'write_report')
 
 
-def write_report(run_dirs: Sequence[str], out_dir: str,
-                 target: float | None = None,
-                 label_by: Sequence[str] | None = None,
-                 baseline: str | None = None,
-                 plots: bool = True) -> dict[str, str]:
-  """Reads workdirs and writes ``results.md``, ``results.csv`` and PNG plots.
+def load(paths: Sequence[str], target: float | None = None,
+         exclude: Sequence[str] = ()) -> pd.DataFrame:
+  """:func:`hfl.report.runs.run_frame` of the workdirs among and below ``paths``.
 
-  Args:
-    run_dirs: training workdirs (DESIGN 3).
-    out_dir: output directory (created if missing).
-    target: target test accuracy (fraction); default: the runs' common
-      ``train.target_accuracy``, else 0.88.
-    label_by: dotted config keys for labels; default: the strategy,
-      compressors and whatever else varies across runs.
-    baseline: label of the compression baseline; default: per run, the
-      closest uncompressed run.
-    plots: also write the PNG figures.
-
-  Returns:
-    Dict name -> path of every file written ('results.md', 'results.csv',
-    and the PNG file names).
+  ``target`` (accuracy, fraction) defaults to the runs' common
+  ``train.target_accuracy`` (else 0.88) and is kept in ``frame.attrs['target']``;
+  ``exclude``: directories not searched.
 
   Raises:
-    ValueError: if ``run_dirs`` is empty or ``baseline`` is unknown.
+    FileNotFoundError: a path is missing or holds no workdir.
   """
-  if not run_dirs:
-    raise ValueError('no run directories given')
-  runs = [load_run(d) for d in run_dirs]
-  for r in runs:
+  loaded = [runs.load_run(d) for d in runs.find_runs(paths, exclude)]
+  for r in loaded:
     if not r.finished:
-      logging.warning('%s has no summary.json (unfinished run); using its '
-                      'metrics.jsonl', r.workdir)
-  if target is None:
-    target = default_target(runs)
-  rows = build_rows(runs, target, label_by=label_by, baseline=baseline)
+      logging.warning('%s has no summary.json (unfinished run); using its metrics.jsonl',
+                      r.workdir)
+  target = runs.default_target(loaded) if target is None else target
+  frame = runs.run_frame(loaded, target)
+  frame.attrs['target'] = target
+  return frame
+
+
+def write_report(paths: Sequence[str], out_dir: str, target: float | None = None,
+                 label_by: Sequence[str] | None = None, baseline: str | None = None,
+                 plots: bool = True) -> dict[str, str]:
+  """Writes ``results.md``, ``results.csv`` and the PNG plots of the runs below ``paths``
+  (:func:`load`; ``out_dir`` is not searched) and returns {file name: path}.
+
+  ``label_by`` and ``baseline``: see :func:`hfl.report.tables.build_table`.
+
+  Raises:
+    FileNotFoundError: no workdir found. ValueError: ``baseline`` is not a label.
+  """
+  frame = load(paths, target, exclude=[out_dir])
+  target = frame.attrs['target']
+  table = tables.build_table(frame, label_by, baseline)
   os.makedirs(out_dir, exist_ok=True)
   written = {}
-  for name, text in (('results.md', to_markdown(rows, target)),
-                     ('results.csv', to_csv(rows, target))):
-    path = os.path.join(out_dir, name)
-    with open(path, 'w', encoding='utf-8') as f:
+  for name, text in (('results.md', tables.to_markdown(table, target)),
+                     ('results.csv', tables.to_csv(table, target))):
+    written[name] = os.path.join(out_dir, name)
+    with open(written[name], 'w', encoding='utf-8') as f:
       f.write(text)
-    written[name] = path
   if plots:
     from hfl.report import plots as plots_lib  # pylint: disable=g-import-not-at-top
-    for path in plots_lib.write_plots(rows, out_dir, target):
-      written[os.path.basename(path)] = path
+    curves = [plots_lib.Curves(r['label'], [frame.at[i, 'run'].metrics for i in r['runs']])
+              for _, r in table.iterrows()]
+    written.update({os.path.basename(p): p for p in plots_lib.write_plots(curves, out_dir, target)})
   return written

@@ -1,8 +1,4 @@
-"""CLI: ``python -m hfl.report RUN_DIR... --out DIR``.
-
-Writes ``DIR/results.md``, ``DIR/results.csv`` and accuracy plots (PNG) for the
-given training workdirs; runs that differ only in ``seed`` are grouped.
-"""
+"""CLI: ``python -m hfl.report DIR... [--out OUT]`` (see :mod:`hfl.report`)."""
 
 import argparse
 import logging
@@ -17,47 +13,40 @@ def parse_args(argv: Sequence[str] | None = None) -> argparse.Namespace:
   """Parses the command line."""
   p = argparse.ArgumentParser(
       prog='python -m hfl.report',
-      description='Tables and plots from hfl training workdirs.')
-  p.add_argument('run_dirs', nargs='+', metavar='RUN_DIR',
-                 help='training workdirs (with summary.json / metrics.jsonl)')
-  p.add_argument('--out', required=True, help='output directory')
-  p.add_argument('--target', type=float, default=None,
-                 help='target test accuracy (fraction); default: the runs\' '
-                 'train.target_accuracy, else 0.88')
-  p.add_argument('--label-by', '--label_by', dest='label_by', default=None,
-                 help='comma-separated config keys for labels, e.g. '
-                 'sync.strategy,compression.uplink.name')
-  p.add_argument('--baseline', default=None,
-                 help='label of the compression baseline (default: closest '
-                 'run with identity compression)')
-  p.add_argument('--no-plots', '--no_plots', dest='plots',
-                 action='store_false', help='skip the PNG plots')
+      description='Tables and plots from hfl training workdirs: every directory with '
+      'summary.json or metrics.jsonl among and below DIR... (relative paths are the '
+      "caller's). Runs whose configs differ only in seed are one row (mean ± std); "
+      '--label-by seed gives a row per seed.',
+      epilog='example: python -m hfl.report workdirs/semisync  (writes workdirs/semisync/report)')
+  p.add_argument('dirs', nargs='+', metavar='DIR', help='workdirs, or directories above them')
+  p.add_argument('--out', help='output directory (default with one DIR: DIR/report)')
+  p.add_argument('--target', type=float, help="target test accuracy (fraction); default: the "
+                 "runs' train.target_accuracy, else 0.88")
+  p.add_argument('--label-by', '--label_by', dest='label_by', help='comma-separated config '
+                 'keys for labels (and rows), e.g. sync.strategy,compression.uplink.name or seed')
+  p.add_argument('--baseline', help='label of the row to compare with (default: the closest '
+                 'uncompressed one)')
+  p.add_argument('--no-plots', '--no_plots', dest='plots', action='store_false',
+                 help='skip the PNG plots')
   return p.parse_args(argv)
 
 
 def main(argv: Sequence[str] | None = None) -> int:
-  """Runs the CLI; returns the exit status."""
+  """Runs the CLI; returns the exit status (2 on bad input)."""
   args = parse_args(argv)
   logging.basicConfig(level=logging.INFO, format='%(levelname)s %(message)s')
-  label_by = ([k.strip() for k in args.label_by.split(',') if k.strip()]
-              if args.label_by else None)
-  out = os.path.abspath(args.out)
-  run_dirs = []
-  for d in args.run_dirs:
-    is_run = any(os.path.exists(os.path.join(d, f)) for f in ('summary.json', 'metrics.jsonl'))
-    if os.path.abspath(d) == out or (len(args.run_dirs) > 1 and not is_run):
-      print(f'skipping {d}: not a workdir', file=sys.stderr)
-      continue
-    run_dirs.append(d)
+  if args.out is None and len(args.dirs) > 1:
+    print('error: --out is required with several DIRs', file=sys.stderr)
+    return 2
+  label_by = [k.strip() for k in (args.label_by or '').split(',') if k.strip()] or None
   try:
-    written = report.write_report(run_dirs, args.out, target=args.target,
-                                  label_by=label_by, baseline=args.baseline,
-                                  plots=args.plots)
+    written = report.write_report(args.dirs, args.out or os.path.join(args.dirs[0], 'report'),
+                                  target=args.target, label_by=label_by,
+                                  baseline=args.baseline, plots=args.plots)
   except (FileNotFoundError, ValueError) as e:
     print(f'error: {e}', file=sys.stderr)
     return 2
-  for path in written.values():
-    print(path)
+  print('\n'.join(written.values()))
   return 0
 
 

@@ -1,0 +1,918 @@
+"""Regenerates docs/results.md: hfl's sweeps next to the published numbers.
+
+  python3 docs/results/make_results.py [--root workdirs] [--out docs] [--no-run]
+      [--parallel N] [--spec docs/results/claims.py]
+
+First runs every sweep the spec names (``hfl.sweep``: finished runs are
+skipped, interrupted ones resume; ``--no-run`` skips this), then renders
+``OUT/results.md`` and ``OUT/results/*.png`` from the workdirs under ROOT
+(sweep ``root: NAME`` lives in ``ROOT/NAME``). Relative paths are the
+caller's. What the page says is data in the spec (``docs/results/claims.py``,
+whose docstring defines its vocabulary); this script only loads, computes
+(with :mod:`hfl.report`) and renders. Only runs with ``summary.json`` enter the
+numbers; the others are listed as missing, with their progress.
+"""
+
+import argparse
+import datetime
+import importlib.util
+import json
+import logging
+import math
+import operator
+import os
+import re
+import string
+import sys
+from typing import Any, NamedTuple, Sequence
+
+HERE = os.path.dirname(os.path.abspath(__file__))
+REPO = os.path.dirname(os.path.dirname(HERE))
+if REPO not in sys.path:
+  sys.path.insert(0, REPO)
+
+
+# pylint: disable=g-import-not-at-top,wrong-import-position
+import pandas as pd
+
+from hfl import sweep as sweep_lib
+from hfl.report import plots
+from hfl.report import runs as runs_lib
+from hfl.report import stats
+from hfl.report import tables as tables_lib
+# pylint: enable=g-import-not-at-top,wrong-import-position
+
+PLOTS_DIR = 'results'
+COMMAND = 'python3 docs/results/make_results.py'
+_OPS = {'>=': (operator.ge, '≥'), '>': (operator.gt, '>'), '<=': (operator.le, '≤'),
+        '<': (operator.lt, '<')}
+_NOT = {'>=': '<', '>': '≤', '<=': '>', '<': '≥'}
+_WORDS = {'bytes.intra': 'intra-DC bytes', 'bytes.intra_up': 'uplink bytes',
+          'bytes.intra_down': 'downlink bytes', 'bytes.inter_dc': 'inter-DC bytes',
+          'bytes.total': 'bytes', 'time_to_target_s': 'simulated time to target',
+          'rounds_to_target': 'inter-DC rounds to target', 'final_acc': 'final accuracy'}
+
+
+def load_spec(path: str):
+  """Imports the claims spec (a Python file of data)."""
+  spec = importlib.util.spec_from_file_location('_results_spec', path)
+  module = importlib.util.module_from_spec(spec)
+  spec.loader.exec_module(module)
+  return module
+
+
+# ------------------------------------------------------------------------------
+# Loading: a table is the points of one sweep (optionally filtered), grouped up to seed.
+
+class Point(NamedTuple):
+  """One sweep point: its RunSpec, flattened config, status, loaded run and group."""
+  spec: sweep_lib.RunSpec
+  config: dict
+  status: str
+  run: runs_lib.Run | None
+  group: str
+
+
+class Table(NamedTuple):
+  """A table of the page (see the spec's docstring).
+
+  Attributes:
+    spec: its entry in the spec.
+    base: the sweep's base config, relative to the repository when inside it.
+    points: its sweep points (those matching ``where``), in grid order.
+    all_points: every point of its sweep.
+    groups: group ids (the overrides without seed), baseline first.
+    labels: group id -> label.
+    flats: group id -> flattened config of its first point.
+    base_gid: the baseline's group id (None when the sweep has none).
+    frame: the finished runs (:func:`hfl.report.runs.run_frame`, column ``gid``).
+    summary: :func:`hfl.report.stats.summarize` of ``frame`` by ``gid``.
+    target: the target accuracy (fraction).
+    extra: directories under the sweep root that are no point of the sweep.
+    base_cfg: the sweep's base config, flattened (what the sweep file gives now).
+    cache: paired statistics computed so far.
+  """
+  spec: dict
+  base: str
+  points: list
+  all_points: list
+  groups: list
+  labels: dict
+  flats: dict
+  base_gid: str | None
+  frame: pd.DataFrame
+  summary: pd.DataFrame
+  target: float
+  extra: list
+  base_cfg: dict
+  cache: dict
+
+
+def _matches(flat: dict, want: dict) -> bool:
+  return all(k in flat and (flat[k] == v or repr(flat[k]) == repr(v)) for k, v in want.items())
+
+
+def _base_config(config_arg: str) -> dict:
+  """The sweep's base config (its config file's ``get_config``), flattened as a run's."""
+  path, _, arg = config_arg.partition(':')
+  spec = importlib.util.spec_from_file_location('_results_base_config', path)
+  module = importlib.util.module_from_spec(spec)
+  spec.loader.exec_module(module)
+  return runs_lib.flatten(json.loads(module.get_config(arg or None).to_json()))
+
+
+def resolved(base_cfg: dict, overrides: dict) -> dict:
+  """A point's flattened config as the sweep gives it now (an int for a float field
+  becomes a float, as ``--config.KEY=VALUE`` makes it)."""
+  out = dict(base_cfg)
+  for k, v in overrides.items():
+    is_int = isinstance(v, int) and not isinstance(v, bool)
+    out[k] = float(v) if is_int and isinstance(out.get(k), float) else runs_lib.flatten({k: v})[k]
+  return out
+
+
+def _points(sweep_path: str, sweep_root: str) -> tuple[list, Any, str]:
+  """The sweep's points (status, run, config), its base ConfigDict and config path."""
+  base, grid = sweep_lib.load_sweep(sweep_path)
+  config_arg = sweep_lib.resolve_base(base, sweep_root, write=False)
+  base_cfg = _base_config(config_arg)
+  out = []
+  for spec in sweep_lib.make_runs(config_arg, grid, sweep_root):
+    status, run = sweep_lib.run_status(spec.workdir), None
+    if status != 'pending' and runs_lib.is_run_dir(spec.workdir):
+      run = runs_lib.load_run(spec.workdir)
+    flat = (runs_lib.flatten(run.config) if run and run.config
+            else resolved(base_cfg, spec.overrides))
+    gid = json.dumps(sorted((k, repr(v)) for k, v in spec.overrides.items() if k != 'seed'))
+    out.append(Point(spec, flat, status if run or status == 'pending' else 'partial', run, gid))
+  return out, base_cfg, config_arg
+
+
+def _label(rules, flat: dict) -> str:
+  """The template of the first label rule whose config values match."""
+  for want, template in rules:
+    if _matches(flat, want):
+      return Template(flat).format(template)
+  raise ValueError(f'no label rule of the results spec matches {flat.get("seed")=} and '
+                   f'{rules}; end the list with a catch-all ({{}}, template)')
+
+
+def load_table(spec: dict, root: str) -> Table:
+  """Loads one table of the spec from ``ROOT/<spec['root']>``."""
+  sweep_root = os.path.join(root, spec['root'])
+  all_points, base_cfg, config_arg = _points(os.path.join(REPO, spec['sweep']), sweep_root)
+  known = {p.spec.name for p in all_points}
+  points = [p for p in all_points if _matches(p.config, spec.get('where', {}))]
+  firsts = {}
+  for p in points:
+    firsts.setdefault(p.group, p)
+  labels = {g: _label(spec['labels'], p.config) for g, p in firsts.items()}
+  base_gid = next((g for g, p in firsts.items() if _matches(p.config, spec['baseline'])), None)
+  def order(g):  # baseline first, then by ``order_by`` (numbers, then text); else grid order
+    v = firsts[g].config.get(spec['order_by']) if spec.get('order_by') else None
+    return g != base_gid, v is None, v if isinstance(v, (int, float)) else 0, str(v)
+  groups = sorted(firsts, key=order)  # stable
+  done = [p for p in points if p.status == 'done']
+  targets = sorted({float(p.config.get('train.target_accuracy', 0.88)) for p in points}) or [0.88]
+  if len(targets) > 1:
+    logging.warning('%s: runs disagree on the target accuracy %s; using %s', spec['name'],
+                    targets, targets[0])
+  frame = runs_lib.run_frame([p.run for p in done], targets[0])
+  frame['gid'] = [p.group for p in done]
+  summary = stats.summarize(frame, frame['gid']) if len(frame) else pd.DataFrame()
+  extra = sorted(d for d in (os.listdir(sweep_root) if os.path.isdir(sweep_root) else ())
+                 if os.path.isdir(os.path.join(sweep_root, d)) and d != sweep_lib.REPORT_DIR
+                 and d not in known)
+  rel = os.path.relpath(config_arg, REPO)
+  return Table(spec, config_arg if rel.startswith('..') else rel, points, all_points, groups,
+               labels, {g: p.config for g, p in firsts.items()}, base_gid, frame, summary,
+               targets[0], extra, base_cfg, {})
+
+
+# ------------------------------------------------------------------------------
+# Numbers and cells of a table row (a group).
+
+class Template(string.Formatter):
+  """``str.format`` over a flattened config and named extras (``{sync.k}``, ``{x:pct}``)."""
+
+  def __init__(self, flat: dict, **extras):
+    super().__init__()
+    self.flat, self.extras = flat, extras
+
+  def format(self, format_string, /, *args, **kwargs):  # pylint: disable=arguments-differ
+    return self.vformat(format_string, args, kwargs)
+
+  def get_field(self, field_name, args, kwargs):
+    for d in (self.extras, self.flat):
+      if field_name in d:
+        return d[field_name], field_name
+    raise KeyError(f'unknown field {{{field_name}}} in a template of the results spec')
+
+  def format_field(self, value, format_spec):
+    if format_spec == 'pct':
+      return f'{100 * float(value):.3g}%'
+    return format(value, format_spec)
+
+
+def done(t: Table, gid: str) -> bool:
+  """True when the group has a finished run."""
+  return gid in t.summary.index
+
+
+def metric_stat(t: Table, gid: str, metric: str) -> stats.Stat:
+  return stats.group_stat(t.summary, gid, metric) if done(t, gid) else stats.Stat(None, None, 0)
+
+
+def paired(t: Table, gid: str, metric: str) -> tuple[stats.Stat, dict]:
+  """The group's paired Δ (pts for accuracies) vs the baseline, and its per-seed values."""
+  if t.base_gid is None or gid == t.base_gid or not done(t, gid) or not done(t, t.base_gid):
+    return stats.Stat(None, None, 0), {}
+  if (gid, metric) not in t.cache:
+    scale = 100.0 if runs_lib.METRICS[metric] == 'fraction' else 1.0
+    t.cache[gid, metric] = stats.paired(t.frame, t.frame['gid'], gid, t.base_gid, metric, scale)
+  return t.cache[gid, metric]
+
+
+def number(t: Table, gid: str, expr: str) -> float | None:
+  """The value of an expression for one group (see the spec's docstring)."""
+  kind, _, metric = expr.partition(':') if ':' in expr else ('metric', '', expr)
+  ours = metric_stat(t, gid, metric).mean
+  if kind == 'metric':
+    return ours
+  if kind == 'paired':
+    return paired(t, gid, metric)[0].mean
+  base = metric_stat(t, t.base_gid, metric).mean if t.base_gid else None
+  if ours is None or base is None or (gid == t.base_gid and kind != 'bits'):
+    return None
+  if kind == 'delta':
+    return (100.0 if runs_lib.METRICS[metric] == 'fraction' else 1.0) * (ours - base)
+  if kind in ('reduction', 'saved'):
+    return stats.reduction(ours, base)
+  if kind == 'factor':
+    return stats.factor(ours, base)
+  if kind == 'bits':
+    return 32.0 * ours / base if base > 0 else None
+  raise ValueError(f'unknown expression {expr!r} in the results spec')
+
+
+def fmt_number(expr: str, x: float | None) -> str:
+  """A number of :func:`number` as printed."""
+  kind, _, metric = expr.partition(':') if ':' in expr else ('metric', '', expr)
+  if x is None:
+    return '–'
+  if kind in ('delta', 'paired'):
+    return tables_lib.fmt_points(x)
+  if kind == 'reduction':
+    return tables_lib.fmt_pct(x)
+  if kind == 'factor':
+    return tables_lib.fmt_factor(x)
+  if kind == 'bits':
+    return f'{x:.2f}'
+  if kind == 'saved':
+    return tables_lib.fmt_pct(x, 2)
+  return tables_lib.fmt_stat(stats.Stat(x, None, 1), runs_lib.METRICS[metric])
+
+
+def seeds_cell(t: Table, gid: str) -> str:
+  """'0, 1, 2', or '0, 1 (2 of 3)' while seeds are missing."""
+  pts = [p for p in t.points if p.group == gid]
+  fin = [p.config.get('seed') for p in pts if p.status == 'done']
+  s = ', '.join(map(str, fin))
+  return s + (f' ({len(fin)} of {len(pts)})' if len(fin) < len(pts) else '')
+
+
+def cell(t: Table, gid: str, expr: str) -> str:
+  """One table cell."""
+  kind, _, arg = expr.partition(':') if ':' in expr else (expr, '', '')
+  flat = t.flats[gid]
+  if kind == 'label':
+    return t.labels[gid]
+  if kind == 'seeds':
+    return seeds_cell(t, gid)
+  if kind == 'config':
+    key, _, fmt = arg.partition(':')
+    if tables_lib.unused_hyper(flat, key):
+      return '–'
+    return Template(flat).format(f'{{{key}:{fmt}}}')
+  if kind == 'idle_s':
+    run = next(p.run for p in t.points if p.group == gid and p.status == 'done')
+    idle = run.summary.get('idle_s')
+    return ' / '.join(f'{x:.1f}' for x in idle) if isinstance(idle, list) else '–'
+  if kind in runs_lib.METRICS:
+    n = sum(p.group == gid and p.status == 'done' for p in t.points)
+    return tables_lib.fmt_stat(metric_stat(t, gid, kind), runs_lib.METRICS[kind], n,
+                               to_target='to_target' in kind)
+  if gid == t.base_gid and kind != 'bits':
+    return 'baseline'
+  if kind == 'paired':
+    st = paired(t, gid, arg)[0]
+    return tables_lib.fmt_points(st.mean, st.std, st.n or None)
+  if kind == 'saved':
+    r, f = number(t, gid, expr), number(t, gid, f'factor:{arg}')
+    return '–' if r is None else f'{100 * r:.2f}% ({tables_lib.fmt_factor(f)})'
+  return fmt_number(expr, number(t, gid, expr))
+
+
+def prose(t: Table, gid: str, expr: str) -> str:
+  """An expression's value in a sentence, e.g. 'paired Δ −0.44 ± 0.24 pts (n=3, standard
+  error 0.14 pts)'."""
+  kind, _, metric = expr.partition(':')
+  words = _WORDS.get(metric, metric)
+  x = number(t, gid, expr)
+  if kind == 'paired':
+    st = paired(t, gid, metric)[0]
+    se = f', standard error {st.sem:.2f} pts' if st.sem is not None else ''
+    return f'paired Δ {tables_lib.fmt_points(st.mean, st.std)} (n={st.n}{se})'
+  if kind == 'delta':
+    return f'Δ of the seed means {fmt_number(expr, x)}'
+  if kind == 'saved':
+    f = tables_lib.fmt_factor(number(t, gid, 'factor:' + metric))
+    return f'{fmt_number(expr, x)} fewer {words} ({f})'
+  if kind == 'factor':
+    return f'{fmt_number(expr, x)} fewer {words}'
+  if kind == 'reduction':
+    return f'{fmt_number(expr, x)} less {words}'
+  if kind == 'bits':
+    return f'{fmt_number(expr, x)} bits per {words.replace(" bytes", "")} entry'
+  return f'{words} {fmt_number(expr, x)}'
+
+
+# ------------------------------------------------------------------------------
+# Claims: pick a row, test a number.
+
+class Judged(NamedTuple):
+  """A claim evaluated: the row it picked, its number and the verdict."""
+  claim: dict
+  row: tuple | None
+  value: float | None
+  met: bool | None
+  ours: str
+  verdict: str
+
+
+def _rule(text: str) -> tuple[str, str, float]:
+  m = re.fullmatch(r'\s*(\S+?)?\s*(>=|<=|>|<)\s*(-?[\d.]+)\s*', text)
+  if not m:
+    raise ValueError(f'bad rule {text!r} in the results spec: expected "[EXPR] OP NUMBER"')
+  return m.group(1), m.group(2), float(m.group(3))
+
+
+def _name(expr: str) -> str:
+  return {'paired': 'paired Δ (mean)', 'delta': 'Δ', 'factor': 'factor', 'reduction': 'reduction',
+          'saved': 'reduction', 'bits': 'bits per entry'}.get(expr.partition(':')[0], expr)
+
+
+def _bound(expr: str, op: str, threshold: float) -> str:
+  """'paired Δ (mean) ≥ −0.50 pts'."""
+  return f'{_name(expr)} {_OPS[op][1]} {fmt_number(expr, threshold)}'
+
+
+def _test(expr: str, op: str, threshold: float, x: float) -> tuple[bool, str]:
+  """(x OP threshold, 'paired Δ (mean) −0.06 pts ≥ −0.50 pts'; the negated sign when not)."""
+  met = _OPS[op][0](x, threshold)
+  sym = _OPS[op][1] if met else _NOT[op]
+  return met, f'{_name(expr)} {fmt_number(expr, x)} {sym} {fmt_number(expr, threshold)}'
+
+
+def judge(claim: dict, by_name: dict) -> Judged:
+  """Evaluates one claim or reading (see the spec's docstring)."""
+  value = claim['value']
+  rows = [(t, g) for t in (by_name[n] for n in claim['tables']) for g in t.groups
+          if g != t.base_gid and done(t, g) and _matches(t.flats[g], claim.get('rows', {}))]
+  measured = [r for r in rows if number(*r, value) is not None]
+  passing = measured
+  if claim.get('require'):
+    rexpr, rop, rthr = _rule(claim['require'])
+    passing = [r for r in measured if number(*r, rexpr) is not None
+               and _OPS[rop][0](number(*r, rexpr), rthr)]
+  pick = claim.get('pick', value)
+  cands = [r for r in passing if number(*r, pick) is not None]
+  if not measured or (not cands and not claim.get('require')):
+    return Judged(claim, None, None, None, '–', 'not measured (no finished row with a '
+                  'finished baseline of the same seed)')
+  if not cands:
+    closest = max(measured, key=lambda r: number(*r, rexpr) if number(*r, rexpr) is not None
+                  else -math.inf)
+    return Judged(claim, None, None, False, f'none (closest: {_row_name(closest, claim)}, '
+                  f'{prose(*closest, rexpr)})', f'not met: no row with {_require_text(claim)}')
+  row = max(cands, key=lambda r: number(*r, pick))
+  x = number(*row, value)
+  first = prose(*row, value) if value.startswith('paired:') else fmt_number(value, x)
+  ours = first + ''.join(f', {prose(*row, e)}' for e in claim.get('show', ())
+                                        if e != value) + f' ({_row_name(row, claim)})'
+  if not claim.get('verdict'):
+    return Judged(claim, row, x, None, ours, '')
+  _, op, thr = _rule(claim['verdict'])
+  met, text = _test(value, op, thr, x)
+  verdict = ('met: ' if met else 'not met: ') + text + _provisional(row, value)
+  return Judged(claim, row, x, met, ours, verdict)
+
+
+def _row_name(row, claim) -> str:
+  t, g = row
+  tag = t.spec.get('tag')
+  return t.labels[g] + (f', {tag}' if tag and len(claim['tables']) > 1 else '')
+
+
+def _require_text(claim) -> str:
+  return _bound(*_rule(claim['require']))
+
+
+def _provisional(row, value) -> str:
+  t, g = row
+  if not value.startswith('paired:'):
+    return ''
+  n, total = paired(t, g, value.partition(':')[2])[0].n, sum(p.group == g for p in t.points)
+  return f' (provisional: {n} of {total} seeds compared)' if n < total else ''
+
+
+# ------------------------------------------------------------------------------
+# Rendering.
+
+def extras(t: Table, spec_module, published: dict) -> dict:
+  """The named fields of templates for one table."""
+  c = t.flats[t.groups[0]] if t.groups else {}
+  part = c.get('dataset.partition')
+  lan = c.get('network.lan_bandwidth_gbps')
+  return dict(
+      baseline=t.labels.get(t.base_gid, 'missing'), bar=f'{spec_module.BAR:g}',
+      target=tables_lib.fmt_acc(t.target), lan=_lan(lan),
+      partition={'iid': 'IID', 'dirichlet': 'non-IID (Dirichlet α = '
+                 f'{c.get("dataset.dirichlet_alpha")})'}.get(part, f'`{part}`'),
+      **{f'@{k}': v for k, v in published.items()})
+
+
+def _lan(gbps) -> str:
+  if gbps is None:
+    return '?'
+  return f'{float(gbps):g} Gbit/s' if float(gbps) >= 1 else f'{1000 * float(gbps):g} Mbit/s'
+
+
+def text(t: Table, template: str, ctx: dict) -> str:
+  return Template(t.flats[t.groups[0]] if t.groups else {}, **ctx).format(template)
+
+
+def table_lines(t: Table, ctx: dict) -> list[str]:
+  """The Markdown table: finished groups in full, the others as *not finished*."""
+  header = [text(t, h, ctx) for h, _ in t.spec['columns']]
+  rows = []
+  for g in t.groups:
+    if done(t, g):
+      rows.append([cell(t, g, e) for _, e in t.spec['columns']])
+    else:
+      rows.append([t.labels[g], '*not finished*'] + ['–'] * (len(header) - 2))
+  return tables_lib.markdown_table(header, rows)
+
+
+def run_label(t: Table, p: Point, all_points: bool = False) -> str:
+  """A run's label: its group's, plus the table's tag and the seed when seeds vary.
+
+  With ``all_points`` the point may lie outside the table's ``where``: its
+  label then names the setting that puts it there (the LAN, say).
+  """
+  pts = t.all_points if all_points else t.points
+  seeds = {q.config.get('seed') for q in pts}
+  label = (t.labels[p.group] if p.group in t.labels else _label(t.spec['labels'], p.config)
+           + _where_suffix(t, p))
+  return (label + (f', {t.spec["tag"]}' if t.spec.get('tag') else '')
+          + (f', seed {p.config.get("seed")}' if len(seeds) > 1 else ''))
+
+
+def _where_suffix(t: Table, p: Point) -> str:
+  return ''.join(f', {tables_lib.short_key(k)}={p.config.get(k)}' for k in t.spec.get('where', {}))
+
+
+def settings_lines(t: Table, root_display: str) -> list[str]:
+  """The exact settings and commands of a table's runs, as Markdown bullets."""
+  c = t.all_points[0].config
+  flats = [p.config for p in t.all_points]
+  shared = set.intersection(*(set(f) for f in flats))
+  varying = sorted(k for k in shared if k not in stats.IGNORED
+                   and len({repr(f[k]) for f in flats}) > 1)
+  ov = [p.spec.overrides for p in t.all_points]
+  common = {k: v for k, v in ov[0].items() if k not in varying
+            and all(k in o and repr(o[k]) == repr(v) for o in ov)}
+  seeds = list(dict.fromkeys(f.get('seed') for f in flats))
+  lans = list(dict.fromkeys(f.get('network.lan_bandwidth_gbps') for f in flats))
+  sweep_root = f'{root_display.rstrip("/")}/{t.spec["root"]}'
+  g = lambda k: c.get(k)
+  lines = [
+      f'- **Config**: `{t.base}` (sweep file `{t.spec["sweep"]}`); overrides common to all '
+      'runs: ' + (', '.join(f'`{k}={sweep_lib.flag_value(v)}`' for k, v in sorted(common.items()))
+                  or 'none') + '; per run: '
+      + (', '.join(f'`{k}`' for k in varying + (['seed'] if len(seeds) > 1 else [])) or 'none')
+      + ' (see the table and the commands below).',
+      f'- **Steps**: `train.num_steps` = {g("train.num_steps")} intra-DC iterations (of the '
+      f'fastest DC), batch {g("train.batch_size")} per worker, evaluation every '
+      f'`train.eval_every` inter-DC rounds; target accuracy {tables_lib.fmt_acc(t.target)} '
+      '(`train.target_accuracy`).',
+      f'- **Mesh**: {g("mesh.num_dcs")} DCs × {g("mesh.workers_per_dc")} workers per DC; data '
+      f'`{g("dataset.name")}`, partition `{g("dataset.partition")}`'
+      + (f' (Dirichlet α = {g("dataset.dirichlet_alpha")})'
+         if g('dataset.partition') == 'dirichlet' else '')
+      + f'; model `{g("model.name")}`; optimizer `{g("optimizer.name")}` (lr '
+      f'{g("optimizer.learning_rate")}); '
+      + (f'seeds {", ".join(map(str, seeds))} (per run)' if len(seeds) > 1 else f'seed {seeds[0]}')
+      + '; sync ' + ('strategy per run' if 'sync.strategy' in varying
+                     else f'`{g("sync.strategy")}`')
+      + f', K = {g("sync.k")}, K_max = {g("sync.k_max")}, aggregation '
+      f'`{g("sync.aggregation")}`, outer `{g("sync.outer.name")}`.',
+      f'- **Network**: compute {g("network.compute_time_s")} s per iteration at speed 1, DC '
+      f'speeds {", ".join(f"{float(s):g}" for s in g("network.dc_speed") or ())} (relative); '
+      f'LAN (PS NIC) {" / ".join(_lan(x) for x in lans)}, latency {g("network.lan_latency_s")} '
+      f's; WAN {g("network.wan_bandwidth_mbps")} Mbit/s per DC, latency '
+      f'{g("network.wan_latency_s")} s.',
+      f'- **Command**: `python3 -m hfl.sweep --sweep={t.spec["sweep"]} --root={sweep_root}` '
+      f'(run by `{COMMAND} --root={root_display}`); one run per point:',
+      '', '  <details><summary>per-run commands</summary>', '']
+  for p in t.all_points:
+    cmd = (f'python3 main.py --config={t.base} --workdir={sweep_root}/{p.spec.name} '
+           + ' '.join(f'--config.{k}={sweep_lib.flag_value(v)}'
+                      for k, v in p.spec.overrides.items()))
+    lines.append(f'  - {run_label(t, p, all_points=True)}: `{cmd.strip()}`')
+  return lines + ['', '  </details>', '']
+
+
+def progress(t: Table, p: Point) -> str:
+  """'not started' or 'running or interrupted: step 120/600, ...'."""
+  if p.status == 'pending':
+    return 'not started'
+  m = p.run.metrics if p.run else []
+  steps = p.config.get('train.num_steps')
+  if not m:
+    return f'running or interrupted: no evaluation yet (of {steps} steps)'
+  return (f'running or interrupted: step {m[-1].get("step")}/{steps}, round '
+          f'{m[-1].get("round")}, last test accuracy '
+          f'{tables_lib.fmt_acc(m[-1].get("test_accuracy"))}')
+
+
+def missing_lines(t: Table, root_display: str) -> list[str]:
+  """The unfinished runs, and directories under the sweep root that are no point."""
+  miss = [p for p in t.points if p.status != 'done']
+  lines = []
+  if miss:
+    lines += ['', f'**Missing runs ({len(miss)})** — not finished (no `summary.json`), so not '
+              'in the numbers above:', '']
+    lines += [f'- {run_label(t, p)}: {progress(t, p)} (`{root_display.rstrip("/")}/'
+              f'{t.spec["root"]}/{p.spec.name}`)' for p in miss]
+  if t.extra:
+    lines += ['', 'Workdirs under the sweep root that are not points of the sweep (ignored): '
+              + ', '.join(f'`{x}`' for x in t.extra)]
+  return lines
+
+
+def paired_list_lines(t: Table, spec: dict, bar: float, ctx: dict) -> list[str]:
+  """Per non-baseline row: ✓/✗ against the bar, paired Δ ± std (n) and its seeds."""
+  lines = ['', text(t, spec['title'], ctx) + ':', '']
+  for g in t.groups:
+    if g == t.base_gid:
+      continue
+    name = Template(t.flats[g]).format(spec['name'])
+    st, per_seed = paired(t, g, spec.get('metric', 'final_acc'))
+    if st.mean is None:
+      lines.append(f'- {name}: not measured yet')
+      continue
+    total = sum(p.group == g for p in t.points)
+    s = (('✓' if st.mean >= -bar else '✗')
+         + f' {name}: {tables_lib.fmt_points(st.mean, st.std, st.n)}')
+    s += f', {st.n} of {total} seeds' if st.n < total else ''
+    if len(per_seed) > 1:
+      s += ' — per seed: ' + ', '.join(f'{k}: {tables_lib.fmt_points(v)}'
+                                       for k, v in per_seed.items())
+    if st.sem is not None and abs(st.mean + bar) < st.sem:
+      s += ' — within one standard error of the bar'
+    lines.append('- ' + s)
+  return lines
+
+
+def same_as_lines(t: Table, spec: dict, by_name: dict) -> list[str]:
+  """Checks that a metric equals that of the twin run (same overrides but one key) elsewhere."""
+  other, key, metric = by_name[spec['table']], spec['differ_in'], spec['metric']
+  strip = lambda p: json.dumps(sorted((k, repr(v)) for k, v in p.spec.overrides.items()
+                                      if k != key))
+  twins = {strip(p): p for p in other.points if p.status == 'done'}
+  same, diff = [], []
+  for p in t.points:
+    q = twins.get(strip(p))
+    if p.status != 'done' or q is None:
+      continue
+    a, b = (runs_lib.run_metrics(r.run, t.target)[metric] for r in (p, q))
+    (same if a == b else diff).append((run_label(t, p), 100 * (a - b)))
+  if diff:
+    return ['', f'- ⚠ {_WORDS.get(metric, metric).capitalize()} differs from the same run in '
+            f'the table above ({key} aside): ' + ', '.join(f'{l}: {tables_lib.fmt_points(d)}'
+                                                          for l, d in diff)
+            + '; the runs were not trained identically (e.g. by different code versions).']
+  if same:
+    return ['', f'- {_WORDS.get(metric, metric).capitalize()} equals that of the same run in '
+            f'the table above for every run here: {spec["text"]}.']
+  return []
+
+
+def drift_notes(t: Table) -> list[str]:
+  """Finished runs trained with another config than the sweep file gives now, as notes."""
+  notes, absent = [], {}
+  for p in t.points:
+    if p.status != 'done':
+      continue
+    want, have = resolved(t.base_cfg, p.spec.overrides), p.config
+    added = tuple(sorted(k for k in set(want) - set(have) if k != 'workdir'))
+    diff = sorted(k for k in set(want) & set(have) if k != 'workdir'
+                  and repr(want[k]) != repr(have[k]))
+    if diff:
+      notes.append(f'- ⚠ `{p.spec.name}` ({run_label(t, p)}) was trained with a config that '
+                   'differs from what the sweep file gives now at ' + ', '.join(
+                       f'`{k}` (ran {have[k]!r}, now {want[k]!r})' for k in diff[:8])
+                   + (' …' if len(diff) > 8 else '') + '; its numbers are for the config it '
+                   'ran with.')
+    if added:
+      absent.setdefault(added, []).append(run_label(t, p))
+  for keys, labels in absent.items():
+    many = len(labels) > 1
+    notes.append(f'- {len(labels)} run{"s" if many else ""} {"predate" if many else "predates"} '
+                 'config fields added to hfl later (absent from '
+                 f'{"their" if many else "its"} `config.json`; trained by the code of that '
+                 'time): ' + ', '.join(f'`{k}`' for k in keys) + ' — ' + '; '.join(labels) + '.')
+  return notes
+
+
+def steps_notes(t: Table) -> list[str]:
+  """Finished runs with another number of intra-DC iterations than the baseline's first run."""
+  base = next((p for p in t.points if p.group == t.base_gid and p.status == 'done'), None)
+  if base is None:
+    return []
+  steps = lambda p: p.run.summary.get('intra_dc_iterations')
+  return [f'- ⚠ `{run_label(t, p)}` ran {steps(p)} intra-DC iterations, the baseline '
+          f'{steps(base)}: its byte ratios and Δ compare unequal amounts of training.'
+          for p in t.points if p.status == 'done' and steps(p) != steps(base)]
+
+
+def claims_table(judged: Sequence[Judged], sources: dict) -> list[str]:
+  """The published-vs-ours table."""
+  rows = [[sources[j.claim['source']]['short'], j.claim['where'], j.claim['quantity'],
+           j.claim['published'], j.ours, j.verdict] for j in judged]
+  return tables_lib.markdown_table(('source', 'where in the source', 'claim', 'published', 'ours',
+                           'verdict'), rows)
+
+
+def reading_line(j: Judged, t: Table, ctx: dict) -> str:
+  """A bold headline sentence: the row a claim or reading picked, its numbers and verdict."""
+  head = f'**{text(t, j.claim["reading"], ctx)}**: '
+  if j.row is None:
+    return head + (j.ours if j.met is False else 'not measured yet') + (
+        f' — {j.verdict}' if j.met is False else '') + '.'
+  rt, g = j.row
+  shown = [e for e in j.claim.get('show', ()) if e != j.claim['value']]
+  body = '; '.join(prose(rt, g, e) for e in [j.claim['value']] + shown)
+  return head + f'**{rt.labels[g]}**: {body}' + (f' — {j.verdict}' if j.verdict else '') + '.'
+
+
+def table_block(t: Table, sec: dict, spec_module, ctx: dict, by_name: dict, root_display: str,
+                first_of_sweep: bool) -> list[str]:
+  """Heading, settings, table, checks, readings and missing runs of one table.
+
+  The settings and commands of a sweep are printed once, before its first
+  table: after a ``###`` heading (which opens a sub-section), before any other.
+  """
+  heading = [text(t, t.spec['heading'], ctx), ''] if t.spec.get('heading') else []
+  settings = settings_lines(t, root_display) if first_of_sweep else []
+  opens = t.spec.get('heading', '').startswith('#')
+  lines = heading + settings if opens else settings + heading
+  lines += table_lines(t, ctx)
+  if t.spec.get('same_as'):
+    lines += same_as_lines(t, t.spec['same_as'], by_name)
+  for c in sec.get('readings', []) + sec['claims']:
+    if c.get('reading') and c['tables'][0] == t.spec['name']:
+      lines += ['', reading_line(judge(c, by_name), t, ctx)]
+  if t.spec.get('paired_list'):
+    lines += paired_list_lines(t, t.spec['paired_list'], spec_module.BAR, ctx)
+  if t.base_gid is not None and not done(t, t.base_gid):
+    lines.append(f'- ⚠ the baseline ({t.labels[t.base_gid]}) has not finished: no Δ, ratios '
+                 'or reductions yet')
+  return lines + missing_lines(t if first_of_sweep else t._replace(extra=[]), root_display) + ['']
+
+
+class Section(NamedTuple):
+  """A rendered section: its Markdown, judged claims and plot lines."""
+  key: str
+  markdown: str
+  judged: list
+  tables: list
+
+
+def section(sec: dict, by_name: dict, spec_module, published: dict, root_display: str,
+            seen_roots: set) -> Section:
+  """Renders one section of the spec."""
+  ts = [by_name[t['name']] for t in sec['tables']]
+  ctx = extras(ts[0], spec_module, published)
+  lines = [f'## {sec["title"]}', '', text(ts[0], sec['intro'], ctx), '']
+  for t in ts:
+    first = t.spec['root'] not in seen_roots
+    seen_roots.add(t.spec['root'])
+    lines += table_block(t, sec, spec_module, extras(t, spec_module, published), by_name,
+                         root_display, first)
+  judged = [judge(c, by_name) for c in sec['claims']]
+  lines += [f'**Published vs ours** {sec.get("claims_caption", "")}:'.replace(' :', ':'), '']
+  lines += claims_table(judged, spec_module.SOURCES)
+  notes = [f'- {text(ts[0], n, ctx)}' for n in sec.get('notes', [])]
+  notes += [f'- Not met: {spec_module.SOURCES[j.claim["source"]]["short"]}, '
+            f'{j.claim["quantity"]} — {j.verdict}.' for j in judged if j.met is False]
+  for t in ts:
+    notes += steps_notes(t) + drift_notes(t)
+  lines += ['', 'Notes:', ''] + notes
+  return Section(sec['key'], '\n'.join(lines) + '\n', judged, ts)
+
+
+def section_plots(sec: dict, by_name: dict, plot_dir: str) -> list[str]:
+  """The section's accuracy curves and, if asked, its accuracy-vs-factor figure."""
+  spec = sec.get('plots')
+  if not spec:
+    return []
+  curves = []
+  for name in spec['tables']:
+    t = by_name[name]
+    for g in t.groups:
+      runs = [p.run.metrics for p in t.points if p.group == g and p.status == 'done']
+      if runs:
+        tag = t.spec.get('tag')
+        curves.append(plots.Curves(t.labels[g] + (f', {tag}' if tag else ''), runs))
+  if not curves:
+    return []
+  target = by_name[spec['tables'][0]].target
+  written = plots.write_plots(curves, plot_dir, target, prefix=f'{sec["key"]}_',
+                              title=spec['title'])
+  if spec.get('factor'):
+    path = factor_plot(by_name[spec['factor']['table']], spec['factor'],
+                       os.path.join(plot_dir, f'{sec["key"]}_accuracy_vs_ratio.png'))
+    written += [path] if path else []
+  return written
+
+
+def factor_plot(t: Table, spec: dict, path: str) -> str | None:
+  """Final accuracy and paired Δ against the compression factor of a table's rows."""
+  if t.base_gid is None or not done(t, t.base_gid):
+    return None
+  pts = []
+  for g in t.groups:
+    acc = metric_stat(t, g, 'final_acc')
+    x = 1.0 if g == t.base_gid else number(t, g, spec['x'])
+    if acc.mean is None or x is None:
+      continue
+    st = paired(t, g, 'final_acc')[0]
+    name = t.labels[g] if g == t.base_gid else Template(t.flats[g]).format(spec['name'])
+    pts.append(plots.FactorPoint(name, x, acc.mean, acc.std, acc.n, st.mean, st.std, st.n))
+  ctx = dict(lan=_lan(t.flats[t.groups[0]].get('network.lan_bandwidth_gbps')))
+  return plots.plot_accuracy_vs_factor(
+      pts, path, text(t, spec['title'], ctx), spec['xlabel'], bar=0.5,
+      shade=tuple(spec['shade']) if spec.get('shade') else None,
+      line=tuple(spec['line']) if spec.get('line') else None)
+
+
+def anchor(title: str) -> str:
+  """GitHub's anchor of a heading."""
+  return '#' + re.sub(r'[^\w\- ]', '', title.lower()).replace(' ', '-')
+
+
+def render_page(spec_module, sections: Sequence[Section], plot_files: dict, root_display: str,
+                out_display: str, now: datetime.datetime) -> str:
+  """The Markdown of results.md."""
+  status = {p.spec.workdir: p.status == 'done' for s in sections for t in s.tables
+            for p in t.points}
+  n_missing = sum(not d for d in status.values())
+  lines = [f'# {spec_module.TITLE}', '', f'Generated {now.strftime("%Y-%m-%d %H:%M UTC")} by',
+           '', '```', f'{COMMAND} --root {root_display} --out {out_display}', '```', '',
+           '(which first runs the sweeps — finished runs are skipped, interrupted ones resume; '
+           'add `--no-run` to only rebuild this page from the workdirs). What the page claims '
+           'and compares is data in `docs/results/claims.py`. Sections: ' + ', '.join(
+               f'[{s["title"].split(" (")[0]}]({anchor(s["title"])})'
+               for s in spec_module.SECTIONS) + '.', '']
+  lines += ([f'> **Incomplete: {len(status) - n_missing} of {len(status)} runs have finished.** '
+             f'The {n_missing} missing runs are listed in each section; tables show them as '
+             '*not finished* and leave them out of every number and plot. Re-run the command '
+             'when they are done.'] if n_missing else [f'All {len(status)} runs have finished.'])
+  lines += ['', spec_module.HOW_TO_READ]
+  for s in sections:
+    lines.append(s.markdown)
+    files = plot_files.get(s.key, [])
+    if files:
+      target = s.tables[0].target
+      lines += ['**Plots** (one line per finished point: mean over its finished seeds, shaded '
+                f'±1 std where there are several, (n=…) seeds; dashed line: target '
+                f'{tables_lib.fmt_acc(target)}):', '']
+      lines += [f'![{os.path.splitext(os.path.basename(f))[0]}]({f})' for f in files] + ['']
+    else:
+      lines += ['*No plots yet: no finished run in this section.*', '']
+  used = list(dict.fromkeys(j.claim['source'] for s in sections for j in s.judged))
+  lines += ['## Sources', '']
+  for key in used:
+    src = spec_module.SOURCES[key]
+    lines.append(f'- **{src["short"]}**: {src["reference"]}'
+                 + (f' <{src["url"]}>' if src.get('url') else '') + '.')
+  return '\n'.join(lines) + '\n'
+
+
+def build(spec_module, root: str, root_display: str | None = None) -> tuple[list, dict]:
+  """Loads every table and renders every section: (sections, tables by name)."""
+  by_name = {t['name']: load_table(t, root) for sec in spec_module.SECTIONS
+             for t in sec['tables']}
+  published = {c['id']: c['published'] for sec in spec_module.SECTIONS
+               for c in sec['claims'] if c.get('id')}
+  seen: set = set()
+  sections = [section(sec, by_name, spec_module, published,
+                      root if root_display is None else root_display, seen)
+              for sec in spec_module.SECTIONS]
+  return sections, by_name
+
+
+def write_results(spec_module, root: str, out: str, root_display: str | None = None,
+                  out_display: str | None = None,
+                  now: datetime.datetime | None = None) -> dict[str, Any]:
+  """Regenerates ``OUT/results.md`` and ``OUT/results/*.png`` (stale PNGs there are deleted).
+
+  Returns:
+    ``{'results.md': path, 'plots': [paths], 'sections': [Section]}``.
+  """
+  sections, by_name = build(spec_module, root, root_display)
+  plot_dir = os.path.join(out, PLOTS_DIR)
+  os.makedirs(plot_dir, exist_ok=True)
+  for name in os.listdir(plot_dir):
+    if name.endswith('.png'):
+      os.remove(os.path.join(plot_dir, name))
+  plot_files, written = {}, []
+  for sec in spec_module.SECTIONS:
+    files = section_plots(sec, by_name, plot_dir)
+    written += files
+    plot_files[sec['key']] = [f'{PLOTS_DIR}/{os.path.basename(f)}' for f in files]
+  page = render_page(spec_module, sections, plot_files,
+                     root if root_display is None else root_display,
+                     out if out_display is None else out_display,
+                     now or datetime.datetime.now(datetime.timezone.utc))
+  path = os.path.join(out, 'results.md')
+  with open(path + '.tmp', 'w', encoding='utf-8') as f:
+    f.write(page)
+  os.replace(path + '.tmp', path)
+  return {'results.md': path, 'plots': written, 'sections': sections}
+
+
+def run_sweeps(spec_module, root: str, parallel: int = 1) -> list:
+  """Runs every sweep of the spec, after checking the configs of all their missing runs."""
+  todo, missing = {}, {}
+  for sec in spec_module.SECTIONS:
+    for t in sec['tables']:
+      if t['root'] in todo:
+        continue
+      base, grid = sweep_lib.load_sweep(os.path.join(REPO, t['sweep']))
+      sweep_root = os.path.join(root, t['root'])
+      arg = sweep_lib.resolve_base(base, sweep_root, write=False)
+      runs = [r for r in sweep_lib.make_runs(arg, grid, sweep_root)
+              if sweep_lib.run_status(r.workdir) != 'done']
+      sweep_lib.check_runs(base, arg, runs)  # every sweep before any launches
+      todo[t['root']] = (base, grid, sweep_root)
+      missing[t['root']] = len(runs)
+  if sum(missing.values()):
+    logging.info('%d runs missing (%s) under %s: launching them now (each one trains); pass '
+                 '--no-run to render the page from the runs that exist.', sum(missing.values()),
+                 ', '.join(f'{k}: {v}' for k, v in missing.items() if v), root)
+  return [sweep_lib.run_sweep(b, g, r, parallel=parallel) for b, g, r in todo.values()]
+
+
+def parse_args(argv: Sequence[str] | None = None) -> argparse.Namespace:
+  """Parses the command line."""
+  p = argparse.ArgumentParser(prog=COMMAND, description=__doc__.split('\n\n')[0])
+  p.add_argument('--root', default='workdirs', help='results root: ROOT/<sweep> per sweep '
+                 '(default: workdirs)')
+  p.add_argument('--out', default=os.path.relpath(os.path.dirname(HERE)),
+                 help='writes OUT/results.md and OUT/results/*.png (default: this docs/)')
+  p.add_argument('--spec', default=os.path.join(HERE, 'claims.py'), help='the claims spec')
+  p.add_argument('--no-run', '--no_run', dest='run', action='store_false',
+                 help='do not run the sweeps; only rebuild the page')
+  p.add_argument('--parallel', type=int, default=1, help='training runs at the same time')
+  return p.parse_args(argv)
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+  """Exit status 1 on failed runs, 2 on a bad run config or spec, 130 on Ctrl-C."""
+  args = parse_args(argv)
+  logging.basicConfig(level=logging.INFO, format='%(levelname)s %(message)s')
+  spec_module = load_spec(args.spec)
+  failed = False
+  if args.run:
+    try:
+      failed = any(r.failed for r in run_sweeps(spec_module, args.root, args.parallel))
+    except (FileNotFoundError, ValueError) as e:
+      print(f'error: {e}', file=sys.stderr)
+      return 2
+    except KeyboardInterrupt:
+      return sweep_lib.interrupted()
+  written = write_results(spec_module, args.root, args.out)
+  print(written['results.md'])
+  print('\n'.join(written['plots']))
+  missing = {p.spec.workdir for s in written['sections'] for t in s.tables for p in t.points
+             if p.status != 'done'}
+  if missing:
+    print(f'{len(missing)} runs not finished; listed as missing on the page', file=sys.stderr)
+  return 1 if failed else 0
+
+
+if __name__ == '__main__':
+  sys.exit(main())

@@ -1,0 +1,167 @@
+"""Training workdirs as data: find them, load them, one table row per run.
+
+A workdir (written by ``main.py``; formats in the README) holds ``summary.json``
+(finished runs only), ``metrics.jsonl`` (one record per evaluation) and
+``config.json``. :func:`run_frame` gives one pandas row per run: the
+:data:`METRICS` (summary values, or an unfinished run's last evaluation; time
+and rounds to target recomputed from ``metrics.jsonl``) and the flattened config.
+"""
+
+import json
+import logging
+import os
+import pathlib
+from typing import Any, Iterable, Mapping, NamedTuple, Sequence
+
+import pandas as pd
+
+from hfl import metrics as metrics_lib
+
+RUN_FILES = ('summary.json', 'metrics.jsonl')
+# Per-run quantities (columns of run_frame) and their units.
+METRICS = {
+    'final_acc': 'fraction', 'best_acc': 'fraction', 'rounds_to_target': 'rounds',
+    'time_to_target_s': 's', 'bytes.intra_up': 'bytes', 'bytes.intra_down': 'bytes',
+    'bytes.inter_dc': 'bytes', 'bytes.intra': 'bytes', 'bytes.total': 'bytes',
+    'inter_dc_rounds': 'rounds', 'intra_dc_iterations': 'iterations', 'sim_time_s': 's',
+    'wall_time_s': 's'}
+# metric -> (summary.json key, metrics.jsonl key of an unfinished run's last evaluation)
+_FROM_SUMMARY = {'final_acc': ('final_test_accuracy', 'test_accuracy'),
+                 'inter_dc_rounds': ('inter_dc_rounds', 'round'),
+                 'intra_dc_iterations': ('intra_dc_iterations', 'step'),
+                 'sim_time_s': ('sim_time_s', 'sim_time_s'),
+                 'wall_time_s': ('wall_time_s', 'wall_time_s')}
+
+
+class Run(NamedTuple):
+  """One workdir: path, basename, nested ``config`` (summary.json's or config.json;
+  {} if none), ``summary`` ({} when unfinished) and ``metrics`` (metrics.jsonl in
+  step order, one record per step: a step logged twice keeps the later one)."""
+  workdir: str
+  name: str
+  config: dict
+  summary: dict
+  metrics: list
+
+  @property
+  def finished(self) -> bool:
+    return bool(self.summary)
+
+
+def is_run_dir(path: str) -> bool:
+  """True for a directory holding ``summary.json`` or ``metrics.jsonl``."""
+  return any(os.path.isfile(os.path.join(path, f)) for f in RUN_FILES)
+
+
+def find_runs(paths: Iterable[str], exclude: Iterable[str] = ()) -> list[str]:
+  """The workdirs among and below ``paths``, in the order found (sorted walk, not
+  below a workdir, skipping ``exclude``), without duplicates.
+
+  Raises:
+    FileNotFoundError: a path does not exist, or holds no workdir.
+  """
+  skip = {os.path.abspath(p) for p in exclude}
+  found: dict[str, None] = {}
+  for path in paths:
+    if not os.path.isdir(path):
+      raise FileNotFoundError(f'not a directory: {path}')
+    before = len(found)
+    for top, dirs, _ in os.walk(path):
+      dirs.sort()
+      if os.path.abspath(top) in skip:
+        dirs.clear()
+      elif is_run_dir(top):
+        found.setdefault(top)
+        dirs.clear()
+    if len(found) == before:
+      raise FileNotFoundError(f'{path}: no training workdir (a directory with '
+                              f'{" or ".join(RUN_FILES)}) in it or below it')
+  return list(found)
+
+
+def read_metrics(path: str) -> list[dict]:
+  """``metrics.jsonl`` in step order, one record per step (the last logged); lines that
+  are not JSON are skipped with a warning; a missing file reads as []."""
+  by_step = {}
+  for r in metrics_lib.read_jsonl(path, strict=False):
+    if isinstance(r, dict):
+      by_step.pop(r.get('step'), None)
+      by_step[r.get('step')] = r
+  return sorted(by_step.values(), key=lambda r: (r.get('step') is None, r.get('step') or 0))
+
+
+def load_run(workdir: str) -> Run:
+  """Loads one workdir (see :class:`Run`).
+
+  Raises:
+    FileNotFoundError: ``workdir`` holds neither summary.json nor metrics.jsonl.
+  """
+  if not is_run_dir(workdir):
+    raise FileNotFoundError(f'{workdir}: not a training workdir (no {" or ".join(RUN_FILES)})')
+  path = lambda f: os.path.join(workdir, f)
+  read = lambda f: (json.loads(pathlib.Path(path(f)).read_text(encoding='utf-8'))
+                    if os.path.isfile(path(f)) else {})
+  summary = read('summary.json')
+  config = summary.get('config') or read('config.json')
+  config = json.loads(config) if isinstance(config, str) else config  # early workdirs
+  return Run(workdir, os.path.basename(os.path.normpath(workdir)), dict(config), summary,
+             read_metrics(path('metrics.jsonl')))
+
+
+def flatten(config: Mapping[str, Any], prefix: str = '') -> dict:
+  """A nested config as ``{'sync.strategy': 'periodic', ...}``; lists become tuples."""
+  out = {}
+  for k, v in config.items():
+    if isinstance(v, Mapping):
+      out.update(flatten(v, f'{prefix}{k}.'))
+    else:
+      out[f'{prefix}{k}'] = _freeze(v)
+  return out
+
+
+def _freeze(v: Any) -> Any:
+  return tuple(_freeze(x) for x in v) if isinstance(v, (list, tuple)) else v
+
+
+def _number(x: Any) -> float | None:
+  return float(x) if metrics_lib.finite(x) else None
+
+
+def run_metrics(run: Run, target: float) -> dict[str, float | None]:
+  """The :data:`METRICS` of one run (None where unknown): summary values, else (an
+  unfinished run) its last evaluation's; time and rounds to ``target`` recomputed
+  by :func:`hfl.metrics.time_to_target`."""
+  last = run.metrics[-1] if run.metrics else {}
+  accs = [m['test_accuracy'] for m in run.metrics if _number(m.get('test_accuracy')) is not None]
+  out = {k: _number(run.summary.get(s, last.get(m))) for k, (s, m) in _FROM_SUMMARY.items()}
+  out['best_acc'] = _number(run.summary.get('best_test_accuracy', max(accs, default=None)))
+  links = run.summary.get('bytes') or last.get('bytes') or {}
+  for link in metrics_lib.LINKS:
+    out[f'bytes.{link}'] = _number(links.get(link))
+  up, down, inter = (out[f'bytes.{l}'] for l in metrics_lib.LINKS)
+  out['bytes.intra'] = None if None in (up, down) else up + down
+  out['bytes.total'] = None if None in (up, down, inter) else up + down + inter
+  out['time_to_target_s'] = metrics_lib.time_to_target(run.metrics, target, 'sim_time_s')
+  out['rounds_to_target'] = metrics_lib.time_to_target(run.metrics, target, 'round')
+  return out
+
+
+def run_frame(runs: Sequence[Run], target: float) -> pd.DataFrame:
+  """One row per run: ``workdir``, ``name``, ``finished``, ``seed``, ``run``
+  (the :class:`Run`), the :data:`METRICS` and ``config`` (flattened dict)."""
+  rows = []
+  for r in runs:
+    flat = flatten(r.config)
+    rows.append(dict(workdir=r.workdir, name=r.name, finished=r.finished,
+                     seed=flat.get('seed'), run=r, config=flat, **run_metrics(r, target)))
+  columns = ['workdir', 'name', 'finished', 'seed', 'run', 'config', *METRICS]
+  return pd.DataFrame(rows, columns=columns)
+
+
+def default_target(runs: Sequence[Run], fallback: float = 0.88) -> float:
+  """The runs' common ``train.target_accuracy``, else ``fallback``."""
+  targets = {metrics_lib.value(r.config, 'train.target_accuracy') for r in runs} - {None}
+  if len(targets) > 1:
+    logging.warning('runs disagree on train.target_accuracy %s; using %s',
+                    sorted(targets), fallback)
+  return float(targets.pop()) if len(targets) == 1 else fallback

@@ -1,0 +1,109 @@
+"""Seed groups and paired statistics over a run table (:func:`hfl.report.runs.run_frame`).
+
+A *group* is the runs whose configs differ only in ``seed`` (and ``workdir``);
+fields some runs lack (added to hfl after they ran) do not split a group; keys
+in ``keep`` (``seed`` when rows are labelled by seed) do. A group's value is the
+mean over its runs, with the sample std (ddof = 1), n and the standard error
+std / √n. A *paired* Δ compares a group with a baseline seed by seed (same
+initialisation and data order, which removes most of the seed-to-seed spread):
+ours − baseline for every seed both have, × ``scale`` (100: accuracy fractions
+to points), then mean ± sample std. Reduction = 1 − ours / baseline; factor =
+baseline / ours.
+"""
+
+import json
+import logging
+import math
+from typing import Any, Iterable, NamedTuple, Sequence
+
+import numpy as np
+import pandas as pd
+
+from hfl.report import runs as runs_lib
+
+IGNORED = ('seed', 'workdir')
+
+
+class Stat(NamedTuple):
+  """Mean ± sample std (ddof = 1) of n values; std None below 2 values, mean None at 0."""
+  mean: float | None
+  std: float | None
+  n: int
+
+  @property
+  def sem(self) -> float | None:  # standard error of the mean, std / √n
+    return None if self.std is None else self.std / math.sqrt(self.n)
+
+
+def stat(values: Iterable[Any]) -> Stat:
+  """The :class:`Stat` of the finite values among ``values`` (None / NaN skipped)."""
+  v = pd.to_numeric(pd.Series(list(values), dtype=object), errors='coerce').astype(float)
+  v = v[np.isfinite(v)]
+  if v.empty:
+    return Stat(None, None, 0)
+  return Stat(float(v.mean()), float(v.std()) if len(v) > 1 else None, int(len(v)))
+
+
+def group_ids(frame: pd.DataFrame, keep: Sequence[str] = ()) -> pd.Series:
+  """A group id (str) per run of ``frame``; ``keep``: keys of :data:`IGNORED` that
+  split groups here. A run without a config is its own group."""
+  configs = list(frame['config'])
+  shared = set.intersection(*(set(c) for c in configs if c)) if any(configs) else set()
+  keys = sorted(k for k in shared if k not in IGNORED or k in keep)
+  ids = [json.dumps([(k, repr(c[k])) for k in keys]) if c else f'workdir:{w}'
+         for c, w in zip(configs, frame['workdir'])]
+  return pd.Series(ids, index=frame.index, name='group')
+
+
+def summarize(frame: pd.DataFrame, groups: pd.Series) -> pd.DataFrame:
+  """One row per group (first-seen order, NaN as None): ``runs`` (row labels of
+  ``frame``), ``seeds``, ``workdirs``, and per metric m of
+  :data:`hfl.report.runs.METRICS` its mean ``m``, sample std ``m_std`` and count ``m_n``."""
+  metrics = list(runs_lib.METRICS)
+  values = frame[metrics].apply(pd.to_numeric, errors='coerce').astype(float)
+  by = values.groupby(groups, sort=False)
+  out = pd.concat([by.mean(), by.std(ddof=1).add_suffix('_std'), by.count().add_suffix('_n')],
+                  axis=1)
+  members = frame.groupby(groups, sort=False)
+  out['runs'] = pd.Series(frame.index, index=frame.index).groupby(groups, sort=False).agg(list)
+  out['seeds'] = members['seed'].agg(list)
+  out['workdirs'] = members['workdir'].agg(list)
+  return out.astype(object).where(out.notna(), None)
+
+
+def group_stat(summary: pd.DataFrame, group: str, metric: str) -> Stat:
+  """The :class:`Stat` of ``metric`` in one row of :func:`summarize`."""
+  get = lambda c: summary.at[group, c]
+  return Stat(get(metric), get(f'{metric}_std'), int(get(f'{metric}_n') or 0))
+
+
+def paired(frame: pd.DataFrame, groups: pd.Series, group: str, base: str,
+           metric: str = 'final_acc', scale: float = 100.0) -> tuple[Stat, dict]:
+  """The paired Δ of ``metric``, ``group`` vs ``base``: (its :class:`Stat`, {seed: Δ}).
+
+  Only seeds with a value on both sides count; a seed twice in a group keeps
+  its first run (with a warning).
+  """
+  def by_seed(g):
+    s = frame.loc[groups == g].set_index('seed')[metric]
+    if s.index.has_duplicates:
+      logging.warning('group %s has seeds %s twice; keeping the first run of each',
+                      g, sorted(set(s.index[s.index.duplicated()])))
+      s = s[~s.index.duplicated()]
+    return pd.to_numeric(s, errors='coerce').astype(float)
+  d = (scale * (by_seed(group) - by_seed(base))).dropna().sort_index()
+  return stat(d.values), {k: float(v) for k, v in d.items()}
+
+
+def reduction(ours: float | None, base: float | None) -> float | None:
+  """1 − ours / base; None when either is missing or base ≤ 0."""
+  if ours is None or base is None or base <= 0:
+    return None
+  return 1.0 - ours / base
+
+
+def factor(ours: float | None, base: float | None) -> float | None:
+  """base / ours (∞ for ours = 0); None when either is missing."""
+  if ours is None or base is None:
+    return None
+  return math.inf if ours == 0 else base / ours
