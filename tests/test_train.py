@@ -85,11 +85,12 @@ def test_smoke_run_writes_outputs(smoke_run):
   for key in ('step', 'round', 'test_accuracy', 'test_loss', 'train_loss', 'bytes',
               'sim_time_s', 'wall_time_s'):
     assert key in records[0]
-  # Byte totals: uncompressed f32 model, 8 workers up and down per iteration, and each
-  # of the 2 DCs sends its pseudo-gradient to the other once per round.
+  # Byte totals: uncompressed f32 model, 8 workers up and down per iteration, the
+  # round's result (the summed pseudo-gradient) reaching each DC's 4 workers once per
+  # round, and each of the 2 DCs sends its pseudo-gradient to the other once per round.
   n = sum(np.prod(x.shape) for x in __import__('jax').tree.leaves(final_state(workdir)[1]['global_params']))
   assert summary['bytes']['intra_up'] == 12 * 8 * n * 4
-  assert summary['bytes']['intra_down'] == 12 * 8 * n * 4
+  assert summary['bytes']['intra_down'] == 12 * 8 * n * 4 + 6 * 2 * 4 * n * 4
   assert summary['bytes']['inter_dc'] == 6 * 2 * n * 4
   assert summary['sim_time_s'] > 0
   assert os.path.isdir(os.path.join(workdir, 'tb'))

@@ -227,13 +227,17 @@ def payload_shape(compressor: base.Compressor):
   return payload
 
 
-def static_bits(compressor: base.Compressor) -> float:
+def static_bits(compressor: base.Compressor) -> int:
   """Payload bits of ``compressor`` from its payload's static shapes and dtypes.
 
-  Exact for every compressor whose ``wire_bits`` is the default
-  (:func:`base.payload_bits`); an upper bound for variable-length codes.
+  Exact for every compressor whose ``wire_bits`` is static (the default,
+  :func:`base.payload_bits`); for variable-length codes the bits the payload's
+  arrays occupy (what the simulation moves), a planning estimate.
+
+  Returns:
+    Python int.
   """
-  return float(base.payload_bits(payload_shape(compressor)))
+  return base.payload_bits(payload_shape(compressor))
 
 
 def describe(compressors: Sequence[base.Compressor], shapes) -> str:
