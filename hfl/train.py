@@ -469,9 +469,12 @@ def train_and_evaluate(config: ml_collections.ConfigDict, workdir: str) -> dict:
   def check_finite(m, at):
     """Stops the run on a non-finite train loss, gradient, payload or residual."""
     where = step_lib.first_nonfinite(m['flags'], leaf_names)
-    if not np.all(np.isfinite(m['loss'])) or where is not None:
+    where = f'the first non-finite value is the {where}' if where else ''
+    if not np.all(np.isfinite(m['loss'])):
       raise diverged(f'the train loss is {m["loss"].tolist()} (per DC) at iteration {at}'
-                     + (f'; first non-finite value: the {where}' if where else ''))
+                     + (f'; {where}' if where else ''))
+    if where:
+      raise diverged(f'at iteration {at} {where}')
 
   def do_eval():
     nonlocal last_eval

@@ -338,3 +338,43 @@ def test_divergence_message_is_true_of_the_run(fake_data, tmp_path):
       "optimizer.learning_rate (now 0.1) or use milder compression than "
       "compression.uplink.name='topk', compression.wan.name='bf16' in a new --workdir "
       '(a workdir keeps its config).')
+
+
+class _Calls(__import__('typing').NamedTuple):
+  n: object
+
+
+def _nan_from_third_call(shape, **unused):
+  """A faulty compressor: float32 values, NaN from its third encode on."""
+  import jax.numpy as jnp  # pylint: disable=g-import-not-at-top
+  from hfl.compress import base  # pylint: disable=g-import-not-at-top
+  del unused
+
+  def encode(x, state, key):
+    del key
+    return {'values': jnp.where(state.n >= 2, jnp.nan, x)}, _Calls(state.n + 1)
+  return base.Compressor('nan_from_third_call', tuple(shape),
+                         lambda: _Calls(jnp.zeros((), jnp.int32)), encode,
+                         lambda p: p['values'])
+
+
+def test_non_finite_payload_stops_the_run_naming_leaf_and_link(fake_data, tmp_path):
+  """Issue 12, fault 3: a non-finite payload stops the run like a non-finite loss
+  (FloatingPointError, exit status 3 in main.py), naming the leaf and the link,
+  before anything non-finite is evaluated or saved. The WAN compressor turns the
+  third round's pseudo-gradient into NaN (rounds end at iterations 2, 4, 6)."""
+  from hfl.compress import policy  # pylint: disable=g-import-not-at-top
+  policy.register('nan_from_third_call', _nan_from_third_call)
+  try:
+    cfg = smoke_config(fake_data, **{'compression.wan.name': 'nan_from_third_call'})
+    with pytest.raises(FloatingPointError) as e:
+      train.train_and_evaluate(cfg, str(tmp_path / 'nan'))
+  finally:
+    policy.REGISTRY.pop('nan_from_third_call')
+  msg = str(e.value)
+  assert msg.startswith("at iteration 6 the first non-finite value is the payload and "
+                        "residual of leaf ['Dense_0']['kernel'] on the WAN (DC 0, worker 0)"), msg
+  _, state = final_state(str(tmp_path / 'nan'))  # the last checkpoint: round 2, finite
+  import jax  # pylint: disable=g-import-not-at-top
+  for x in jax.tree.leaves(state):
+    assert np.all(np.isfinite(np.asarray(x)))
