@@ -520,7 +520,7 @@ def train_and_evaluate(config: ml_collections.ConfigDict, workdir: str) -> dict:
   # An absent DC's work in a round is discarded (hfl.sync.faults): its per-DC
   # state is copied at the round's start and restored after the round.
   round_start = jax.jit(step_lib.round_start)
-  discard_absent = jax.jit(step_lib.discard_absent, donate_argnums=(0, 1),
+  discard_absent = jax.jit(step_lib.discard_absent, donate_argnums=(0,),
                            out_shardings=shardings)
   start = None
   pending = []  # (device metrics, active, program info) of this round's iterations so far

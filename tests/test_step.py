@@ -484,3 +484,28 @@ def test_non_finite_gradient_is_flagged_per_link_and_leaf():
   assert np.all(flags[1, :, 1] & step_lib.BAD_INPUT == flags[1, 0, 1] & step_lib.BAD_INPUT)
   assert np.any(flags[1, :, 1] & step_lib.BAD_INPUT)
   assert step_lib.first_nonfinite(flags).endswith('on the uplink (DC 1, worker 2)')
+
+
+def test_bit_counts_are_exact_integers_beyond_2_to_24_entries():
+  """Issue 12, fault 6: one float32 leaf of 2^24 + 1 entries, 1 DC, 2 workers,
+  identity links: 2 x (2^24 + 1) x 32 = 1,073,741,888 uplink bits per DC per step
+  (float32 counts on the device gave 1,073,741,824). Static payload sizes are
+  Python ints fixed at trace time, summed on the host in int64."""
+  n = 2**24 + 1
+  mesh = jax.sharding.Mesh(np.array(jax.devices()[:2]).reshape(1, 2), ('dc', 'worker'))
+  params = {'w': np.zeros((n,), np.float32)}
+  comps = step_lib.Compressors(*[[base.identity((n,))]] * 3)
+  apply_fn = lambda p, x: jnp.zeros((x.shape[0], 10)) + p['w'][0] * jnp.mean(x)
+  state = step_lib.init_state(params, optax.sgd(0.1), optax.sgd(1.0), comps, 1, 2,
+                              jax.random.PRNGKey(0))
+  state = jax.device_put(state, step_lib.state_shardings(mesh, state))
+  fn = step_lib.make_step(apply_fn, optax.sgd(0.1), optax.sgd(1.0), comps, mesh, state)
+  put = lambda a, *spec: jax.device_put(a, NamedSharding(mesh, P(*spec)))
+  batch = (put(np.ones((1, 2, 2, 1, 1, 1), np.float32), 'dc', 'worker'),
+           put(np.zeros((1, 2, 2), np.int32), 'dc', 'worker'))
+  state, m = fn(state, batch, put(np.array([True]), 'dc'), put(np.ones(1, np.float32)), True)
+  m = step_lib.host_metrics(fn.info[True], np.asarray(m), [True], [1.0])
+  assert m['up_bits'].tolist() == [1_073_741_888]
+  assert m['down_bits'].tolist() == [1_073_741_888]
+  assert m['wan_bits'].tolist() == [n * 32]
+  assert m['round_down_bits'].tolist() == [2 * n * 32]
