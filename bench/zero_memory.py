@@ -92,7 +92,7 @@ def main():
     for _ in range(n):
       r['state'], m = r['fn'](r['state'], r['args'][:2], *r['args'][2:], False)
       jax.block_until_ready(m)
-    r['metrics'] = m
+    r['metrics'] = step_lib.host_metrics(r['fn'].info[False], np.asarray(m), np.ones(d, bool))
 
   for shard in (False, True):
     run(shard, 2)
@@ -126,7 +126,7 @@ def main():
   print(f'| compiled step: arguments + outputs − aliased + temporaries (bytes) | '
         f'{total[False]:,} | {total[True]:,} | {total[True] / total[False]:.3f} |')
   for link in ('up_bits', 'down_bits'):
-    a, b = (float(runs[s]['metrics'][link][0]) / 8 for s in (False, True))
+    a, b = (int(runs[s]['metrics'][link][0]) / 8 for s in (False, True))
     print(f'| intra-DC {link[:-5]} per iteration per DC (bytes) | {a:,.0f} | {b:,.0f} | '
           f'{b / a:.3f} |')
   ta, tb = (float(np.median(times[s])) for s in (False, True))

@@ -1,19 +1,27 @@
 """Communication accounting: bits on every link, and their check against the HLO.
 
 The step (hfl.step) counts, per DC and iteration, the bits of the payloads it hands
-to collectives (``Compressor.wire_bits``): ``up_bits`` (all the DC's workers'
-uplink payloads), ``down_bits`` (PS downlink x workers) and ``wan_bits`` (the DC's
-pseudo-gradient payload). The training loop turns them into bytes per link:
+to collectives (``Compressor.wire_bits``; exact integers, hfl.step.host_metrics):
+``up_bits`` (all the DC's workers' uplink payloads, and with ZeRO-1 their
+parameter slices), ``down_bits`` (PS downlink x workers, and with ZeRO-1 the
+W - 1 parameter slices each worker receives), ``wan_bits`` (the DC's
+pseudo-gradient payload) and ``round_down_bits`` (the round's result reaching the
+DC's W workers: W x what each worker holds after the re-gather over 'worker').
+The training loop turns them into bytes per link:
 
-  intra_up   = sum over DCs of up_bits / 8
-  intra_down = sum over DCs of down_bits / 8
-  inter_dc   = sum over present DCs of wan_bits * (D_present - 1) / 8
+  intra_up   = sum over DCs and iterations of up_bits / 8
+  intra_down = sum over DCs and iterations of down_bits / 8
+               + sum over DCs and rounds of round_down_bits / 8
+  inter_dc   = sum over rounds and present DCs of wan_bits * (D_present - 1) / 8
                (each DC's payload reaches every other DC; hfl.network)
 
-:func:`collective_bytes` reads the same quantities back from the lowered program
+:func:`collective_bytes` reads the collectives back from the lowered program
 (StableHLO keeps the dtypes written in the program; compiled XLA:CPU HLO upcasts
-bf16 collectives to f32), grouped by mesh axis through the replica groups, so a
-test can check that the counted bytes are the bytes the collectives move.
+bf16 collectives to f32), grouped by mesh axis through the replica groups, and
+:func:`collective_totals` sums them per axis over all devices, so a test can check
+that every byte the collectives move is counted on a link: over 'worker', the
+uplink payloads (plus ZeRO-1 parameter slices) and the re-gather of the round's
+result; over 'dc', the WAN payloads.
 """
 
 import json
@@ -77,3 +85,23 @@ def collective_bytes(hlo_text: str, mesh) -> dict:
     for t in re.findall(r'tensor<[^>]*>', sig):
       out[axis].append((m.group(1), tensor_bits(t) // 8, t))
   return dict(out)
+
+
+def collective_totals(hlo_text: str, mesh) -> dict:
+  """Bytes handed to collectives per mesh axis, summed over all devices.
+
+  Every device of an SPMD program executes every collective, so an axis' total
+  is the sum of :func:`collective_bytes`' per-device operand bytes times the
+  number of devices.
+
+  Args:
+    hlo_text: ``jax.jit(f).lower(...).as_text()``.
+    mesh: the Mesh the program runs on.
+
+  Returns:
+    dict: axis name (or 'other' for groups that are no single mesh axis) -> int
+    bytes.
+  """
+  n = int(np.prod(mesh.devices.shape))
+  return {axis: n * sum(b for _, b, _ in ops)
+          for axis, ops in collective_bytes(hlo_text, mesh).items()}

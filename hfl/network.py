@@ -12,6 +12,11 @@ LAN; the PS NIC is the bottleneck, so one intra-DC iteration of DC d takes
 where ``up_bits_d``/``down_bits_d`` are the totals over the DC's workers, taken from
 the payloads actually sent (hfl.accounting), never from a formula.
 
+After an inter-DC round, the round's result reaches the DC's W workers over the
+same LAN (hfl.step's re-gather over 'worker', ``round_down_bits``): it costs
+``round_down_bits_d / lan_bps + lan_latency_s`` (:func:`lan_time`), added to the
+DC's round communication time.
+
 Between DCs, the PSs exchange their (compressed) pseudo-gradients all-to-all (an
 all-gather over the 'dc' axis): DC d sends its payload to each of the other D-1 DCs
 and receives theirs. Its WAN link is full duplex at ``wan_bandwidth_mbps``, so
@@ -26,9 +31,10 @@ rendezvous per message, and the host loop adds one metrics gather per round, so
 each round costs about 4 one-way latencies per WAN payload array plus 2. H is
 measured on an emulated WAN by ``bench/wan_model_check.py`` (docs/benchmarks.md).
 
-A round lasts T = max_d(K_d t_d + C_d) (DESIGN 4.3): every DC keeps its own clock,
-DCs that finish their K_d iterations early wait for the slowest, and that wait is
-recorded as idle time.
+A round lasts T = max_d(K_d t_d + C_d) over the DCs present in it (DESIGN 4.3;
+hfl.sync.faults): every DC keeps its own clock, DCs that finish their K_d
+iterations early wait for the slowest, and that wait is recorded as idle time; an
+absent DC's work is discarded and it restarts at T with the others.
 """
 
 from typing import NamedTuple, Sequence
@@ -93,6 +99,18 @@ def iteration_time(net: NetworkModel, up_bits: np.ndarray, down_bits: np.ndarray
           + 2 * net.lan_latency_s)
 
 
+def lan_time(net: NetworkModel, bits: np.ndarray) -> np.ndarray:
+  """Seconds of one LAN transfer per DC (PS egress), float64 [D]: bits / lan_bps
+  plus one LAN latency where bits > 0, else 0.
+
+  Args:
+    net: the network model.
+    bits: float or int [D], bits the DC's PS sends to its workers.
+  """
+  bits = np.asarray(bits, np.float64)
+  return np.where(bits > 0, bits / net.lan_bps + net.lan_latency_s, 0.0)
+
+
 def round_comm_time(net: NetworkModel, payload_bits: np.ndarray,
                     present: np.ndarray | None = None) -> np.ndarray:
   """Seconds of inter-DC communication per DC for one round, float64 [D].
@@ -118,12 +136,25 @@ def round_comm_time(net: NetworkModel, payload_bits: np.ndarray,
   return np.where(present & (peers > 0), c, 0.0)
 
 
+def link_bits(payload_bits: np.ndarray, present: np.ndarray | None = None) -> int:
+  """Total bits put on the WAN in one round (each payload goes to D_present - 1 peers).
+
+  Args:
+    payload_bits: int [D], bits of each DC's pseudo-gradient payload.
+    present: bool [D], DCs taking part (default: all).
+
+  Returns:
+    Python int (exact).
+  """
+  bits = [int(b) for b in np.asarray(payload_bits).reshape(-1)]
+  present = [True] * len(bits) if present is None else [bool(p) for p in present]
+  peers = max(sum(present) - 1, 0)
+  return sum(b for b, p in zip(bits, present) if p) * peers
+
+
 def link_bytes(payload_bits: np.ndarray, present: np.ndarray | None = None) -> float:
-  """Total bytes put on the WAN in one round (each payload goes to D_present - 1 peers)."""
-  bits = np.asarray(payload_bits, dtype=np.float64)
-  present = np.ones(bits.shape, bool) if present is None else np.asarray(present, bool)
-  peers = max(int(present.sum()) - 1, 0)
-  return float(np.where(present, bits, 0.0).sum() * peers / 8)
+  """Total bytes put on the WAN in one round: :func:`link_bits` / 8."""
+  return link_bits(payload_bits, present) / 8
 
 
 class Clock(NamedTuple):
@@ -146,12 +177,19 @@ def advance_iteration(clock: Clock, dt: np.ndarray, active: Sequence[bool]) -> C
   return Clock(clock.time_s + np.where(np.asarray(active, bool), dt, 0.0), clock.idle_s)
 
 
-def advance_round(clock: Clock, comm_s: np.ndarray) -> Clock:
+def advance_round(clock: Clock, comm_s: np.ndarray, present: np.ndarray | None = None) -> Clock:
   """Ends a round: every DC finishes its communication, then all wait for the slowest.
 
-  Returns a clock where every DC reads T = max_d(time_d + C_d); each DC's idle time
-  grows by T - (time_d + C_d).
+  Args:
+    clock: the clock after the round's iterations.
+    comm_s: float [D], each DC's communication time C_d of the round.
+    present: bool [D], DCs taking part (default: all; hfl.sync.faults).
+
+  Returns a clock where every DC reads T = max_d(time_d + C_d) over the present
+  DCs; each DC's idle time grows by max(0, T - (time_d + C_d)) (an absent DC later
+  than T abandons its discarded work at T).
   """
-  done = clock.time_s + comm_s
-  t = float(np.max(done))
-  return Clock(np.full_like(done, t), clock.idle_s + (t - done))
+  done = clock.time_s + np.asarray(comm_s, np.float64)
+  present = np.ones(done.shape, bool) if present is None else np.asarray(present, bool)
+  t = float(np.max(done[present]))
+  return Clock(np.full_like(done, t), clock.idle_s + np.maximum(t - done, 0.0))

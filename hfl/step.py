@@ -13,9 +13,11 @@ Intra-DC iteration, on every worker (d, w) of the ('dc', 'worker') mesh:
      payload = C_up(p); e_up <- p - D(payload). With DGC momentum the residual e_up
      is DGC's accumulated velocity v, and momentum factor masking zeroes u where a
      sparse payload sent coordinates (Sec. 3.2).
-  3. PS aggregation over 'worker': linear payloads (identity, casts) are scaled by
-     1/W and all-reduced; every other payload is all-gathered, each decoded, then
-     averaged — never an average of encoded values.
+  3. PS aggregation over 'worker': float32 identity payloads are all-reduced
+     (exact transport, float32 sum); every other payload, casts included, is
+     all-gathered in its wire dtype, each one decoded, then averaged in float32 —
+     never an average of encoded values. The PS thus adds exactly what each
+     worker's residual assumes it sent (:func:`exchange`).
   4. PS downlink with its own error feedback: q = agg + e_ps; d = C_down(q);
      e_ps <- q - D(d). The PS runs replicated on every worker of the DC (SPMD), so
      every worker holds the same downlink gradient.
@@ -31,17 +33,26 @@ Intra-DC iteration, on every worker (d, w) of the ('dc', 'worker') mesh:
 
 Inter-DC round (after the iteration, when ``do_round``):
   6. pseudo-gradient Δ_d = x_global - x_d, compressed for the WAN with a per-DC
-     residual, all-gathered over 'dc', decoded, combined with per-DC weights
-     (FedAvg n_d/n over present DCs, or FedNova's rescaled weights).
+     residual, exchanged over 'dc' like step 3 (each of the DC's W workers sends
+     1/W of the DC's payload over 'dc' and the received slices are re-gathered
+     over 'worker'), decoded, combined with per-DC weights in float32 (FedAvg
+     n_d/n over present DCs, or FedNova's rescaled weights).
   7. the outer optimizer (optax) applies Σ_d s_d Δ̂_d to x_global; every DC restarts
      from the new x_global.
 
-Bits on every link are computed inside the step from the payloads handed to the
-collectives (``Compressor.wire_bits``) and returned per DC. With sharded optimizer
-state the intra-DC links also carry the parameter all-gather (each worker pushes
-its updated slice to the PS, which forwards it to the other W - 1 workers), and a
-dense (linear) downlink reaches each worker as its slice only; see
-:func:`static_bits`.
+Bits on every link are those of the payloads handed to the collectives
+(``Compressor.wire_bits``): Python ints fixed when the program is traced
+(:class:`ProgramInfo`), plus int32 per leaf for variable-length codes, summed on
+the host in int64 (:func:`host_metrics`); no collective is spent on metrics.
+Every collective of the iteration and round programs is a link's: the uplink
+(all-reduce, all-gather, or ZeRO-1 reduce-scatter over 'worker'), the ZeRO-1
+parameter all-gather over 'worker' (each worker pushes its updated slice to the
+PS, intra_up, which forwards it to the other W - 1 workers, intra_down), the WAN
+exchange over 'dc' (inter_dc) and the round's re-gather over 'worker' (the
+round's result reaching the workers, charged to intra_down as
+``round_down_bits``). A dense (linear) downlink reaches each worker as its slice
+only with ZeRO-1; see :func:`static_bits`. Non-finite gradients, payloads and
+residuals are flagged per link and leaf (:func:`finiteness_flags`).
 """
 
 from typing import Any, Callable, NamedTuple, Sequence
@@ -278,6 +289,18 @@ def all_gather_unsplit(slices, shapes, axis: str):
                                like.shape), slices, shapes)
 
 
+def reduces(c: base.Compressor) -> bool:
+  """Whether a leaf's payloads are summed by an all-reduce instead of all-gathered.
+
+  Only for a lossless linear compressor (identity: float32 values): a float32
+  all-reduce then moves exactly what each member sends and adds it in float32,
+  as a parameter server does. Every lossy payload (casts included) is
+  all-gathered in its wire dtype and each one decoded before the float32 sum, so
+  the receiver adds exactly what the sender's error feedback assumes it sent.
+  """
+  return c.linear and c.lossless
+
+
 def reduce_scatters(cu: base.Compressor, cd: base.Compressor) -> bool:
   """Whether a leaf's uplink is a reduce-scatter under sharded optimizer state.
 
@@ -285,22 +308,57 @@ def reduce_scatters(cu: base.Compressor, cd: base.Compressor) -> bool:
   both are then elementwise casts, valid on slices), so that no worker needs more
   than its slice of the aggregate and the PS keeps no downlink residual.
   """
-  return cu.linear and cu.lossless and cd.linear and cd.lossless
+  return reduces(cu) and reduces(cd)
+
+
+# Bit flags of one leaf's finiteness check on one link (hfl.train names them).
+BAD_INPUT, BAD_PAYLOAD, BAD_RESIDUAL = 1, 2, 4
+FLAG_NAMES = {BAD_INPUT: 'input', BAD_PAYLOAD: 'payload', BAD_RESIDUAL: 'residual'}
+
+
+def _all_finite(*trees) -> jax.Array:
+  """bool[]: every inexact (float) array in ``trees`` is finite."""
+  arrays = [a for t in trees for a in jax.tree.leaves(t)
+            if jnp.issubdtype(jnp.result_type(a), jnp.inexact)]
+  if not arrays:
+    return jnp.bool_(True)
+  return jnp.all(jnp.stack([jnp.all(jnp.isfinite(a)) for a in arrays]))
+
+
+def finiteness_flags(x, payload, decoded, residual) -> jax.Array:
+  """int32[] bit flags of one leaf on one link: BAD_INPUT where ``x`` (the gradient,
+  aggregate or pseudo-gradient sent) has a non-finite entry, BAD_PAYLOAD where the
+  payload or its decoded value does, BAD_RESIDUAL where the new residual does."""
+  return (jnp.where(_all_finite(x), 0, BAD_INPUT)
+          | jnp.where(_all_finite(payload, decoded), 0, BAD_PAYLOAD)
+          | jnp.where(_all_finite(residual), 0, BAD_RESIDUAL)).astype(jnp.int32)
+
+
+class Sent(NamedTuple):
+  """One member's side of one leaf crossing one link (:func:`exchange`)."""
+  agg: jax.Array       # f32[shape] aggregate, identical on every member (a slice with scatter)
+  residual: jax.Array  # f32[shape] the member's new error-feedback residual
+  state: Any           # the member's new compressor state
+  bits: Any            # wire bits of the member's payload: int (static) or int32[]
+  flags: jax.Array     # int32[] finiteness flags (BAD_INPUT | BAD_PAYLOAD | BAD_RESIDUAL)
+  payload: Any         # the member's payload (dict of arrays)
 
 
 def exchange(c: base.Compressor, x, residual, state, key, axis: str, axis_size: int,
              weights=None, gamma=None, split_axis: str | None = None,
-             split_size: int = 1, with_payload: bool = False, scatter: bool = False):
+             split_size: int = 1, scatter: bool = False) -> Sent:
   """Error-feedback-compresses ``x``, sends it over mesh axis ``axis``, aggregates.
 
-  Error feedback (hfl.compress.ef): p = x + γ e; payload = C(p); e <- p - D(payload)
-  (skipped for lossless compressors, whose residual stays 0).
-
-  Aggregation: linear payloads (identity, casts) are re-encoded from p scaled by
-  the member's weight in f32 (fp16 bounded, hfl.compress.ef.encode_for_sum) and
-  all-reduced — the sum of payloads is then decoded; every other payload is
-  all-gathered and each one decoded before the weighted sum (never an average of
-  encoded values, DESIGN 7).
+  Every member sends the encoding of its own unscaled p = x + γ e (error feedback,
+  hfl.compress.ef; no residual for lossless compressors), keeps the residual
+  e <- p - D(payload), and the receiver adds exactly D(payload) of each member in
+  float32, with the member's weight applied in float32: for every compressor,
+  link, W and weights, Σ_m w_m (received_m + e_m) = Σ_m w_m p_m up to float32
+  rounding. What a link cannot represent (fp16 saturation, a quantiser's
+  rounding) stays in the residual. Identity payloads (float32) are summed by an
+  all-reduce; every other payload is all-gathered in its wire dtype and each one
+  decoded before the sum (:func:`reduces`; never a sum of encoded values,
+  DESIGN 7).
 
   Args:
     c: the leaf's compressor.
@@ -314,70 +372,87 @@ def exchange(c: base.Compressor, x, residual, state, key, axis: str, axis_size: 
     gamma: error-feedback memory decay γ (default: the compressor state's
       ``ef_gamma`` when it has one — CO3's decaying memory — else 1).
     split_axis: a mesh axis over which ``x`` is identical; its members then each
-      send 1/split_size of the payload (:func:`all_gather_split`).
+      send 1/split_size of the payload and re-gather the rest over
+      ``split_axis`` (:func:`all_gather_split`, :func:`psum_split`).
     split_size: members on ``split_axis``.
-    with_payload: also return this member's payload (e.g. for DGC's momentum
-      factor masking).
-    scatter: reduce-scatter instead of all-reduce (ZeRO-1; a lossless linear
-      compressor, see :func:`reduce_scatters`): the aggregate is then this
-      member's slice f32[ceil(size / axis_size)] of it flattened and zero-padded
+    scatter: reduce-scatter instead of all-reduce (ZeRO-1; identity, see
+      :func:`reduce_scatters`): the aggregate is then this member's slice
+      f32[ceil(size / axis_size)] of it flattened and zero-padded
       (:func:`psum_scatter_split`), and the bits are those of the padded payload
       handed to the reduce-scatter.
 
   Returns:
-    (aggregate f32[shape] identical on every member — or this member's slice
-     with ``scatter`` —, new residual, new state, wire bits f32[] of this member's
-     payload), plus the payload (dict of arrays) when ``with_payload``.
+    :class:`Sent`.
 
   Raises:
     ValueError: ``scatter`` with a compressor that is not lossless and linear, or
       with ``split_axis``/``weights``.
   """
-  if scatter and not (c.linear and c.lossless and split_axis is None and weights is None):
+  if scatter and not (reduces(c) and split_axis is None and weights is None):
     raise ValueError(f'exchange: scatter needs a lossless linear compressor (got {c.name}) '
                      'and no split_axis/weights')
   if gamma is None:
     gamma = getattr(state, 'ef_gamma', 1.0)
-  if c.lossless:
-    p, new_res = x.astype(jnp.float32), residual
-    payload, new_state = c.encode(p, state, key)
-  else:
-    p = x.astype(jnp.float32) + jnp.float32(gamma) * residual
-    payload, new_res, new_state = ef.ef_step(c, x, residual, state, key, gamma)
+  x = x.astype(jnp.float32)
+  p = x if c.lossless else x + jnp.float32(gamma) * residual
+  payload, new_state = c.encode(p, state, key)
+  sent = c.decode(payload)  # what every receiver gets from this member
+  new_res = residual if c.lossless else p - sent
   bits = c.wire_bits(payload)
-  if c.linear:
-    # encode_for_sum divides by axis_size: the psum is then the (weighted) mean.
-    scale = (jnp.float32(1) if weights is None
-             else weights[jax.lax.axis_index(axis)] * axis_size)
-    wire, _ = ef.encode_for_sum(c, p * scale, state, key, axis_size)
+  flags = finiteness_flags(x, payload, sent, new_res)
+  if reduces(c):
+    mine = sent / axis_size if weights is None else sent * weights[jax.lax.axis_index(axis)]
     if scatter:
-      bits = jnp.float32(axis_size * chunk_bits(wire, axis_size))
-      agg = c.decode(psum_scatter_split(wire, axis, axis_size))
+      bits = axis_size * chunk_bits(payload, axis_size)
+      agg = psum_scatter_split(mine, axis, axis_size)
     elif split_axis is None:
-      agg = c.decode(jax.lax.psum(wire, axis))
+      agg = jax.lax.psum(mine, axis)
     else:
-      agg = c.decode(psum_split(wire, axis, split_axis, split_size))
+      agg = psum_split(mine, axis, split_axis, split_size)
   else:
     if split_axis is None:
       gathered = jax.lax.all_gather(payload, axis, to='invarying')
     else:
       gathered = all_gather_split(payload, axis, split_axis, split_size)
-    if weights is None:
-      agg = ef.aggregate(c, gathered, axis_size)
-    else:
-      agg = jnp.tensordot(weights, jax.vmap(c.decode)(gathered), axes=1)
-  if with_payload:
-    return agg, new_res, new_state, bits, payload
-  return agg, new_res, new_state, bits
+    agg = ef.aggregate(c, gathered, axis_size, weights)
+  return Sent(agg, new_res, new_state, bits, flags, payload)
+
+
+def ps_downlink(c: base.Compressor, q, residual, state, key) -> Sent:
+  """The PS's downlink of one leaf: error-feedback-compresses the aggregate ``q``.
+
+  p = q + γ e; payload = C(p); e <- p - D(payload) (no residual for lossless
+  compressors); every worker of the DC receives D(payload). The PS is replicated
+  on the DC's workers (SPMD), so nothing crosses a collective here: each worker
+  decodes the same payload.
+
+  Args:
+    c: the leaf's downlink compressor.
+    q: f32[shape] (or a slice, for an elementwise lossless compressor), the
+      aggregate.
+    residual: f32 like ``q``, the PS's error-feedback memory.
+    state: the compressor's state.
+    key: PRNG key.
+
+  Returns:
+    :class:`Sent` whose ``agg`` is D(payload), what every worker receives.
+  """
+  gamma = getattr(state, 'ef_gamma', 1.0)
+  p = q if c.lossless else q + jnp.float32(gamma) * residual
+  payload, new_state = c.encode(p, state, key)
+  received = c.decode(payload)
+  new_res = residual if c.lossless else p - received
+  return Sent(received, new_res, new_state, c.wire_bits(payload),
+              finiteness_flags(q, payload, received, new_res), payload)
 
 
 def static_bits(comps: Compressors, params_shape, num_w: int,
-                shard_state: bool = False) -> tuple[float, float, float]:
+                shard_state: bool = False) -> tuple[int, int, int]:
   """Bits per iteration of one worker's uplink, of what one worker receives on the
   downlink, and of one DC's WAN payload, from payload shapes (nothing runs).
 
   The same counting as the step (which counts the payloads it sends): exact where
-  ``wire_bits`` is the default, an upper bound for variable-length codes. Used to
+  ``wire_bits`` is static, the moved bits for variable-length codes. Used to
   plan (semi-synchronous K_d) before anything is compiled.
 
   Args:
@@ -388,9 +463,9 @@ def static_bits(comps: Compressors, params_shape, num_w: int,
       leaves, sliced dense downlinks, the parameter all-gather).
 
   Returns:
-    (up, down, wan) bits, Python floats.
+    (up, down, wan) bits, Python ints.
   """
-  up = down = 0.0
+  up = down = 0
   for cu, cd in zip(comps.up, comps.down):
     if shard_state and reduce_scatters(cu, cd):
       up += num_w * chunk_bits(policy.payload_shape(cu), num_w)
@@ -403,12 +478,40 @@ def static_bits(comps: Compressors, params_shape, num_w: int,
     gather = chunk_bits(params_shape, num_w)
     up += gather
     down += (num_w - 1) * gather
-  return float(up), float(down), float(sum(policy.static_bits(c) for c in comps.wan))
+  return int(up), int(down), int(sum(policy.static_bits(c) for c in comps.wan))
+
+
+def round_down_bits(comps: Compressors, num_w: int, num_present: int) -> int:
+  """Planning estimate of :func:`host_metrics`' ``round_down_bits`` (one DC, one
+  round, ``num_present`` DCs present), from payload shapes (nothing runs)."""
+  summed = sum(policy.static_bits(c) for c in comps.wan if reduces(c))
+  gathered = sum(policy.static_bits(c) for c in comps.wan if not reduces(c))
+  return int(num_w * (summed + num_present * gathered))
 
 
 # --------------------------------------------------------------------------------
 # The step.
 # --------------------------------------------------------------------------------
+
+class ProgramInfo(NamedTuple):
+  """Static (trace-time) facts of one compiled step program, for :func:`host_metrics`.
+
+  Bits are Python ints, per device and iteration: every static payload size is
+  known when the program is traced; only variable-length codes are counted on
+  the device (int32 per leaf, in the metrics).
+  """
+  do_round: bool
+  up: int         # static bits of one worker's uplink (+ its ZeRO-1 parameter slice)
+  down: int       # static bits one worker receives on the downlink (+ ZeRO-1 slices)
+  wan_sum: int    # static bits of one DC's WAN payload leaves that are all-reduced
+  wan_gather: int  # static bits of one DC's WAN payload leaves that are all-gathered
+  num_leaves: int
+
+
+def metrics_size(num_leaves: int) -> int:
+  """Entries of one device's packed metrics vector (see :func:`make_step`)."""
+  return 1 + 6 * num_leaves
+
 
 def make_step(apply_fn: Callable, optimizer: optax.GradientTransformation,
               outer: optax.GradientTransformation, comps: Compressors, mesh: Mesh,
@@ -438,13 +541,18 @@ def make_step(apply_fn: Callable, optimizer: optax.GradientTransformation,
     weights: f32[D], per-DC aggregation weights for this round's pseudo-gradients
       (0 for an absent DC); ignored unless ``do_round``.
     do_round: static bool, end the iteration with an inter-DC round.
-  and returns the new state and float32[D] metrics: ``loss`` (DC-mean train loss),
-  ``up_bits`` (all the DC's workers' uplink payloads), ``down_bits`` (PS downlink
-  to all workers), ``wan_bits`` (the DC's pseudo-gradient payload, 0 without a round).
+  and returns the new state and the metrics: int32[D, W, metrics_size(L)] (L
+  leaves), per device, sharded P('dc', 'worker') — no collective is spent on
+  them: [loss (float32 bits), variable-length bits per leaf of the uplink,
+  downlink and WAN (0 for static leaves), finiteness flags per leaf of the
+  uplink, downlink and WAN (BAD_*)]. Read them with :func:`host_metrics` and
+  ``step.info[do_round]`` (a :class:`ProgramInfo`, set when the program is
+  traced). Every collective of both programs is counted on a link (README).
   """
   num_w = mesh.shape[WORKER]
   num_d = mesh.shape[DC]
   treedef = jax.tree.structure(state_like.params)
+  num_leaves = treedef.num_leaves
   opts = dgc_options or dgc.Options()
   momentum = float(opts.momentum)
   clip_norm = float(opts.clip_norm)
@@ -460,6 +568,7 @@ def make_step(apply_fn: Callable, optimizer: optax.GradientTransformation,
     raise ValueError(
         f'make_step: dgc momentum={momentum} keeps the momentum in per-worker velocities '
         'that cannot be sharded; build the state with init_state(..., shard_state=False)')
+  info = {}
 
   def loss_fn(params, images, labels):
     logits = apply_fn(params, images)
@@ -476,6 +585,17 @@ def make_step(apply_fn: Callable, optimizer: optax.GradientTransformation,
     step_key = jax.random.fold_in(state.key, state.step)
     dc_key = jax.random.fold_in(step_key, dc)
     wk_key = jax.random.fold_in(dc_key, num_d + wk)
+    # Bits: static Python ints per device (ProgramInfo), variable-length ones per
+    # leaf on the device; finiteness flags per leaf. Index 0/1/2: up/down/WAN.
+    static = dict(up=0, down=0, wan_sum=0, wan_gather=0)
+    dyn = [[jnp.int32(0)] * num_leaves for _ in range(3)]
+    flags = [[jnp.int32(0)] * num_leaves for _ in range(3)]
+
+    def charge(link, field, i, bits):
+      if isinstance(bits, (int, np.integer)):
+        static[field] += int(bits)
+      else:
+        dyn[link][i] = dyn[link][i] + bits.astype(jnp.int32)
 
     # 1. Per-worker gradient.
     p_var = jax.lax.pcast(params, WORKER, to='varying')
@@ -491,43 +611,34 @@ def make_step(apply_fn: Callable, optimizer: optax.GradientTransformation,
     vel = treedef.flatten_up_to(sq2(state.dgc_velocity)) if use_velocity else None
     new_up_res, new_up_st, new_down_res, new_down_st, down_g = [], [], [], [], []
     new_vel = []
-    up_bits = jnp.float32(0)
-    down_bits = jnp.float32(0)
     for i, g in enumerate(g_leaves):
       cu, cd = comps.up[i], comps.down[i]
       # ZeRO-1 with identity links: a reduce-scatter; agg is then this worker's slice.
       scatter = shard and reduce_scatters(cu, cd)
       if use_velocity:
         # Momentum correction: u <- m u + g is sent through the EF (e_up = DGC's v).
-        u = dgc.accumulate(dgc.DGCState(u=vel[i], v=up_res[i]), g, momentum).u
-        agg, e, st, bits, payload = exchange(
-            cu, u, up_res[i], up_st[i], jax.random.fold_in(wk_key, i), WORKER, num_w,
-            with_payload=True)
-        new_vel.append(dgc.mask_velocity(cu, payload, u))
-      else:
-        agg, e, st, bits = exchange(cu, g, up_res[i], up_st[i],
-                                    jax.random.fold_in(wk_key, i), WORKER, num_w,
-                                    scatter=scatter)
-      up_bits += bits
+        g = dgc.accumulate(dgc.DGCState(u=vel[i], v=up_res[i]), g, momentum).u
+      up = exchange(cu, g, up_res[i], up_st[i], jax.random.fold_in(wk_key, i), WORKER, num_w,
+                    scatter=scatter)
+      if use_velocity:
+        new_vel.append(dgc.mask_velocity(cu, up.payload, g))
+      charge(0, 'up', i, up.bits)
+      flags[0][i] = up.flags
       # The PS (replicated on the DC's workers) re-compresses the aggregate.
-      if cd.lossless:
-        dpay, de, dst = cd.encode(agg, down_st[i], None)[0], down_res[i], down_st[i]
-      else:
-        dpay, de, dst = ef.ef_step(cd, agg, down_res[i], down_st[i],
-                                   jax.random.fold_in(dc_key, i),
-                                   getattr(down_st[i], 'ef_gamma', 1.0))
-      if not shard or scatter:  # with scatter, dpay holds only this worker's slice
-        down_bits += cd.wire_bits(dpay)
-        down_g.append(cd.decode(dpay))
+      down = ps_downlink(cd, up.agg, down_res[i], down_st[i], jax.random.fold_in(dc_key, i))
+      flags[1][i] = down.flags
+      if not shard or scatter:  # with scatter, the payload holds only this worker's slice
+        charge(1, 'down', i, down.bits)
+        down_g.append(down.agg)
       else:
         # A dense (linear) payload reaches each worker as its slice; any other
         # payload whole, and each worker decodes it and keeps its slice.
-        down_bits += chunk_bits(dpay, num_w) if cd.linear else cd.wire_bits(dpay)
-        down_g.append(_split(cd.decode(dpay), num_w, wk))
-      new_up_res.append(e)
-      new_up_st.append(st)
-      new_down_res.append(de)
-      new_down_st.append(dst)
+        charge(1, 'down', i, chunk_bits(down.payload, num_w) if cd.linear else down.bits)
+        down_g.append(_split(down.agg, num_w, wk))
+      new_up_res.append(up.residual)
+      new_up_st.append(up.state)
+      new_down_res.append(down.residual)
+      new_down_st.append(down.state)
     down_g = treedef.unflatten(down_g)
 
     # 5. The same optimizer update on every worker of the DC.
@@ -540,8 +651,8 @@ def make_step(apply_fn: Callable, optimizer: optax.GradientTransformation,
       updates, new_opt = optimizer.update(down_g, opt_state, p_slices)
       new_params = all_gather_unsplit(optax.apply_updates(p_slices, updates), params, WORKER)
       gather_bits = chunk_bits(params, num_w) if num_w > 1 else 0
-      up_bits += gather_bits
-      down_bits += (num_w - 1) * gather_bits
+      static['up'] += gather_bits
+      static['down'] += (num_w - 1) * gather_bits
     else:
       updates, new_opt = optimizer.update(down_g, opt_state, params)
       new_params = optax.apply_updates(params, updates)
@@ -559,29 +670,28 @@ def make_step(apply_fn: Callable, optimizer: optax.GradientTransformation,
       velocity = ()
     local_steps = state.local_steps + is_active.astype(jnp.int32)
 
-    up_bits_dc = jax.lax.psum(up_bits, WORKER) * is_active
-    down_bits_dc = down_bits * num_w * is_active
-    loss_dc = jax.lax.pmean(loss, WORKER)
-
     global_params, outer_state = state.global_params, state.outer_state
     wan_residual, wan_state = sq1(state.wan_residual), sq1(state.wan_state)
-    wan_bits = jnp.float32(0)
     if do_round:
-      # 6. Pseudo-gradient, WAN compression with EF, all-gather over 'dc'.
+      # 6. Pseudo-gradient, WAN compression with EF, all-gather over 'dc'; the
+      # received slices are re-gathered over 'worker' (the round's result reaching
+      # the DC's workers; host_metrics' round_down_bits).
       present = weights[dc] > 0
       x_leaves = treedef.flatten_up_to(new_params)
       x0_leaves = treedef.flatten_up_to(global_params)
       r_leaves = treedef.flatten_up_to(wan_residual)
       new_r, new_st, delta = [], [], []
       for i, (x, x0) in enumerate(zip(x_leaves, x0_leaves)):
-        agg, e, st, bits = exchange(comps.wan[i], x0 - x, r_leaves[i], wan_state[i],
-                                    jax.random.fold_in(dc_key, 1000 + i), DC, num_d, weights,
-                                    split_axis=WORKER, split_size=num_w)
-        wan_bits += bits
-        delta.append(agg)
-        new_r.append(jnp.where(present, e, r_leaves[i]))
-        new_st.append(jax.tree.map(lambda a, b: jnp.where(present, a, b), st, wan_state[i]))
-      wan_bits = wan_bits * present
+        c = comps.wan[i]
+        wan = exchange(c, x0 - x, r_leaves[i], wan_state[i],
+                       jax.random.fold_in(dc_key, 1000 + i), DC, num_d, weights,
+                       split_axis=WORKER, split_size=num_w)
+        charge(2, 'wan_sum' if reduces(c) else 'wan_gather', i, wan.bits)
+        flags[2][i] = wan.flags
+        delta.append(wan.agg)
+        new_r.append(jnp.where(present, wan.residual, r_leaves[i]))
+        new_st.append(jax.tree.map(lambda a, b: jnp.where(present, a, b), wan.state,
+                                   wan_state[i]))
       wan_residual, wan_state = treedef.unflatten(new_r), new_st
       # 7. Outer optimizer on the aggregated pseudo-gradient.
       delta = treedef.unflatten(delta)
@@ -589,6 +699,8 @@ def make_step(apply_fn: Callable, optimizer: optax.GradientTransformation,
       global_params = optax.apply_updates(global_params, outer_updates)
       new_params = global_params
       local_steps = jnp.zeros_like(local_steps)
+    info[do_round] = ProgramInfo(do_round, static['up'], static['down'], static['wan_sum'],
+                                 static['wan_gather'], num_leaves)
 
     ex1 = lambda t: jax.tree.map(lambda x: x[None], t)
     ex2 = lambda t: jax.tree.map(lambda x: x[None, None], t)
@@ -601,18 +713,17 @@ def make_step(apply_fn: Callable, optimizer: optax.GradientTransformation,
         wan_residual=ex1(wan_residual), wan_state=ex1(wan_state),
         local_steps=local_steps, step=state.step + 1, key=state.key,
         dgc_velocity=ex2(velocity))
-    metrics = dict(loss=loss_dc[None], up_bits=up_bits_dc[None],
-                   down_bits=down_bits_dc[None], wan_bits=wan_bits[None])
-    return new_state, metrics
+    metrics = jnp.stack([jax.lax.bitcast_convert_type(loss.astype(jnp.float32), jnp.int32)]
+                        + [b for link in dyn for b in link] + [f for link in flags for f in link])
+    return new_state, metrics[None, None]
 
   specs = state_specs(state_like)
-  metric_specs = dict(loss=P(DC), up_bits=P(DC), down_bits=P(DC), wan_bits=P(DC))
 
   def build(do_round):
     f = jax.shard_map(
         lambda s, x, y, a, w: body(s, x, y, a, w, do_round), mesh=mesh,
         in_specs=(specs, P(DC, WORKER), P(DC, WORKER), P(DC), P()),
-        out_specs=(specs, metric_specs))
+        out_specs=(specs, P(DC, WORKER)))
     return jax.jit(f, donate_argnums=(0,))
 
   compiled = {False: build(False), True: build(True)}
@@ -622,4 +733,108 @@ def make_step(apply_fn: Callable, optimizer: optax.GradientTransformation,
     return compiled[bool(do_round)](state, images, labels, active, weights)
 
   step.jitted = compiled
+  step.info = info
+  step.num_workers = num_w
   return step
+
+
+def host_metrics(info: ProgramInfo, metrics, active, weights=None) -> dict:
+  """Per-DC metrics of one iteration, on the host, with exact integer bit counts.
+
+  Args:
+    info: the program's :class:`ProgramInfo` (``step.info[do_round]``).
+    metrics: the step's metrics, fetched: int32[D, W, metrics_size(L)].
+    active: bool[D], the DCs that ran the iteration (others count no bits).
+    weights: f32[D], the round's aggregation weights (0 = absent DC); needed when
+      ``info.do_round``.
+
+  Returns:
+    dict of numpy arrays [D]: ``loss`` (float64, mean over the DC's workers),
+    ``up_bits`` (int64, all the DC's workers' uplink payloads), ``down_bits``
+    (int64, the PS downlink to all W workers), ``wan_bits`` (int64, the DC's
+    pseudo-gradient payload; 0 without a round or for an absent DC) and
+    ``round_down_bits`` (int64, the round's result reaching the DC's W workers
+    over the LAN: W x (the all-reduced WAN leaves' payload + every present DC's
+    all-gathered WAN payload), the bits each worker holds after the re-gather over
+    'worker'; 0 without a round); and ``flags`` int32[D, W, 3, L] (finiteness
+    flags of the uplink, downlink and WAN per leaf).
+  """
+  m = np.asarray(metrics)
+  d, w, _ = m.shape
+  n = info.num_leaves
+  loss = np.ascontiguousarray(m[..., 0]).view(np.float32).astype(np.float64).mean(axis=1)
+  dyn = m[..., 1:1 + 3 * n].astype(np.int64).reshape(d, w, 3, n).sum(axis=-1)
+  active = np.asarray(active, bool)
+  zero = np.zeros(d, np.int64)
+  up = np.where(active, w * info.up + dyn[:, :, 0].sum(axis=1), zero)
+  down = np.where(active, w * info.down + dyn[:, :, 1].sum(axis=1), zero)
+  wan = round_down = zero
+  if info.do_round:
+    present = np.asarray(weights) > 0
+    gathered = np.where(present, info.wan_gather + dyn[:, 0, 2], zero)  # same on every worker
+    wan = np.where(present, info.wan_sum + gathered, zero)
+    round_down = np.full(d, w * (info.wan_sum + int(gathered.sum())), np.int64)
+  return dict(loss=loss, up_bits=up, down_bits=down, wan_bits=wan, round_down_bits=round_down,
+              flags=m[..., 1 + 3 * n:].reshape(d, w, 3, n))
+
+
+LINK_NAMES = ('uplink', 'downlink', 'WAN')
+
+
+def first_nonfinite(flags, leaf_names: Sequence[str] | None = None) -> str | None:
+  """Where the first non-finite value of one iteration was, in words, or None.
+
+  Args:
+    flags: int32[D, W, 3, L] from :func:`host_metrics`.
+    leaf_names: the L leaves' pytree paths (default: their indices).
+
+  Returns:
+    e.g. ``"input of leaf ['Dense_0']['kernel'] on the uplink (DC 0, worker 2)"``
+    (the input is the gradient on the uplink, the aggregate on the downlink, the
+    pseudo-gradient on the WAN) — links in the order uplink, downlink, WAN; None
+    when every value was finite.
+  """
+  flags = np.asarray(flags)
+  for link in range(flags.shape[2]):
+    bad = np.argwhere(flags[:, :, link, :] != 0)
+    if len(bad):
+      d, w, leaf = (int(v) for v in bad[0])
+      what = [name for bit, name in FLAG_NAMES.items() if flags[d, w, link, leaf] & bit]
+      name = leaf if leaf_names is None else leaf_names[leaf]
+      return (f'{" and ".join(what)} of leaf {name} on the {LINK_NAMES[link]} '
+              f'(DC {d}, worker {w})')
+  return None
+
+
+# Per-DC state of a round that an absent DC's work changes (hfl.sync.faults).
+ROUND_FIELDS = ('opt_state', 'up_residual', 'up_state', 'down_residual', 'down_state',
+                'wan_residual', 'wan_state', 'dgc_velocity')
+
+
+def round_start(state: TrainState) -> dict:
+  """A copy of the per-DC state a round may have to discard (:data:`ROUND_FIELDS`)."""
+  return {f: jax.tree.map(jnp.copy, getattr(state, f)) for f in ROUND_FIELDS}
+
+
+def discard_absent(state: TrainState, start: dict, present) -> TrainState:
+  """Rolls absent DCs' per-DC state back to its start-of-round values.
+
+  An absent DC's work in a round is discarded (hfl.sync.faults): its inner
+  optimizer state, uplink/downlink/WAN residuals and compressor states and DGC
+  velocity are those of the round's start; its parameters are the new global
+  model, like every DC's after a round. Elementwise: no collective.
+
+  Args:
+    state: the TrainState after the round.
+    start: :func:`round_start` of the state at the round's start.
+    present: bool[D], the round's present DCs.
+
+  Returns:
+    The TrainState with absent DCs' :data:`ROUND_FIELDS` replaced.
+  """
+  present = jnp.asarray(present, bool)
+
+  def pick(new, old):
+    return jnp.where(present.reshape(present.shape + (1,) * (new.ndim - 1)), new, old)
+  return state._replace(**{f: jax.tree.map(pick, getattr(state, f), start[f])
+                           for f in ROUND_FIELDS})

@@ -178,7 +178,8 @@ def setup(config: ml_collections.ConfigDict) -> Setup:
   comps = build_compressors(config, params_shape)
   up, down, wan = step_lib.static_bits(comps, params_shape, w, shard_state(config))
   t_d = network.iteration_time(net, np.full(d, up * w), np.full(d, down * w))
-  c_d = network.round_comm_time(net, np.full(d, wan))
+  c_d = (network.round_comm_time(net, np.full(d, wan))
+         + network.lan_time(net, np.full(d, step_lib.round_down_bits(comps, w, d))))
   schedule = schedule_lib.from_config(config.sync, d, t=t_d, c=c_d)
   sizes = np.asarray(part.dc_sizes, np.float64)
   return Setup(config, dataset, part, mesh, model, params_shape, optimizer, outer, comps, net,
@@ -289,6 +290,11 @@ def interpolate_crossing(prev, cur, target: float, key: str):
 # The loop.
 # ------------------------------------------------------------------------------
 
+def _bytes(bits: int):
+  """Bytes of an exact bit count: an int when whole, else a float."""
+  return bits // 8 if bits % 8 == 0 else bits / 8
+
+
 def _fmt_bytes(b: float) -> str:
   for unit in ('B', 'KB', 'MB', 'GB', 'TB'):
     if abs(b) < 1000:
@@ -392,7 +398,8 @@ def train_and_evaluate(config: ml_collections.ConfigDict, workdir: str) -> dict:
   if restored is None:
     state = jax.jit(init_fn, out_shardings=shardings)()
     host = dict(step=0, round=0, clock_s=[0.0] * d, idle_s=[0.0] * d,
-                bytes=dict(intra_up=0.0, intra_down=0.0, inter_dc=0.0),
+                bytes=dict(intra_up=0, intra_down=0, inter_dc=0),
+                bits=dict(intra_up=0, intra_down=0, inter_dc=0),
                 schedule=schedule_lib.state_to_json(s.schedule.init()),
                 best_test_accuracy=None, time_to_target_s=None, rounds_to_target=None,
                 wall_time_s=0.0, last_eval=None, round_loss=[])
@@ -418,12 +425,24 @@ def train_and_evaluate(config: ml_collections.ConfigDict, workdir: str) -> dict:
       if writer:
         metrics_lib.write_json(os.path.join(workdir, 'config.json'), json.loads(cfg.to_json()))
   wall_offset = float(host['wall_time_s'])
+  leaf_names = [jax.tree_util.keystr(path) for path, _ in
+                jax.tree_util.tree_flatten_with_path(s.params_shape)[0]]
   mw = metrics_lib.MetricsWriter(workdir, resume_step=host['step'])
 
   sched_state = schedule_lib.state_from_json(host['schedule'])
   plan = s.schedule.plan(sched_state)
   clock = network.Clock(np.asarray(host['clock_s']), np.asarray(host['idle_s']))
-  totals = {k: float(v) for k, v in host['bytes'].items()}
+  # Exact bit totals per link (Python ints); checkpoints written before they were
+  # kept hold only bytes.
+  totals_bits = {k: int(v) for k, v in host['bits'].items()} if 'bits' in host else {
+      k: int(round(float(v) * 8)) for k, v in host['bytes'].items()}
+  totals = {}
+
+  def count(link, bits):
+    totals_bits[link] += int(bits)
+    totals[link] = _bytes(totals_bits[link])
+  for link in totals_bits:
+    count(link, 0)
   step = int(host['step'])
   rnd = int(host['round'])
   num_steps = cfg.train.num_steps
@@ -450,6 +469,16 @@ def train_and_evaluate(config: ml_collections.ConfigDict, workdir: str) -> dict:
     return FloatingPointError(f'{what} at step {step}, round {rnd}: training diverged. '
                               + divergence_advice(cfg, workdir, mngr.latest_step()))
 
+  def check_finite(m, at):
+    """Stops the run on a non-finite train loss, gradient, payload or residual."""
+    where = step_lib.first_nonfinite(m['flags'], leaf_names)
+    where = f'the first non-finite value is the {where}' if where else ''
+    if not np.all(np.isfinite(m['loss'])):
+      raise diverged(f'the train loss is {m["loss"].tolist()} (per DC) at iteration {at}'
+                     + (f'; {where}' if where else ''))
+    if where:
+      raise diverged(f'at iteration {at} {where}')
+
   def do_eval():
     nonlocal last_eval
     acc, tloss = evaluate(state.global_params)
@@ -472,7 +501,7 @@ def train_and_evaluate(config: ml_collections.ConfigDict, workdir: str) -> dict:
 
   def save_host():
     host.update(step=step, round=rnd, clock_s=clock.time_s.tolist(),
-                idle_s=clock.idle_s.tolist(), bytes=dict(totals),
+                idle_s=clock.idle_s.tolist(), bytes=dict(totals), bits=dict(totals_bits),
                 schedule=schedule_lib.state_to_json(sched_state),
                 wall_time_s=wall_offset + time.time() - wall0, last_eval=last_eval,
                 round_loss=list(round_loss))
@@ -491,14 +520,22 @@ def train_and_evaluate(config: ml_collections.ConfigDict, workdir: str) -> dict:
         _fmt_bytes(totals['intra_up']), _fmt_bytes(totals['intra_down']),
         _fmt_bytes(totals['inter_dc']), rate, (num_steps - at) / max(rate, 1e-9))
 
-  pending = []  # (device metrics, active) of this round's iterations so far
+  # An absent DC's work in a round is discarded (hfl.sync.faults): its per-DC
+  # state is copied at the round's start and restored after the round.
+  round_start = jax.jit(step_lib.round_start)
+  discard_absent = jax.jit(step_lib.discard_absent, donate_argnums=(0,),
+                           out_shardings=shardings)
+  start = None
+  pending = []  # (device metrics, active, program info) of this round's iterations so far
   while step < num_steps:
     # ---- Indicator: where in the round are we, and does this iteration end it?
     kmax = int(np.max(plan.k_d))
     active = it_in_round < plan.k_d
     last = step + 1 == num_steps
     do_round = it_in_round + 1 >= kmax or last
-    present = s.present_fn(rnd) if do_round else np.ones(d, bool)
+    present = s.present_fn(rnd)
+    if it_in_round == 0 and not np.all(present):
+      start = round_start(state)
     weights = np.zeros(d, np.float32)
     if do_round:
       local = np.where(active, np.minimum(plan.k_d, it_in_round + 1), plan.k_d)
@@ -512,7 +549,8 @@ def train_and_evaluate(config: ml_collections.ConfigDict, workdir: str) -> dict:
              distributed.put_rows(labels, idx, batch_sh))
     program = (warmup_stage(cfg, step), do_round)
     t_step = time.perf_counter()
-    state, m = step_fn_at(step)(state, batch, distributed.put_global(active, dc_sh),
+    step_fn = step_fn_at(step)
+    state, m = step_fn(state, batch, distributed.put_global(active, dc_sh),
                        distributed.put_global(weights, rep_sh), do_round)
     jax.block_until_ready(m)
     if program in compiled:  # a program's first call includes its compilation
@@ -521,32 +559,38 @@ def train_and_evaluate(config: ml_collections.ConfigDict, workdir: str) -> dict:
     # The metrics stay on the devices until the round ends: with DCs on different
     # hosts, fetching every DC's metrics is an inter-DC collective, which local
     # iterations must not pay. The round's metrics then cross in one gather.
-    pending.append((m, active))
+    pending.append((m, active, step_fn.info[do_round]))
     step += 1
     it_in_round += 1
     if not do_round:
       continue
+    if start is not None:
+      state = discard_absent(state, start, distributed.put_global(present, rep_sh))
+      start = None
 
     # ---- Accounting and the simulated clock, iteration by iteration.
-    round_ms = distributed.to_host_stacked([pm for pm, _ in pending])
-    for i, (m, (_, act)) in enumerate(zip(round_ms, pending)):
+    round_ms = distributed.to_host_stacked([pm for pm, _, _ in pending])
+    for i, (raw, (_, act, info)) in enumerate(zip(round_ms, pending)):
       at = step - len(pending) + i + 1  # this iteration's step number (1-based)
-      totals['intra_up'] += float(np.sum(m['up_bits'], dtype=np.float64)) / 8
-      totals['intra_down'] += float(np.sum(m['down_bits'], dtype=np.float64)) / 8
+      m = step_lib.host_metrics(info, raw, act, weights if info.do_round else None)
+      check_finite(m, at)
+      count('intra_up', m['up_bits'].sum())
+      count('intra_down', m['down_bits'].sum())
       clock = network.advance_iteration(
           clock, network.iteration_time(s.net, m['up_bits'], m['down_bits']), act)
-      if not np.all(np.isfinite(m['loss'])):
-        raise diverged(f'the train loss is {m["loss"].tolist()} (per DC) at iteration {at}')
       loss_sum += float(np.dot(s.dc_weights, m['loss']))
       loss_n += 1
       if at < step and at % cfg.train.log_every == 0:
         log_progress(at, m)
     pending.clear()
 
-    # ---- The inter-DC round.
-    wan_bits = m['wan_bits'].astype(np.float64)
-    totals['inter_dc'] += network.link_bytes(wan_bits, present)
-    clock = network.advance_round(clock, network.round_comm_time(s.net, wan_bits, present))
+    # ---- The inter-DC round, and its result reaching the workers over the LAN.
+    wan_bits = m['wan_bits']
+    count('inter_dc', network.link_bits(wan_bits, present))
+    count('intra_down', m['round_down_bits'].sum())
+    clock = network.advance_round(
+        clock, network.round_comm_time(s.net, wan_bits, present)
+        + network.lan_time(s.net, m['round_down_bits']), present)
     rnd += 1
     it_in_round = 0
     round_loss.append(loss_sum / loss_n)

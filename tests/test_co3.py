@@ -84,10 +84,10 @@ def test_nonfinite_handling():
   g = floatgrid.make_grid(FP4)
   x = np.array([np.nan, np.inf, -np.inf, -np.nan], np.float32)
   sym = np.asarray(floatgrid.quantize(x, g))
-  assert sym[0] == sym[3] == g.nan_mag == 7  # Reserved pattern, never a level.
-  dq = np.asarray(floatgrid.dequantize(sym, g))
-  assert np.isnan(dq[0]) and np.isnan(dq[3])
-  np.testing.assert_array_equal(dq[1:3], [3.0, -3.0])  # inf saturates.
+  # Reserved pattern, never a level: inf is not saturated to a plausible +-3.
+  np.testing.assert_array_equal(sym, [g.nan_mag] * 4)
+  assert g.nan_mag == 7
+  assert np.isnan(np.asarray(floatgrid.dequantize(sym, g))).all()
 
 
 # ------------------------------------------------------------------- GenNorm
@@ -402,8 +402,7 @@ def test_compressor_decode_and_nonfinite():
   xh = np.asarray(jax.jit(c.decode)(payload))
   scale = float(payload['scale'])
   assert np.isfinite(scale) and scale > 0
-  assert np.isnan(xh[5]) and np.isnan(xh).sum() == 1
-  np.testing.assert_allclose(xh[[6, 7]], [3 / scale, -3 / scale], rtol=1e-6)
+  assert np.isnan(xh[[5, 6, 7]]).all() and np.isnan(xh).sum() == 3  # inf is never a level
   ok = np.isfinite(x)
   grid = floatgrid.make_grid(FP4)
   want = np.asarray(floatgrid.dequantize(

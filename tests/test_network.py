@@ -65,3 +65,22 @@ def test_idle_times_add_up():
 def test_bad_network_config_names_the_field(field, value):
   with pytest.raises(ValueError, match=f'network.{field}'):
     _net(**{field: value})
+
+
+def test_round_time_is_the_max_over_present_dcs():
+  """An absent DC's (discarded) work does not hold the round up (hfl.sync.faults):
+  the round ends at the present DCs' max; the absent DC restarts with them."""
+  clock = network.Clock(np.array([1.0, 3.0, 2.0]), np.zeros(3))
+  clock = network.advance_round(clock, np.array([0.5, 0.0, 0.5]),
+                                present=np.array([True, False, True]))
+  np.testing.assert_allclose(clock.time_s, [2.5] * 3)
+  np.testing.assert_allclose(clock.idle_s, [1.0, 0.0, 0.0])
+
+
+def test_lan_time_and_exact_link_bits():
+  net = _net()
+  np.testing.assert_allclose(network.lan_time(net, np.array([8e6, 0])), [8e6 / 1e9 + 0.001, 0])
+  big = 2**60 + 1  # beyond float64's integers
+  assert network.link_bits(np.array([big, 8]), np.array([True, True])) == big + 8
+  assert network.link_bits(np.array([big, 8, 16]), np.array([True, False, True])) == big + 16
+  assert network.link_bits(np.array([big, 8, 16])) == 2 * (big + 24)

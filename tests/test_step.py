@@ -8,15 +8,16 @@ import optax
 import pytest
 from jax.sharding import NamedSharding, PartitionSpec as P
 
-from hfl import accounting, mesh as mesh_lib, models, step as step_lib
-from hfl.compress import base, co3, lowrank, policy, quantize, sparse
+from configs import default as default_config
+from hfl import accounting, mesh as mesh_lib, models, optim, step as step_lib, train
+from hfl.compress import base, co3, dgc, lowrank, policy, quantize, sparse
 
 D, W, B = 2, 4, 4
 LR = 0.1
 
 
 def _setup(comp_up=None, comp_wan=None, optimizer=None, outer=None, model='mlp',
-           shard_state=False):
+           shard_state=False, dgc_momentum=0.0):
   mesh = mesh_lib.make_mesh(D, W)
   net = models.get_model(model, 10)
   params = net.init(jax.random.PRNGKey(0), jnp.zeros((1, 8, 8, 1)))['params']
@@ -30,10 +31,11 @@ def _setup(comp_up=None, comp_wan=None, optimizer=None, outer=None, model='mlp',
   outer = outer or optax.sgd(1.0)
   params = jax.tree.map(np.array, params)
   state = step_lib.init_state(params, optimizer, outer, comps, D, W, jax.random.PRNGKey(1),
-                              shard_state=shard_state)
+                              shard_state=shard_state, dgc_momentum=dgc_momentum > 0)
   state = jax.device_put(state, step_lib.state_shardings(mesh, state))
   apply_fn = lambda p, x: net.apply({'params': p}, x)
-  fn = step_lib.make_step(apply_fn, optimizer, outer, comps, mesh, state)
+  fn = step_lib.make_step(apply_fn, optimizer, outer, comps, mesh, state,
+                          dgc.Options(momentum=dgc_momentum))
   fn.comps = comps
   # The step donates its state: keep a host copy of the initial parameters.
   return mesh, jax.tree.map(np.array, params), apply_fn, state, fn
@@ -51,12 +53,19 @@ def _put(mesh, x, *spec):
 
 
 def _run(mesh, fn, state, xs, ys, active, weights, rounds):
+  """Runs len(xs) iterations; returns the state and the last one's host metrics."""
   for t in range(len(xs)):
     state, m = fn(state, (_put(mesh, xs[t], 'dc', 'worker'), _put(mesh, ys[t], 'dc', 'worker')),
                   _put(mesh, np.asarray(active[t]), 'dc'),
                   _put(mesh, np.asarray(weights, np.float32)), rounds[t])
     jax.block_until_ready(state)
-  return state, m
+  return state, _host(fn, m, rounds[-1], active[-1], weights)
+
+
+def _host(fn, m, do_round, active=(True, True), weights=(.5, .5)):
+  """hfl.step.host_metrics of one iteration's device metrics."""
+  return step_lib.host_metrics(fn.info[bool(do_round)], np.asarray(m), np.asarray(active),
+                               np.asarray(weights, np.float32))
 
 
 def _loss(apply_fn, p, x, y):
@@ -122,7 +131,7 @@ def test_inactive_dc_does_not_change_and_counts_no_bytes():
   chex.assert_trees_all_equal(jax.tree.map(lambda x: x[1], state.params), params)
   assert not np.allclose(state.params['Dense_0']['kernel'][0], params['Dense_0']['kernel'])
   np.testing.assert_array_equal(np.asarray(state.local_steps), [2, 0])
-  assert float(m['up_bits'][1]) == 0 and float(m['up_bits'][0]) > 0
+  assert m['up_bits'][1] == 0 and m['up_bits'][0] > 0
 
 
 def test_absent_dc_gets_zero_weight_and_rejoins_from_global_model():
@@ -134,44 +143,117 @@ def test_absent_dc_gets_zero_weight_and_rejoins_from_global_model():
   ref = jax.tree.map(lambda p, *gg: p - LR * sum(gg) / W, params, *g)
   chex.assert_trees_all_close(state.global_params, ref, atol=1e-5)
   chex.assert_trees_all_close(jax.tree.map(lambda x: x[1], state.params), ref, atol=1e-5)
-  assert float(m['wan_bits'][1]) == 0 and float(m['wan_bits'][0]) > 0
+  assert m['wan_bits'][1] == 0 and m['wan_bits'][0] > 0
 
 
-def n_bytes_wan(params, itemsize):
-  return sum(l.size for l in jax.tree.leaves(params)) * itemsize
+def _args(mesh, state, shape=(8, 8, 1), seed=0):
+  rng = np.random.default_rng(seed)
+  x = rng.normal(size=(D, W, B) + shape).astype(np.float32)
+  y = rng.integers(0, 10, size=(D, W, B)).astype(np.int32)
+  return (state, _put(mesh, x, 'dc', 'worker'), _put(mesh, y, 'dc', 'worker'),
+          _put(mesh, np.array([True, True]), 'dc'), _put(mesh, np.array([.5, .5], np.float32)))
+
+
+def _lowered(fn, mesh, state, do_round, shape=(8, 8, 1)):
+  """(lowered StableHLO text of one program, host metrics of one run of it, the new
+  state: the step donates the old one)."""
+  args = _args(mesh, state, shape)
+  text = fn.jitted[do_round].lower(*args).as_text()
+  state, m = fn(args[0], args[1:3], *args[3:], do_round)
+  return text, _host(fn, m, do_round), state
+
+
+def _payload_ops(text, mesh):
+  return accounting.collective_bytes(text, mesh)
+
+
+def _padded_bytes(c, parts):
+  """Bytes of c's payload, every array zero-padded to a multiple of ``parts``."""
+  return sum(-(-int(np.prod(a.shape)) // parts) * parts * jnp.dtype(a.dtype).itemsize
+             for a in jax.tree.leaves(policy.payload_shape(c)))
+
+
+def assert_every_collective_counted(fn, text, mesh, m, do_round):
+  """The TOTAL collective bytes per mesh axis of a lowered program (every device's
+  operands, hfl.accounting.collective_totals) are what hfl counts, for static-size
+  payloads (CO3's coded length is checked separately):
+
+  'worker' — the uplink payloads, plus with ZeRO-1 each worker's parameter slice:
+    sum over DCs of up_bits / 8; in a round program also the re-gather of the
+    round's result, per DC the all-reduced WAN leaves' payload plus the D DCs'
+    all-gathered payloads, each array padded to a multiple of W (each worker
+    re-gathers 1/W of it), counted as round_down_bits = W x the same, unpadded.
+  'dc' — in a round program the D DCs' WAN payloads, padded likewise, each DC's
+    counted once (unpadded) as wan_bits.
+  Nothing else: no collective for metrics, none on another axis.
+  """
+  d, w = mesh.shape['dc'], mesh.shape['worker']
+  totals = accounting.collective_totals(text, mesh)
+  assert set(totals) <= {'worker', 'dc'}, totals
+  up = int(m['up_bits'].sum())
+  assert up % 8 == 0
+  wan = fn.comps.wan
+  if not do_round:
+    assert 'dc' not in totals and totals.get('worker', 0) == up // 8, (totals, up // 8)
+    assert not m['round_down_bits'].any() and not m['wan_bits'].any()
+    return
+  regather = sum(_padded_bytes(c, w) * (1 if step_lib.reduces(c) else d) for c in wan)
+  assert totals['worker'] == up // 8 + d * regather, (totals, up // 8, regather)
+  assert totals['dc'] == d * sum(_padded_bytes(c, w) for c in wan), totals
+  unpadded = lambda c: policy.static_bits(c)
+  assert list(m['wan_bits']) == [sum(unpadded(c) for c in wan)] * d
+  assert list(m['round_down_bits']) == [
+      w * sum(unpadded(c) * (1 if step_lib.reduces(c) else d) for c in wan)] * d
+  # Padding is less than W entries per array and payload.
+  assert 0 <= regather * 8 - m['round_down_bits'][0] // w
 
 
 @pytest.mark.parametrize('up,wan', [(base.identity, base.identity),
                                     (lambda s: base.cast(s, jnp.bfloat16),
                                      lambda s: base.cast(s, jnp.float16))])
 def test_counted_bytes_equal_hlo_collectives(up, wan):
+  """Identity links: the uplink is a float32 all-reduce over 'worker', the WAN a
+  float32 all-reduce of 1/W slices over 'dc' and the re-gather of the sum over
+  'worker'. Casts: every payload crosses in its 16-bit dtype as an all-gather (each
+  decoded and added in float32 by the receiver)."""
   mesh, params, apply_fn, state, fn = _setup(comp_up=up, comp_wan=wan)
-  xs, ys = _batches(1)
-  args = (state, _put(mesh, xs[0], 'dc', 'worker'), _put(mesh, ys[0], 'dc', 'worker'),
-          _put(mesh, np.array([True, True]), 'dc'), _put(mesh, np.array([.5, .5], np.float32)))
-  # The local iteration's 'worker' collectives are the uplink; the round's 'dc'
-  # collectives the WAN exchange (its re-assembly inside the DC is over 'worker').
-  coll_local = accounting.collective_bytes(fn.jitted[False].lower(*args).as_text(), mesh)
-  coll = accounting.collective_bytes(fn.jitted[True].lower(*args).as_text(), mesh)
-  assert 'dc' not in coll_local
-  # The step's own metrics (loss, bit counts) are rank-0 all-reduces: not payload.
-  worker_payload = sum(b for _, b, t in coll_local['worker'] if t.count('x') > 0)
-  dc_payload = sum(b for _, b, t in coll['dc'] if t.count('x') > 0)
-  _, m = fn(*args[:1], args[1:3], *args[3:], True)
-  # up_bits is the sum over the DC's W workers of the per-device operand bits.
-  assert float(m['up_bits'][0]) / 8 == W * worker_payload
-  # Over 'dc' each of the DC's W workers sends 1/W of every payload array (padded to
-  # a multiple of W): the DC's W devices together put the payload on the WAN once.
-  itemsize = 4 if wan is base.identity else 2
-  padded = sum(-(-l.size // W) * W * itemsize for l in jax.tree.leaves(params))
-  assert W * dc_payload == padded
-  assert float(m['wan_bits'][0]) / 8 == n_bytes_wan(params, itemsize)
-  assert padded - float(m['wan_bits'][0]) / 8 < W * itemsize * len(jax.tree.leaves(params))
   n = sum(l.size for l in jax.tree.leaves(params))
-  bytes_per_entry = 4 if up is base.identity else 2
-  assert worker_payload == n * bytes_per_entry
-  dtypes = {t.split('x')[-1] for _, _, t in coll['dc'] if t.count('x') > 0}
-  assert dtypes == ({'f32>'} if wan is base.identity else {'f16>'})
+  for do_round in (False, True):
+    text, m, state = _lowered(fn, mesh, state, do_round)
+    assert_every_collective_counted(fn, text, mesh, m, do_round)
+    coll = _payload_ops(text, mesh)
+    up_ops = [(op, b, t) for op, b, t in coll['worker']][:len(jax.tree.leaves(params))]
+    assert sum(b for _, b, _ in up_ops) == n * (4 if up is base.identity else 2)
+    assert {op for op, _, _ in up_ops} == ({'all_reduce'} if up is base.identity
+                                           else {'all_gather'})
+    if do_round:
+      dtypes = {t.split('x')[-1] for _, _, t in coll['dc']}
+      assert dtypes == ({'f32>'} if wan is base.identity else {'f16>'})
+      assert {op for op, _, _ in coll['dc']} == ({'all_reduce'} if wan is base.identity
+                                                 else {'all_gather'})
+
+
+def test_default_config_every_collective_is_counted():
+  """configs/default.py (CNN on 28x28 images, momentum, identity links, 2 DCs x 4
+  workers): the iteration and the round program move exactly the counted bytes
+  per axis, and the round's re-gather over 'worker' (the summed pseudo-gradient
+  reaching the DC's workers) is counted: W x the model's float32 bytes per DC."""
+  cfg = default_config.get_config()
+  mesh = mesh_lib.make_mesh(D, W)
+  net = models.get_model(cfg.model.name, 10)
+  params = net.init(jax.random.PRNGKey(0), jnp.zeros((1, 28, 28, 1)))['params']
+  comps = train.build_compressors(cfg, params)
+  opt = optim.make_optimizer(cfg.optimizer)
+  state = step_lib.init_state(params, opt, optax.sgd(1.0), comps, D, W, jax.random.PRNGKey(1))
+  state = jax.device_put(state, step_lib.state_shardings(mesh, state))
+  fn = step_lib.make_step(lambda p, x: net.apply({'params': p}, x), opt, optax.sgd(1.0),
+                          comps, mesh, state)
+  fn.comps = comps
+  n = sum(l.size for l in jax.tree.leaves(params))
+  for do_round in (False, True):
+    text, m, state = _lowered(fn, mesh, state, do_round, shape=(28, 28, 1))
+    assert_every_collective_counted(fn, text, mesh, m, do_round)
+  assert list(m['round_down_bits']) == [W * n * 32] * D
 
 
 def test_nesterov_outer_step_is_optax_nesterov_on_the_pseudo_gradient():
@@ -193,19 +275,6 @@ def test_nesterov_outer_step_is_optax_nesterov_on_the_pseudo_gradient():
   chex.assert_trees_all_close(state.global_params, x_global, atol=2e-5, rtol=2e-5)
 
 
-def _lowered_bytes(fn, mesh, state, do_round):
-  """(payload collective bytes per device by axis, metrics) of one lowered step."""
-  xs, ys = _batches(1)
-  args = (state, _put(mesh, xs[0], 'dc', 'worker'), _put(mesh, ys[0], 'dc', 'worker'),
-          _put(mesh, np.array([True, True]), 'dc'), _put(mesh, np.array([.5, .5], np.float32)))
-  coll = accounting.collective_bytes(fn.jitted[do_round].lower(*args).as_text(), mesh)
-  # The step's own metrics (loss, bit counts) are rank-0 all-reduces: not payload.
-  payload = {axis: [(op, b, t) for op, b, t in ops if t.count('x') > 0]
-             for axis, ops in coll.items()}
-  _, m = fn(*args[:1], args[1:3], *args[3:], do_round)
-  return payload, m
-
-
 UPLINKS = {
     'topk': lambda s: sparse.topk(s, 0.05),
     'topk_thr': lambda s: sparse.topk(s, 0.02, threshold_variant=True),
@@ -222,30 +291,29 @@ def test_compressed_uplink_bytes_equal_hlo_collectives(name):
   """The 'worker' collectives of the local step move exactly the counted uplink bits.
 
   Sparse payloads are all-gathered as values + indices, quantised ones as packed
-  uint8 codes + float32 scales (nothing dense, never an all-reduce of encoded
-  values); casts are all-reduced in their 16-bit dtype.
+  uint8 codes + float32 scales, casts in their 16-bit dtype (nothing dense, never
+  a sum of encoded values).
   """
   mesh, params, apply_fn, state, fn = _setup(comp_up=UPLINKS[name])
-  payload, m = _lowered_bytes(fn, mesh, state, False)
-  assert 'dc' not in payload
-  ops = payload['worker']
+  text, m, state = _lowered(fn, mesh, state, False)
+  assert_every_collective_counted(fn, text, mesh, m, False)
+  ops = _payload_ops(text, mesh)['worker']
   per_device = sum(b for _, b, _ in ops)
-  assert float(m['up_bits'][0]) / 8 == W * per_device
+  assert m['up_bits'][0] / 8 == W * per_device
+  assert {op for op, _, _ in ops} == {'all_gather'}
   dtypes = {t.split('x')[-1] for _, _, t in ops}
   n = sum(l.size for l in jax.tree.leaves(params))
   if name.startswith(('topk', 'randk')):
-    assert {op for op, _, _ in ops} == {'all_gather'}
     assert dtypes == {'f32>', 'ui16>'}  # values, and uint16 indices (leaves <= 2^16)
     assert per_device < 0.2 * 4 * n
   elif name in ('qsgd', 'sign'):
-    assert {op for op, _, _ in ops} == {'all_gather'}
     assert dtypes == {'f32>', 'ui8>'}   # scales / norms, packed codes
     bits_per_entry = 6 if name == 'qsgd' else 1
     # One f32 scale per leaf (sign) or per bucket of 512 entries (QSGD), plus packing slack.
     scales = sum(-(-l.size // 512) for l in jax.tree.leaves(params))
     assert per_device < 4 * scales + bits_per_entry * n / 8 + 8 * len(jax.tree.leaves(params))
   elif name == 'bf16':
-    assert {op for op, _, _ in ops} == {'all_reduce'} and dtypes == {'bf16>'}
+    assert dtypes == {'bf16>'}
     assert per_device == 2 * n
 
 
@@ -255,10 +323,12 @@ def test_co3_uplink_moves_uint8_symbols_and_charges_the_coded_length():
   moved = size + 4 bytes per leaf (the beta index, a 1-byte header field of the
   coded message, is not needed by the decoder here, so it is not moved); counted
   = Huffman bits of the symbols + 5 header bytes, below the moved bytes for fp4.
+  The local program has no other collective.
   """
   mesh, params, apply_fn, state, fn = _setup(comp_up=lambda s: co3.co3(s, 'fp4'))
-  payload, m = _lowered_bytes(fn, mesh, state, False)
-  ops = payload['worker']
+  text, m, state = _lowered(fn, mesh, state, False)
+  assert set(accounting.collective_totals(text, mesh)) == {'worker'}
+  ops = _payload_ops(text, mesh)['worker']
   assert {op for op, _, _ in ops} == {'all_gather'}
   leaves = jax.tree.leaves(params)
   assert sorted(t for _, _, t in ops) == sorted(
@@ -266,7 +336,7 @@ def test_co3_uplink_moves_uint8_symbols_and_charges_the_coded_length():
       + ['tensor<1xf32>'] * len(leaves))
   moved = sum(b for _, b, _ in ops)
   assert moved == sum(l.size + 4 for l in leaves)
-  counted = float(m['up_bits'][0]) / 8 / W
+  counted = m['up_bits'][0] / 8 / W
   assert 5 * len(leaves) < counted < moved
 
 
@@ -276,13 +346,14 @@ def test_sharded_state_bytes_equal_hlo_collectives(up):
   move exactly the counted uplink bits — for an identity leaf a reduce-scatter of
   the gradient (padded to a multiple of W) instead of the all-reduce, for a top-k
   leaf the usual all-gather of values + indices — plus the all-gather of the
-  updated parameter slices; the plan's static bits equal the counted ones."""
+  updated parameter slices; the round program adds only the WAN exchange and its
+  re-gather; the plan's static bits equal the counted ones."""
   comp_up = base.identity if up == 'identity' else UPLINKS['topk']
   mesh, params, apply_fn, state, fn = _setup(comp_up=comp_up, optimizer=optax.adam(1e-3),
                                              shard_state=True)
-  payload, m = _lowered_bytes(fn, mesh, state, False)
-  assert 'dc' not in payload
-  ops = payload['worker']
+  text, m, state = _lowered(fn, mesh, state, False)
+  assert_every_collective_counted(fn, text, mesh, m, False)
+  ops = _payload_ops(text, mesh)['worker']
   leaves = jax.tree.leaves(params)
   chunks = [-(-l.size // W) for l in leaves]
   gathers = [f'tensor<{c}xf32>' for c in chunks]
@@ -295,41 +366,53 @@ def test_sharded_state_bytes_equal_hlo_collectives(up):
     assert {op for op, _, _ in ops} == {'all_gather'}
     assert set(gathers) <= {t for _, _, t in ops}
   per_device = sum(b for _, b, _ in ops)
-  assert float(m['up_bits'][0]) / 8 == W * per_device
+  assert m['up_bits'][0] / 8 == W * per_device
   # Down: each worker's slice of the (dense) downlink, and the other W - 1 slices
   # of the parameters.
   slice_bytes = 4 * sum(chunks)
-  assert float(m['down_bits'][0]) / 8 == W * (slice_bytes + (W - 1) * slice_bytes)
+  assert m['down_bits'][0] / 8 == W * (slice_bytes + (W - 1) * slice_bytes)
   up_b, down_b, wan_b = step_lib.static_bits(fn.comps, params, W, shard_state=True)
-  assert (up_b * W, down_b * W) == (float(m['up_bits'][0]), float(m['down_bits'][0]))
+  assert (up_b * W, down_b * W) == (m['up_bits'][0], m['down_bits'][0])
   assert step_lib.static_bits(fn.comps, params, W)[:2] == (
       sum(policy.static_bits(c) for c in fn.comps.up),
       sum(policy.static_bits(c) for c in fn.comps.down))
+  text, m, state = _lowered(fn, mesh, state, True)
+  assert_every_collective_counted(fn, text, mesh, m, True)
 
 
-@pytest.mark.parametrize('name', ['topk', 'bf16'])
+def test_dgc_step_every_collective_is_counted():
+  """DGC momentum correction (velocity sent through the top-k uplink): both programs
+  move exactly the counted bytes per axis."""
+  mesh, params, apply_fn, state, fn = _setup(comp_up=UPLINKS['topk'], dgc_momentum=0.9)
+  for do_round in (False, True):
+    text, m, state = _lowered(fn, mesh, state, do_round)
+    assert_every_collective_counted(fn, text, mesh, m, do_round)
+
+
+@pytest.mark.parametrize('name', ['topk', 'bf16', 'qsgd', 'powersgd'])
 def test_compressed_wan_bytes_equal_hlo_collectives(name):
   """Over 'dc' each of the DC's W workers sends 1/W of every payload array (padded
   to a multiple of W), so the DC's devices put the counted WAN payload on the
-  WAN once, plus < W padding entries per array."""
-  wan = {'topk': lambda s: sparse.topk(s, 0.05), 'bf16': lambda s: base.cast(s, jnp.bfloat16)}
+  WAN once, plus < W padding entries per array; the re-gather of the D payloads
+  over 'worker' is counted as the round's downlink."""
+  wan = {'topk': lambda s: sparse.topk(s, 0.05), 'bf16': lambda s: base.cast(s, jnp.bfloat16),
+         'qsgd': lambda s: quantize.qsgd(s, levels=16),
+         'powersgd': lambda s: lowrank.powersgd(s, rank=2)}
   mesh, params, apply_fn, state, fn = _setup(comp_wan=wan[name])
-  payload, m = _lowered_bytes(fn, mesh, state, True)
-  ops = payload['dc']
+  text, m, state = _lowered(fn, mesh, state, True)
+  assert_every_collective_counted(fn, text, mesh, m, True)
+  ops = _payload_ops(text, mesh)['dc']
   leaves = jax.tree.leaves(params)
+  assert {op for op, _, _ in ops} == {'all_gather'}
   if name == 'topk':
-    assert {op for op, _, _ in ops} == {'all_gather'}
     arrays = [(sparse.num_kept(l.size, 0.05), 4) for l in leaves] + [
         (sparse.num_kept(l.size, 0.05), jnp.dtype(sparse.index_dtype(l.size)).itemsize)
         for l in leaves]
-  else:
-    assert {op for op, _, _ in ops} == {'all_reduce'}
-    arrays = [(l.size, 2) for l in leaves]
-  padded = sum(-(-n // W) * W * size for n, size in arrays)
-  assert W * sum(b for _, b, _ in ops) == padded
-  counted = float(m['wan_bits'][0]) / 8
-  assert counted == sum(n * size for n, size in arrays)
-  assert 0 <= padded - counted < W * sum(size for _, size in arrays)
+    padded = sum(-(-n // W) * W * size for n, size in arrays)
+    assert W * sum(b for _, b, _ in ops) == padded
+    counted = m['wan_bits'][0] / 8
+    assert counted == sum(n * size for n, size in arrays)
+    assert 0 <= padded - counted < W * sum(size for _, size in arrays)
 
 
 def test_co3_as_wan_compressor_of_the_pseudo_gradient():
@@ -384,3 +467,45 @@ def test_co3_as_wan_compressor_of_the_pseudo_gradient():
                       for a, b in zip(got_r, resid[d])]) > 0.995
   # The memory is non-trivial: fp4 leaves most of the pseudo-gradient behind.
   assert max(np.abs(r).max() for r in resid[0]) > 0
+
+
+def test_non_finite_gradient_is_flagged_per_link_and_leaf():
+  """An inf pixel in one worker's batch: its gradient is non-finite; the step flags
+  the uplink input of that (DC, worker) and the downlink input (the aggregate) of
+  its DC, and nothing of the other DC."""
+  mesh, params, apply_fn, state, fn = _setup()
+  xs, ys = _batches(1, seed=13)
+  xs[0, 1, 2, 0, 3, 3, 0] = np.inf
+  state, m = _run(mesh, fn, state, xs, ys, [[True, True]], [0.5, 0.5], [False])
+  flags = m['flags']
+  assert flags.shape == (D, W, 3, len(jax.tree.leaves(params)))
+  assert np.all(flags[0] == 0)
+  assert np.all(flags[1, :, 0][[0, 1, 3]] == 0) and np.any(flags[1, 2, 0] & step_lib.BAD_INPUT)
+  assert np.all(flags[1, :, 1] & step_lib.BAD_INPUT == flags[1, 0, 1] & step_lib.BAD_INPUT)
+  assert np.any(flags[1, :, 1] & step_lib.BAD_INPUT)
+  assert step_lib.first_nonfinite(flags).endswith('on the uplink (DC 1, worker 2)')
+
+
+def test_bit_counts_are_exact_integers_beyond_2_to_24_entries():
+  """Issue 12, fault 6: one float32 leaf of 2^24 + 1 entries, 1 DC, 2 workers,
+  identity links: 2 x (2^24 + 1) x 32 = 1,073,741,888 uplink bits per DC per step
+  (float32 counts on the device gave 1,073,741,824). Static payload sizes are
+  Python ints fixed at trace time, summed on the host in int64."""
+  n = 2**24 + 1
+  mesh = jax.sharding.Mesh(np.array(jax.devices()[:2]).reshape(1, 2), ('dc', 'worker'))
+  params = {'w': np.zeros((n,), np.float32)}
+  comps = step_lib.Compressors(*[[base.identity((n,))]] * 3)
+  apply_fn = lambda p, x: jnp.zeros((x.shape[0], 10)) + p['w'][0] * jnp.mean(x)
+  state = step_lib.init_state(params, optax.sgd(0.1), optax.sgd(1.0), comps, 1, 2,
+                              jax.random.PRNGKey(0))
+  state = jax.device_put(state, step_lib.state_shardings(mesh, state))
+  fn = step_lib.make_step(apply_fn, optax.sgd(0.1), optax.sgd(1.0), comps, mesh, state)
+  put = lambda a, *spec: jax.device_put(a, NamedSharding(mesh, P(*spec)))
+  batch = (put(np.ones((1, 2, 2, 1, 1, 1), np.float32), 'dc', 'worker'),
+           put(np.zeros((1, 2, 2), np.int32), 'dc', 'worker'))
+  state, m = fn(state, batch, put(np.array([True]), 'dc'), put(np.ones(1, np.float32)), True)
+  m = step_lib.host_metrics(fn.info[True], np.asarray(m), [True], [1.0])
+  assert m['up_bits'].tolist() == [1_073_741_888]
+  assert m['down_bits'].tolist() == [1_073_741_888]
+  assert m['wan_bits'].tolist() == [n * 32]
+  assert m['round_down_bits'].tolist() == [2 * n * 32]

@@ -87,11 +87,12 @@ def test_smoke_run_writes_outputs(smoke_run):
   for key in ('step', 'round', 'test_accuracy', 'test_loss', 'train_loss', 'bytes',
               'sim_time_s', 'wall_time_s'):
     assert key in records[0]
-  # Byte totals: uncompressed f32 model, 8 workers up and down per iteration, and each
-  # of the 2 DCs sends its pseudo-gradient to the other once per round.
+  # Byte totals: uncompressed f32 model, 8 workers up and down per iteration, the
+  # round's result (the summed pseudo-gradient) reaching each DC's 4 workers once per
+  # round, and each of the 2 DCs sends its pseudo-gradient to the other once per round.
   n = sum(np.prod(x.shape) for x in __import__('jax').tree.leaves(final_state(workdir)[1]['global_params']))
   assert summary['bytes']['intra_up'] == 12 * 8 * n * 4
-  assert summary['bytes']['intra_down'] == 12 * 8 * n * 4
+  assert summary['bytes']['intra_down'] == 12 * 8 * n * 4 + 6 * 2 * 4 * n * 4
   assert summary['bytes']['inter_dc'] == 6 * 2 * n * 4
   assert summary['sim_time_s'] > 0
   assert os.path.isdir(os.path.join(workdir, 'tb'))
@@ -374,3 +375,73 @@ def test_divergence_message_is_true_of_the_run(fake_data, tmp_path):
       "optimizer.learning_rate (now 0.1) or use milder compression than "
       "compression.uplink.name='topk', compression.wan.name='bf16' in a new --workdir "
       '(a workdir keeps its config).')
+
+
+class _Calls(__import__('typing').NamedTuple):
+  n: object
+
+
+def _nan_from_third_call(shape, **unused):
+  """A faulty compressor: float32 values, NaN from its third encode on."""
+  import jax.numpy as jnp  # pylint: disable=g-import-not-at-top
+  from hfl.compress import base  # pylint: disable=g-import-not-at-top
+  del unused
+
+  def encode(x, state, key):
+    del key
+    return {'values': jnp.where(state.n >= 2, jnp.nan, x)}, _Calls(state.n + 1)
+  return base.Compressor('nan_from_third_call', tuple(shape),
+                         lambda: _Calls(jnp.zeros((), jnp.int32)), encode,
+                         lambda p: p['values'])
+
+
+def test_non_finite_payload_stops_the_run_naming_leaf_and_link(fake_data, tmp_path):
+  """Issue 12, fault 3: a non-finite payload stops the run like a non-finite loss
+  (FloatingPointError, exit status 3 in main.py), naming the leaf and the link,
+  before anything non-finite is evaluated or saved. The WAN compressor turns the
+  third round's pseudo-gradient into NaN (rounds end at iterations 2, 4, 6)."""
+  from hfl.compress import policy  # pylint: disable=g-import-not-at-top
+  policy.register('nan_from_third_call', _nan_from_third_call)
+  try:
+    cfg = smoke_config(fake_data, **{'compression.wan.name': 'nan_from_third_call'})
+    with pytest.raises(FloatingPointError) as e:
+      train.train_and_evaluate(cfg, str(tmp_path / 'nan'))
+  finally:
+    policy.REGISTRY.pop('nan_from_third_call')
+  msg = str(e.value)
+  assert msg.startswith("at iteration 6 the first non-finite value is the payload and "
+                        "residual of leaf ['Dense_0']['kernel'] on the WAN (DC 0, worker 0)"), msg
+  _, state = final_state(str(tmp_path / 'nan'))  # the last checkpoint: round 2, finite
+  import jax  # pylint: disable=g-import-not-at-top
+  for x in jax.tree.leaves(state):
+    assert np.all(np.isfinite(np.asarray(x)))
+
+
+def test_dc_outage_discards_the_absent_dcs_round(fake_data, tmp_path):
+  """Issue 12, fault 7: smoke config, momentum, top-k uplink, K = 4, 4 steps, DC 1
+  absent in round 0. DC 1's optimizer state, residuals and compressor states are
+  back at their start-of-round values (the initial zeros; they held max |momentum|
+  0.67 and max |residual| 0.29), while DC 0's equal those of the same run without
+  the outage (its own round does not depend on DC 1), and the global model is DC
+  0's local model alone."""
+  import jax  # pylint: disable=g-import-not-at-top
+  cfg = {'optimizer.name': 'momentum', 'compression.uplink.name': 'topk', 'sync.k': 4,
+         'train.num_steps': 4, 'train.checkpoint_every': 0}
+  train.train_and_evaluate(smoke_config(fake_data, **cfg, **{'sync.faults': '1:0'}),
+                           str(tmp_path / 'f'))
+  train.train_and_evaluate(smoke_config(fake_data, **cfg), str(tmp_path / 'n'))
+  _, got = final_state(str(tmp_path / 'f'))
+  _, ref = final_state(str(tmp_path / 'n'))
+  fields = ('opt_state', 'up_residual', 'up_state', 'down_residual', 'down_state',
+            'wan_residual', 'wan_state')
+  for field in fields:
+    for a, b in zip(jax.tree.leaves(got[field]), jax.tree.leaves(ref[field])):
+      a, b = np.asarray(a), np.asarray(b)
+      np.testing.assert_array_equal(a[1], np.zeros_like(a[1]), err_msg=field)
+      if field != 'wan_residual':  # DC 0's own round does not depend on DC 1
+        np.testing.assert_array_equal(a[0], b[0], err_msg=field)
+  assert max(np.abs(np.asarray(x)[1]).max() for x in jax.tree.leaves(ref['opt_state'])) > 0.1
+  assert max(np.abs(np.asarray(x)[1]).max() for x in jax.tree.leaves(ref['up_residual'])) > 0.1
+  # Every DC restarts from the new global model.
+  for g, x in zip(jax.tree.leaves(got['global_params']), jax.tree.leaves(got['params'])):
+    np.testing.assert_array_equal(np.asarray(x)[1], np.asarray(g))

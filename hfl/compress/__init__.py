@@ -5,8 +5,7 @@ Re-exports the public API of the submodules; see each module for the algorithms.
 
 from hfl.compress import dgc
 from hfl.compress.base import Compressor, EmptyState, Payload, cast, identity, payload_bits
-from hfl.compress.ef import (aggregate, ef_step, encode_for_sum, fp16_sum_bound,
-                             sum_payloads, tree_bits, tree_ef_step)
+from hfl.compress.ef import aggregate, ef_step, tree_ef_step
 from hfl.compress.lowrank import PowerSGDState, matrix_shape, powersgd
 from hfl.compress.policy import REGISTRY, build, describe, register, static_bits
 from hfl.compress.quantize import level_bits, pack_bits, qsgd, sign, unpack_bits
@@ -14,9 +13,8 @@ from hfl.compress.sparse import index_dtype, num_kept, randk, topk
 
 __all__ = [
     'Compressor', 'EmptyState', 'Payload', 'PowerSGDState', 'REGISTRY', 'aggregate',
-    'build', 'cast', 'describe', 'dgc', 'ef_step', 'encode_for_sum',
-    'fp16_sum_bound', 'identity', 'index_dtype', 'level_bits', 'matrix_shape',
-    'num_kept', 'pack_bits', 'payload_bits', 'powersgd', 'qsgd', 'randk',
-    'register', 'sign', 'static_bits', 'sum_payloads', 'topk', 'tree_bits',
-    'tree_ef_step', 'unpack_bits',
+    'build', 'cast', 'describe', 'dgc', 'ef_step', 'identity', 'index_dtype',
+    'level_bits', 'matrix_shape', 'num_kept', 'pack_bits', 'payload_bits', 'powersgd',
+    'qsgd', 'randk', 'register', 'sign', 'static_bits', 'topk', 'tree_ef_step',
+    'unpack_bits',
 ]

@@ -10,8 +10,8 @@ Pipeline for one layer (pytree leaf) ``x``:
    (:func:`hfl.compress.gennorm.fit_moments`), scale by ``s = p(beta) / alpha``
    (``p`` the tabulated MSE-optimal pre-scale of a unit GenNorm on the grid) and
    round to nearest onto the tiny float grid (:mod:`hfl.compress.floatgrid`; ties to
-   even, saturation to +-max, inf -> +-max, NaN -> the reserved NaN symbol which
-   decodes to NaN). ``decode`` returns ``level / s``.
+   even, saturation of finite values to +-max, inf and NaN -> the reserved NaN
+   symbol, which decodes to NaN). ``decode`` returns ``level / s``.
 2. **Compress** (host, :mod:`hfl.compress.coding`): entropy-code the magnitudes with
    a Huffman code designed from the GenNorm model's level probabilities (``coder=
    'huffman'``, the paper's design) or with ANS (``coder='ans'``, constriction),
@@ -285,7 +285,8 @@ def stream_bits(symbols: jax.Array, beta_idx: jax.Array, codec: CO3Codec) -> jax
     codec: the codec.
 
   Returns:
-    float32[] bits, header (scale, beta index) included.
+    int32[] bits, header (scale, beta index) included (exact: :func:`co3` refuses
+    leaves whose message could reach 2^31 bits).
   """
   grid = codec.grid
   big_m = grid.num_mags
@@ -293,18 +294,31 @@ def stream_bits(symbols: jax.Array, beta_idx: jax.Array, codec: CO3Codec) -> jax
   dense = jnp.where(mag == grid.nan_mag, big_m, mag).reshape(-1).astype(jnp.int32)
   if codec.coder == 'ans':
     words = ans_stream_words(dense, neg.reshape(-1).astype(jnp.int32), beta_idx, codec)
-    return (8 * HEADER_BYTES + coding.ANS_WORD_BITS * words).astype(jnp.float32)
+    return (8 * HEADER_BYTES + coding.ANS_WORD_BITS * words).astype(jnp.int32)
   counts = jnp.bincount(dense, length=big_m + 1)
   n_signs = (jnp.sum(counts[1:big_m]) if grid.fmt[0] else 0)
   idx = beta_idx.astype(jnp.int32)
-  size = int(np.prod(symbols.shape))
-  if size * (coding.MAX_CODE_LEN + 1) < 2**31:
-    body = jnp.sum(counts * jnp.asarray(codec.code_lengths)[idx]) + n_signs
-    nbytes = (body + 7) // 8 + HEADER_BYTES
-    return (8 * nbytes).astype(jnp.float32)
-  body = (jnp.sum(counts.astype(jnp.float32)
-                  * jnp.asarray(codec.code_lengths, jnp.float32)[idx]) + n_signs)
-  return 8 * (jnp.ceil(body / 8) + HEADER_BYTES)
+  body = jnp.sum(counts * jnp.asarray(codec.code_lengths)[idx]) + n_signs
+  nbytes = (body + 7) // 8 + HEADER_BYTES
+  return (8 * nbytes).astype(jnp.int32)
+
+
+def max_entries() -> int:
+  """The largest leaf (entries) whose :func:`max_message_bits` is below 2^31."""
+  n = (2**31 - 8 * HEADER_BYTES - 96) // (coding.MAX_CODE_LEN + 1)
+  while max_message_bits(n + 1) < 2**31:
+    n += 1
+  while max_message_bits(n) >= 2**31:
+    n -= 1
+  return n
+
+
+def max_message_bits(size: int) -> int:
+  """Upper bound of the coded message of a ``size``-entry leaf (bits, Python int):
+  every entry on the longest Huffman codeword (``coding.MAX_CODE_LEN`` bits, more
+  than ANS's at most ``coding.ANS_PRECISION`` bits per symbol) plus a sign bit,
+  rounded up to words, plus the header; valid for both coders."""
+  return 8 * HEADER_BYTES + 32 * (-(-(size * (coding.MAX_CODE_LEN + 1) + 64) // 32))
 
 
 def co3(shape, fmt=(1, 2, 1), gamma: float = 0.9, coder: str = 'huffman',
@@ -328,7 +342,8 @@ def co3(shape, fmt=(1, 2, 1), gamma: float = 0.9, coder: str = 'huffman',
     ``wire_bits`` = the entropy-coded message length (module docstring).
 
   Raises:
-    ValueError: invalid fmt, coder, gamma or refit_every.
+    ValueError: invalid fmt, coder, gamma or refit_every, or a leaf whose coded
+      message could reach 2^31 bits (:func:`max_message_bits`).
   """
   shape = tuple(int(d) for d in shape)
   codec = make_codec(parse_fmt(fmt), coder)
@@ -338,6 +353,12 @@ def co3(shape, fmt=(1, 2, 1), gamma: float = 0.9, coder: str = 'huffman',
   if int(refit_every) != refit_every or refit_every < 1:
     raise ValueError(f'co3: refit_every must be an int >= 1, got {refit_every}')
   refit_every = int(refit_every)
+  size = int(np.prod(shape, dtype=np.int64))
+  if max_message_bits(size) >= 2**31:
+    raise ValueError(f'co3: a leaf of {size} entries (shape {shape}) is too large: its '
+                     'coded message could reach 2^31 bits, beyond the exact int32 bit '
+                     f'count; CO3 takes leaves of at most '
+                     f'{max_entries()} entries')
   s, e, m = codec.fmt
   name = f'co3(fp{s + e + m}[{s},{e},{m}],{coder},gamma={gamma:g})'
 

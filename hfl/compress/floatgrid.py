@@ -24,13 +24,12 @@ Conventions (decided here, tested in tests/test_co3.py):
   half-way between two adjacent magnitudes goes to the one with the even magnitude
   index (= even mantissa LSB), e.g. 1.25 -> 1.0, 1.75 -> 2.0, 2.5 -> 2.0 on fp4.
 * Saturation: finite values beyond the largest level map to +-max (never to inf).
-* ``+-inf`` saturates to +-max as well (there is no inf symbol); the caller's error
-  feedback residual ``p - decode`` then stays infinite, which keeps the failure
-  visible.
-* NaN is NEVER mapped to a valid level: it gets the reserved symbol
-  ``nan_mag = 2**(e+m) - 1`` (exponent and mantissa all ones, an IEEE NaN pattern
-  whenever ``m >= 1``), sign 0, and :func:`dequantize` returns NaN for it, so NaN
-  propagates through encode/decode.
+* Non-finite values (NaN, +-inf) are NEVER mapped to a valid level: they get the
+  reserved symbol ``nan_mag = 2**(e+m) - 1`` (exponent and mantissa all ones, an
+  IEEE NaN pattern whenever ``m >= 1``), sign 0, and :func:`dequantize` returns
+  NaN for it, so a non-finite input decodes to a non-finite value (the grid has
+  no inf symbol; saturating inf to +-max would turn it into a plausible number
+  that error feedback keeps sending).
 * Zero is unsigned: a value that rounds to magnitude 0 gets sign 0 (no -0 symbol).
 * With ``s = 0`` the grid is non-negative and negative inputs saturate to 0.
 """
@@ -124,14 +123,15 @@ def make_grid(fmt=(1, 2, 1)) -> FloatGrid:
 
 
 def quantize_mag(a: jax.Array, grid: FloatGrid) -> jax.Array:
-  """Round-to-nearest magnitude index (ties to even), saturating, NaN -> ``nan_mag``.
+  """Round-to-nearest magnitude index (ties to even), saturating, inf/NaN -> ``nan_mag``.
 
   Args:
     a: float32[...] non-negative magnitudes (already scaled), may hold inf/NaN.
     grid: the target grid.
 
   Returns:
-    int32[...] magnitude indices in ``[0, M)``, or ``grid.nan_mag`` where ``a`` is NaN.
+    int32[...] magnitude indices in ``[0, M)``, or ``grid.nan_mag`` where ``a`` is
+    not finite.
   """
   a = jnp.asarray(a, jnp.float32)
   if grid.num_mags == 1:
@@ -147,14 +147,14 @@ def quantize_mag(a: jax.Array, grid: FloatGrid) -> jax.Array:
     # lo == hi: no tie, index lo. lo < hi: a == mids[lo], pick the even of lo, lo+1.
     idx = jnp.where(lo == hi, lo, jnp.where(lo % 2 == 0, lo, lo + 1))
     idx = jnp.minimum(idx, grid.num_mags - 1)
-  return jnp.where(jnp.isnan(a), jnp.int32(grid.nan_mag), idx)
+  return jnp.where(jnp.isfinite(a), idx, jnp.int32(grid.nan_mag))
 
 
 def quantize(x: jax.Array, grid: FloatGrid) -> jax.Array:
   """Rounds ``x`` onto the grid and returns the uint8 symbols (jit-compatible).
 
-  Round half to even, saturation to +-max, inf -> +-max, NaN -> reserved NaN
-  symbol; see the module docstring.
+  Round half to even, saturation of finite values to +-max, inf and NaN -> the
+  reserved NaN symbol; see the module docstring.
 
   Args:
     x: float[...] values already multiplied by the scale.
@@ -222,6 +222,6 @@ def quantize_reference(x: np.ndarray, grid: FloatGrid) -> np.ndarray:
     idx = np.where(a >= mags[-1], len(mags) - 1, idx)
   else:
     idx = j
-  idx = np.where(np.isnan(a), grid.nan_mag, idx)
+  idx = np.where(np.isfinite(a), idx, grid.nan_mag)
   neg = (x < 0) & (idx > 0) & (idx != grid.nan_mag)
   return np.where(neg, (1 << (grid.fmt[1] + grid.fmt[2])) | idx, idx).astype(np.uint8)

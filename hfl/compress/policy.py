@@ -227,17 +227,20 @@ def payload_shape(compressor: base.Compressor):
   return payload
 
 
-def static_bits(compressor: base.Compressor) -> float:
+def static_bits(compressor: base.Compressor) -> int:
   """Payload bits of ``compressor`` from its payload's static shapes and dtypes.
 
-  Exact for every compressor whose ``wire_bits`` is the default
-  (:func:`base.payload_bits`). For a variable-length code (CO3) it is the size of
+  Exact for every compressor whose ``wire_bits`` is static (the default,
+  :func:`base.payload_bits`). For a variable-length code (CO3) it is the size of
   the fixed-width payload the simulation moves (8 bits per symbol + header), only an
   estimate of the charged length: typically far above it, but a leaf of rare
   symbols can cost more (a CO3 Huffman codeword has up to
   ``coding.MAX_CODE_LEN`` bits, plus a sign bit).
+
+  Returns:
+    Python int.
   """
-  return float(base.payload_bits(payload_shape(compressor)))
+  return base.payload_bits(payload_shape(compressor))
 
 
 def describe(compressors: Sequence[base.Compressor], shapes) -> str:

@@ -17,19 +17,23 @@ Semantics of an absent DC ``d`` in round ``r``:
   renormalised to sum to 1 (:func:`hfl.sync.aggregation.fedavg_weights` with
   ``present``);
 - at the end of round r it restarts from the new global model, like every DC;
-  discarded work should leave no trace, so the loop should also roll back the
-  DC's per-round state (inner optimizer state, error-feedback residuals) to
-  its start-of-round values;
-- it sends nothing on the WAN in round r (count no inter-DC bytes for it) and
-  the round time should be the max over present DCs only.
+  discarded work leaves no trace: the loop rolls the DC's per-DC state (inner
+  optimizer state, uplink, downlink and WAN error-feedback residuals and
+  compressor states, DGC velocity) back to its start-of-round values
+  (hfl.step.round_start / discard_absent);
+- it sends nothing on the WAN in round r (no inter-DC bytes are counted for it)
+  and the round time is the max over present DCs only
+  (hfl.network.advance_round). Its LAN traffic in round r did happen and is
+  counted.
 
 A spec that makes every DC absent in some round is rejected: there would be
 nothing to aggregate.
 
 How the training loop uses it: build ``present = make_present_fn(
-config.sync.faults, config.mesh.num_dcs)`` once; at each round r pass
-``present(r)`` (bool [D]) into the jitted round, where it masks the aggregation
-weights. Host-side numpy; pure.
+config.sync.faults, config.mesh.num_dcs)`` once; at the start of each round r,
+if ``present(r)`` (bool [D]) has an absent DC, copy the per-DC state; pass the
+weights masked by ``present(r)`` into the jitted round; after it, restore the
+absent DCs' per-DC state from the copy. Host-side numpy; pure.
 """
 
 import re
