@@ -30,8 +30,10 @@ and sums the XLA:CPU op time per op category from it.
 import argparse
 import ast
 import collections
+import cProfile
 import functools
 import os
+import pstats
 import shutil
 import sys
 import tempfile
@@ -186,6 +188,8 @@ def main():
   ap.add_argument('--workdir', default=None, help='default: a fresh temporary directory')
   ap.add_argument('--collectives', action='store_true')
   ap.add_argument('--trace', default=None, help='write a jax.profiler trace here')
+  ap.add_argument('--cprofile', type=int, default=0,
+                  help='also print the N functions with the most cumulative time (cProfile)')
   ap.add_argument('overrides', nargs='*', help='--config.FIELD=VALUE (after --)')
   args = ap.parse_args()
 
@@ -207,9 +211,16 @@ def main():
   workdir = args.workdir or tempfile.mkdtemp(prefix='hfl_profile_')
   print(f'allocator: {runtime.active() or "glibc malloc (untuned)"}; config {args.config}, '
         f'{args.steps} steps, workdir {workdir}')
+  prof = cProfile.Profile() if args.cprofile else None
   t0 = time.perf_counter()
+  if prof:
+    prof.enable()
   summary = train.train_and_evaluate(config, workdir)
+  if prof:
+    prof.disable()
   total = time.perf_counter() - t0
+  if prof:
+    pstats.Stats(prof).sort_stats('cumulative').print_stats(args.cprofile)
   accounted = sum(TIMES.values())
   print(f'\n| part | seconds | share of wall | calls |\n|---|---:|---:|---:|')
   for name, t in sorted(TIMES.items(), key=lambda kv: -kv[1]):
