@@ -6,12 +6,15 @@ import os
 import subprocess
 import sys
 
+import numpy as np
 import pytest
 
 from hfl import runtime
 from test_train import make_fake_fashion_mnist
 
 REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+sys.path.insert(0, os.path.join(REPO, 'bench'))
+import same_results  # noqa: E402  pylint: disable=g-import-not-at-top
 TCMALLOC = runtime.find_tcmalloc()
 needs_tcmalloc = pytest.mark.skipif(
     TCMALLOC is None, reason=f'{runtime.TCMALLOC} not installed (launch/setup.sh installs it)')
@@ -158,12 +161,25 @@ def test_allocator_changes_no_result(tmp_path):
     run = subprocess.run(cmd, cwd=REPO, env=dict(env, JAX_PLATFORMS='cpu'),
                          capture_output=True, text=True, timeout=600)
     assert run.returncode == 0, run.stderr[-3000:]
-    summary = json.loads((workdir / 'summary.json').read_text())
-    records = [json.loads(l) for l in (workdir / 'metrics.jsonl').read_text().splitlines()]
-    for rec in [summary] + records:
-      rec.pop('wall_time_s')
-      rec.pop('step_wall_s', None)
-    outputs[name] = (summary, records)
-  losses = [r['test_loss'] for r in outputs['glibc'][1]]
+    outputs[name] = same_results.load(str(workdir))
+  losses = [r['test_loss'] for k, r in sorted(outputs['glibc'].items()) if k != 'summary.json']
   assert len(losses) == 2 and losses[0] != losses[1]  # it trained
-  assert outputs['glibc'] == outputs['tcmalloc']
+  assert same_results.differences(outputs['glibc'], outputs['tcmalloc']) == []
+  assert outputs['glibc']['summary.json']['final_test_loss'] == losses[-1]
+
+
+def test_same_results_sees_one_ulp_and_ignores_wall_clock(tmp_path):
+  def write(name, loss, wall):
+    d = tmp_path / name
+    d.mkdir()
+    rec = {'step': 4, 'test_loss': loss, 'wall_time_s': wall}
+    (d / 'metrics.jsonl').write_text(json.dumps(rec) + '\n')
+    (d / 'summary.json').write_text(json.dumps(
+        {'final_test_loss': loss, 'wall_time_s': wall, 'step_wall_s': {'round_median': wall}}))
+    return str(d)
+  a = write('a', 0.25, 1.0)
+  assert same_results.main(['', a, write('b', 0.25, 7.0)]) == 0
+  c = write('c', float(np.nextafter(0.25, 1.0)), 1.0)
+  assert same_results.differences(same_results.load(a), same_results.load(c)) == [
+      'metrics.jsonl[0].test_loss: 0.25 != 0.25000000000000006',
+      'summary.json.final_test_loss: 0.25 != 0.25000000000000006']
