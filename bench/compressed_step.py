@@ -23,6 +23,10 @@ import time
 
 sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
+from hfl import runtime  # noqa: E402
+
+runtime.use_fast_allocator()  # re-exec once with tcmalloc (docs/benchmarks.md)
+
 import jax  # noqa: E402
 
 jax.config.update('jax_num_cpu_devices', 8)

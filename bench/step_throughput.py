@@ -1,23 +1,47 @@
-"""Steps/s of the hierarchical step (k=1, no compression) vs plain data parallelism.
+"""Steps/s of the hierarchical step vs data parallelism vs one device, and the model
+FLOPs utilisation (MFU) against this CPU's peak.
 
-Both programs train the same model on the same per-worker batch over the same
-('dc', 'worker') mesh with SGD:
+For each model, three programs train the same model on the same global batch
+(D x W workers x --batch examples) with SGD, timed in alternating blocks in one
+process (medians; quote the ratios):
   * hierarchical: hfl.step with do_round=True every iteration (intra-DC all-reduce
     over 'worker', optimizer on the workers, inter-DC all-gather of the
-    pseudo-gradient over 'dc', outer averaging) — the synchronous HPS baseline;
+    pseudo-gradient over 'dc', outer averaging): the synchronous HPS baseline;
   * data parallel: one shard_map'd step, gradient pmean over ('dc', 'worker'),
-    optax update.
-They are timed in alternating blocks in one process; the ratio is what to quote.
+    optax update;
+  * one device: plain jax.jit of the same SGD step on the whole global batch on
+    device 0 (no mesh, no collectives).
 
-  python bench/step_throughput.py [--model=cnn] [--steps=60] [--batch=32]
+Model FLOPs per step are counted from the program (the jaxpr of the global-batch
+loss and gradient: 2 x multiply-adds of every dot_general and convolution, i.e.
+the matmul/conv work of forward and backward passes, nothing else) and
+cross-checked against XLA's cost analysis of the compiled programs (which also
+counts elementwise work: the hierarchical step's SPMD program reports one
+device's share, multiplied here by the device count). MFU = model FLOPs/step x
+steps/s / peak, peak from bench/flops.py (lscpu and /proc/cpuinfo: cores x clock x
+fp32 lanes x FMA units x 2).
+
+Inputs are synthetic, shaped like each model's data: the dataset of the first
+config in configs/ that uses the model (28x28x1 for Fashion-MNIST/MNIST, 32x32x3
+for CIFAR), float32 images with int labels; a token model (``seq_len``/
+``vocab_size`` attributes, or hfl.models.input_kind) gets int32 token windows
+[B, seq_len] with next-token labels.
+
+  python3 bench/step_throughput.py [--model=cnn[,mlp,...]|all] [--steps=30] \
+      [--blocks=4] [--batch=32] [--fma_units=N] [--clock_ghz=F]
 """
 
 import argparse
+import glob
 import os
 import sys
 import time
 
 sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+
+from hfl import runtime  # noqa: E402
+
+runtime.use_fast_allocator()  # re-exec once with tcmalloc (docs/benchmarks.md)
 
 import jax  # noqa: E402
 
@@ -28,35 +52,94 @@ import numpy as np  # noqa: E402
 import optax  # noqa: E402
 from jax.sharding import NamedSharding, PartitionSpec as P  # noqa: E402
 
-from hfl import mesh as mesh_lib, models, step as step_lib  # noqa: E402
+from hfl import config as config_lib, mesh as mesh_lib, models, step as step_lib  # noqa: E402
 from hfl.compress import base  # noqa: E402
 
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+from flops import jaxpr_flops, this_cpu_peak_flops, xla_flops  # noqa: E402
 
-def main():
-  ap = argparse.ArgumentParser()
-  ap.add_argument('--model', default='cnn')
-  ap.add_argument('--steps', type=int, default=60)
-  ap.add_argument('--blocks', type=int, default=4)
-  ap.add_argument('--batch', type=int, default=32)
-  args = ap.parse_args()
-  d, w = 2, 4
-  mesh = mesh_lib.make_mesh(d, w)
-  net = models.get_model(args.model, 10)
-  params = net.init(jax.random.PRNGKey(0), jnp.zeros((1, 28, 28, 1)))['params']
+D, W = 2, 4
+# Per-example image shapes of the datasets hfl reads (HWC).
+IMAGE_SHAPES = {'fashion_mnist': (28, 28, 1), 'mnist': (28, 28, 1), 'cifar10': (32, 32, 3),
+                'cifar100': (32, 32, 3), 'svhn_cropped': (32, 32, 3)}
+DEFAULT_VOCAB = 65  # Tiny Shakespeare's characters
+
+
+# ------------------------------------------------------------------------------
+# Models and inputs.
+# ------------------------------------------------------------------------------
+
+def model_dataset(name: str) -> str | None:
+  """The dataset of the first config in configs/ (sorted, default.py first) using ``name``."""
+  root = os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(__file__))), 'configs')
+  files = sorted(glob.glob(os.path.join(root, '*.py')), key=lambda f: (
+      not f.endswith('default.py'), f))
+  for f in files:
+    try:
+      c = config_lib.load_file(f)
+    except Exception:  # pylint: disable=broad-except
+      continue
+    if c.get('model', {}).get('name') == name:
+      return c.dataset.name
+  return None
+
+
+def build(name: str, batch: int, rng):
+  """(net, global inputs x [D, W, B, ...], labels y [D, W, B(, T)], description)."""
+  kind = models.input_kind(name) if hasattr(models, 'input_kind') else None
+  try:
+    net = models.get_model(name, DEFAULT_VOCAB if kind == 'tokens' else 10)
+  except TypeError:
+    net = models.get_model(name, 10)
+  if kind is None:
+    kind = 'tokens' if hasattr(net, 'vocab_size') else 'image'
+  if kind == 'tokens':
+    t, v = int(getattr(net, 'seq_len', 64)), int(getattr(net, 'vocab_size', DEFAULT_VOCAB))
+    tokens = rng.integers(0, v, size=(D, W, batch, t + 1)).astype(np.int32)
+    return net, tokens[..., :-1], tokens[..., 1:], f'int32 tokens [{t}], vocab {v}'
+  dataset = model_dataset(name) or 'fashion_mnist'
+  shape = IMAGE_SHAPES.get(dataset, (28, 28, 1))
+  x = rng.normal(size=(D, W, batch) + shape).astype(np.float32)
+  y = rng.integers(0, 10, size=(D, W, batch)).astype(np.int32)
+  return net, x, y, f'{dataset} {"x".join(map(str, shape))}'
+
+
+# ------------------------------------------------------------------------------
+# The three programs.
+# ------------------------------------------------------------------------------
+
+def programs(net, x_host, y_host, mesh):
+  """Returns {name: (run(n) -> None, xla FLOPs/step)} and the model FLOPs/step."""
+  x0 = jnp.asarray(x_host[0, 0, :1])
+  params = net.init(jax.random.PRNGKey(0), x0)['params']
   apply_fn = lambda p, x: net.apply({'params': p}, x)
   opt = optax.sgd(0.05)
 
   def loss_fn(p, x, y):
     return optax.softmax_cross_entropy_with_integer_labels(apply_fn(p, x), y).mean()
 
+  gx = x_host.reshape((-1,) + x_host.shape[3:])
+  gy = y_host.reshape((-1,) + y_host.shape[3:])
+  model_flops = jaxpr_flops(jax.make_jaxpr(jax.value_and_grad(loss_fn))(params, gx, gy))
+
   # ---- Hierarchical step.
-  leaves = jax.tree.leaves(params)
-  ident = [base.identity(l.shape) for l in leaves]
+  ident = [base.identity(l.shape) for l in jax.tree.leaves(params)]
   comps = step_lib.Compressors(ident, ident, ident)
-  outer = optax.sgd(1.0)
-  state = step_lib.init_state(params, opt, outer, comps, d, w, jax.random.PRNGKey(1))
+  state = step_lib.init_state(params, opt, optax.sgd(1.0), comps, D, W, jax.random.PRNGKey(1))
   state = jax.device_put(state, step_lib.state_shardings(mesh, state))
-  hstep = step_lib.make_step(apply_fn, opt, outer, comps, mesh, state)
+  hstep = step_lib.make_step(apply_fn, opt, optax.sgd(1.0), comps, mesh, state)
+  bsh = NamedSharding(mesh, P('dc', 'worker'))
+  rep = NamedSharding(mesh, P())
+  x, y = jax.device_put(x_host, bsh), jax.device_put(y_host, bsh)
+  active = jax.device_put(np.ones(D, bool), NamedSharding(mesh, P('dc')))
+  weights = jax.device_put(np.full(D, 1 / D, np.float32), rep)
+  h_flops = xla_flops(hstep.jitted[True].lower(state, x, y, active, weights).compile()) * D * W
+  box = {'h': state}
+
+  def run_h(n):
+    for _ in range(n):
+      box['h'], m = hstep(box['h'], (x, y), active, weights, True)
+      jax.block_until_ready(m)
 
   # ---- Data-parallel step.
   def dp_body(p, o, x, y):
@@ -68,44 +151,86 @@ def main():
   dp = jax.jit(jax.shard_map(dp_body, mesh=mesh,
                              in_specs=(P(), P(), P('dc', 'worker'), P('dc', 'worker')),
                              out_specs=(P(), P())), donate_argnums=(0, 1))
-  rep = NamedSharding(mesh, P())
-  dp_p = jax.device_put(jax.tree.map(jnp.array, params), rep)
-  dp_o = jax.device_put(opt.init(params), rep)
-
-  rng = np.random.default_rng(0)
-  bsh = NamedSharding(mesh, P('dc', 'worker'))
-  x = jax.device_put(rng.normal(size=(d, w, args.batch, 28, 28, 1)).astype(np.float32), bsh)
-  y = jax.device_put(rng.integers(0, 10, size=(d, w, args.batch)).astype(np.int32), bsh)
-  active = jax.device_put(np.ones(d, bool), NamedSharding(mesh, P('dc')))
-  weights = jax.device_put(np.full(d, 1 / d, np.float32), rep)
-
-  def run_h(n):
-    nonlocal state
-    for _ in range(n):
-      state, m = hstep(state, (x, y), active, weights, True)
-      jax.block_until_ready(m)
+  box['dp'] = (jax.device_put(jax.tree.map(jnp.array, params), rep),
+               jax.device_put(opt.init(params), rep))
+  dp_flops = xla_flops(dp.lower(*box['dp'], x, y).compile()) * D * W
 
   def run_dp(n):
-    nonlocal dp_p, dp_o
     for _ in range(n):
-      dp_p, dp_o = dp(dp_p, dp_o, x, y)
-      jax.block_until_ready(dp_p)
+      box['dp'] = dp(*box['dp'], x, y)
+      jax.block_until_ready(box['dp'])
 
-  run_h(3)
-  run_dp(3)
-  t_h, t_dp = [], []
-  for _ in range(args.blocks):
-    t0 = time.perf_counter()
-    run_h(args.steps)
-    t_h.append(time.perf_counter() - t0)
-    t0 = time.perf_counter()
-    run_dp(args.steps)
-    t_dp.append(time.perf_counter() - t0)
-  sh = args.steps / np.median(t_h)
-  sdp = args.steps / np.median(t_dp)
-  print(f'| model | batch/worker | mesh | hierarchical k=1 steps/s | data-parallel steps/s | ratio |')
-  print(f'|---|---|---|---|---|---|')
-  print(f'| {args.model} | {args.batch} | {d}x{w} | {sh:.2f} | {sdp:.2f} | {sh / sdp:.3f} |')
+  # ---- One device, plain jax.jit, the global batch.
+  dev = jax.devices()[0]
+
+  def one_step(p, o, x, y):
+    g = jax.grad(loss_fn)(p, x, y)
+    u, o = opt.update(g, o, p)
+    return optax.apply_updates(p, u), o
+  one = jax.jit(one_step, donate_argnums=(0, 1))
+  box['one'] = jax.device_put((jax.tree.map(jnp.array, params), opt.init(params)), dev)
+  ox, oy = jax.device_put(gx, dev), jax.device_put(gy, dev)
+  one_flops = xla_flops(one.lower(*box['one'], ox, oy).compile())
+
+  def run_one(n):
+    for _ in range(n):
+      box['one'] = one(*box['one'], ox, oy)
+      jax.block_until_ready(box['one'])
+
+  progs = {'hierarchical': (run_h, h_flops), 'data parallel': (run_dp, dp_flops),
+           'one device': (run_one, one_flops)}
+  return progs, model_flops
+
+
+def measure(progs, steps: int, blocks: int) -> dict:
+  """Median steps/s of each program over alternating blocks (after 2 warm-up steps)."""
+  for run, _ in progs.values():
+    run(2)
+  times = {k: [] for k in progs}
+  for _ in range(blocks):
+    for k, (run, _) in progs.items():
+      t0 = time.perf_counter()
+      run(steps)
+      times[k].append(time.perf_counter() - t0)
+  return {k: steps / float(np.median(v)) for k, v in times.items()}
+
+
+def main():
+  ap = argparse.ArgumentParser(description=__doc__.split('\n')[0])
+  ap.add_argument('--model', default='cnn',
+                  help=f'comma-separated models, or all ({", ".join(models.MODELS)})')
+  ap.add_argument('--steps', type=int, default=30, help='steps per timed block')
+  ap.add_argument('--blocks', type=int, default=4)
+  ap.add_argument('--batch', type=int, default=32, help='examples per worker')
+  ap.add_argument('--fma_units', type=int, default=None)
+  ap.add_argument('--clock_ghz', type=float, default=None)
+  args = ap.parse_args()
+  names = list(models.MODELS) if args.model == 'all' else args.model.split(',')
+  for n in names:
+    if n not in models.MODELS:
+      ap.error(f'--model={n!r} is not one of {", ".join(models.MODELS)}')
+  peak, derivation = this_cpu_peak_flops(args.fma_units, args.clock_ghz)
+  print(f'peak: {derivation}')
+  print(f'allocator: {runtime.active() or "glibc malloc"}; {D}x{W} mesh of '
+        f'{jax.device_count()} CPU devices; {args.batch} examples per worker, global batch '
+        f'{D * W * args.batch}; median of {args.blocks} alternating blocks of {args.steps} steps')
+  mesh = mesh_lib.make_mesh(D, W)
+  rows = []
+  for name in names:
+    net, x, y, desc = build(name, args.batch, np.random.default_rng(0))
+    progs, model_flops = programs(net, x, y, mesh)
+    rate = measure(progs, args.steps, args.blocks)
+    rows.append((name, desc, model_flops, progs, rate))
+    print(f'{name}: done', file=sys.stderr, flush=True)
+  print('\n| model | input | model GFLOP/step (jaxpr) | XLA GFLOP/step: hier. / DP / 1 dev. | '
+        'hierarchical steps/s | data-parallel steps/s | hier. / DP | one device (jit) steps/s | '
+        'MFU hierarchical | MFU one device |')
+  print('|---|---|---:|---:|---:|---:|---:|---:|---:|---:|')
+  for name, desc, mf, progs, r in rows:
+    xla = ' / '.join(f'{progs[k][1] / 1e9:.3f}' for k in progs)
+    h, dp, one = r['hierarchical'], r['data parallel'], r['one device']
+    print(f'| {name} | {desc} | {mf / 1e9:.3f} | {xla} | {h:.2f} | {dp:.2f} | {h / dp:.3f} | '
+          f'{one:.2f} | {mf * h / peak:.1%} | {mf * one / peak:.1%} |')
 
 
 if __name__ == '__main__':
