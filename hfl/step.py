@@ -52,6 +52,7 @@ import numpy as np
 import optax
 from jax.sharding import Mesh, NamedSharding, PartitionSpec as P
 
+from hfl import collectives
 from hfl import mesh as mesh_lib
 from hfl.compress import base
 from hfl.compress import dgc
@@ -288,10 +289,23 @@ def reduce_scatters(cu: base.Compressor, cd: base.Compressor) -> bool:
   return cu.linear and cu.lossless and cd.linear and cd.lossless
 
 
-def exchange(c: base.Compressor, x, residual, state, key, axis: str, axis_size: int,
-             weights=None, gamma=None, split_axis: str | None = None,
-             split_size: int = 1, with_payload: bool = False, scatter: bool = False):
+def exchange(*args, **kwargs):
   """Error-feedback-compresses ``x``, sends it over mesh axis ``axis``, aggregates.
+
+  ``exchange_steps(...)`` (same arguments) run with its collective applied
+  directly; see there.
+  """
+  return collectives.run(exchange_steps(*args, **kwargs))
+
+
+def exchange_steps(c: base.Compressor, x, residual, state, key, axis: str, axis_size: int,
+                   weights=None, gamma=None, split_axis: str | None = None,
+                   split_size: int = 1, with_payload: bool = False, scatter: bool = False):
+  """Error-feedback-compresses ``x``, sends it over mesh axis ``axis``, aggregates.
+
+  A generator: it yields its one collective (a ``hfl.collectives.Call``) and
+  receives the result, so that several leaves' exchanges can share one
+  collective (``collectives.run_fused``); :func:`exchange` runs one alone.
 
   Error feedback (hfl.compress.ef): p = x + γ e; payload = C(p); e <- p - D(payload)
   (skipped for lossless compressors, whose residual stays 0).
@@ -354,14 +368,21 @@ def exchange(c: base.Compressor, x, residual, state, key, axis: str, axis_size: 
       bits = jnp.float32(axis_size * chunk_bits(wire, axis_size))
       agg = c.decode(psum_scatter_split(wire, axis, axis_size))
     elif split_axis is None:
-      agg = c.decode(jax.lax.psum(wire, axis))
+      agg = c.decode((yield collectives.Call(
+          lambda a: jax.lax.psum(a, axis), wire, ('psum', axis))))
     else:
-      agg = c.decode(psum_split(wire, axis, split_axis, split_size))
+      agg = c.decode((yield collectives.Call(
+          lambda a: psum_split(a, axis, split_axis, split_size), wire,
+          ('psum_split', axis, split_axis, split_size))))
   else:
     if split_axis is None:
-      gathered = jax.lax.all_gather(payload, axis, to='invarying')
+      gathered = yield collectives.Call(
+          lambda a: jax.lax.all_gather(a, axis, to='invarying'), payload,
+          ('all_gather', axis), pack_bytes=True)
     else:
-      gathered = all_gather_split(payload, axis, split_axis, split_size)
+      gathered = yield collectives.Call(
+          lambda a: all_gather_split(a, axis, split_axis, split_size), payload,
+          ('all_gather_split', axis, split_axis, split_size), pack_bytes=True)
     if weights is None:
       agg = ef.aggregate(c, gathered, axis_size)
     else:
@@ -573,10 +594,14 @@ def make_step(apply_fn: Callable, optimizer: optax.GradientTransformation,
       x0_leaves = treedef.flatten_up_to(global_params)
       r_leaves = treedef.flatten_up_to(wan_residual)
       new_r, new_st, delta = [], [], []
-      for i, (x, x0) in enumerate(zip(x_leaves, x0_leaves)):
-        agg, e, st, bits = exchange(comps.wan[i], x0 - x, r_leaves[i], wan_state[i],
-                                    jax.random.fold_in(dc_key, 1000 + i), DC, num_d, weights,
-                                    split_axis=WORKER, split_size=num_w)
+      # All leaves' WAN payloads cross in one collective per kind and dtype
+      # (hfl.collectives): a multi-process transport pays its latencies once.
+      exchanged = collectives.run_fused([
+          exchange_steps(comps.wan[i], x0 - x, r_leaves[i], wan_state[i],
+                         jax.random.fold_in(dc_key, 1000 + i), DC, num_d, weights,
+                         split_axis=WORKER, split_size=num_w)
+          for i, (x, x0) in enumerate(zip(x_leaves, x0_leaves))])
+      for i, (agg, e, st, bits) in enumerate(exchanged):
         wan_bits += bits
         delta.append(agg)
         new_r.append(jnp.where(present, e, r_leaves[i]))

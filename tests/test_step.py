@@ -309,27 +309,32 @@ def test_sharded_state_bytes_equal_hlo_collectives(up):
 
 @pytest.mark.parametrize('name', ['topk', 'bf16'])
 def test_compressed_wan_bytes_equal_hlo_collectives(name):
-  """Over 'dc' each of the DC's W workers sends 1/W of every payload array (padded
-  to a multiple of W), so the DC's devices put the counted WAN payload on the
-  WAN once, plus < W padding entries per array."""
+  """All leaves' WAN payloads cross 'dc' in one fused collective (hfl.collectives:
+  top-k values and indices as one byte buffer, the bf16 casts as one bf16 buffer),
+  and each of the DC's W workers sends 1/W of it (padded to a multiple of W), so
+  the DC's devices put the counted WAN payload on the WAN once, plus < W padding
+  entries."""
   wan = {'topk': lambda s: sparse.topk(s, 0.05), 'bf16': lambda s: base.cast(s, jnp.bfloat16)}
   mesh, params, apply_fn, state, fn = _setup(comp_wan=wan[name])
   payload, m = _lowered_bytes(fn, mesh, state, True)
   ops = payload['dc']
   leaves = jax.tree.leaves(params)
   if name == 'topk':
-    assert {op for op, _, _ in ops} == {'all_gather'}
+    assert [op for op, _, _ in ops] == ['all_gather']
+    assert ops[0][2].endswith('xui8>')
     arrays = [(sparse.num_kept(l.size, 0.05), 4) for l in leaves] + [
         (sparse.num_kept(l.size, 0.05), jnp.dtype(sparse.index_dtype(l.size)).itemsize)
         for l in leaves]
+    entries, size = sum(n * s for n, s in arrays), 1  # one buffer of bytes
   else:
-    assert {op for op, _, _ in ops} == {'all_reduce'}
+    assert [op for op, _, _ in ops] == ['all_reduce']
     arrays = [(l.size, 2) for l in leaves]
-  padded = sum(-(-n // W) * W * size for n, size in arrays)
+    entries, size = sum(l.size for l in leaves), 2  # one bf16 buffer
+  padded = -(-entries // W) * W * size
   assert W * sum(b for _, b, _ in ops) == padded
   counted = float(m['wan_bits'][0]) / 8
   assert counted == sum(n * size for n, size in arrays)
-  assert 0 <= padded - counted < W * sum(size for _, size in arrays)
+  assert 0 <= padded - counted < W * size
 
 
 def test_co3_as_wan_compressor_of_the_pseudo_gradient():
