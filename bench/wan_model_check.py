@@ -4,12 +4,15 @@ For each WAN payload, K and one-way latency, the same run is made with one
 process per DC over a shaped link (launch/emulated_wan.py: network namespaces,
 rate and delay) and, once per (payload, K), over loopback
 (launch/local_multiprocess.py). Each run times its own round iterations
-(summary.json ``step_wall_s.round_median``: the step with the inter-DC exchange
-plus the host loop's gather of the round's metrics, compilations left out), so
+(summary.json ``step_wall_s``: the step with the inter-DC exchange plus the host
+loop's gather of the round's metrics, compilations left out), so
 
-  measured C = median round iteration over the WAN - the same over loopback
+  measured C = round iteration over the WAN - the same over loopback
 
-is the wall-clock the WAN adds to a round. It is compared with the model's
+is the wall-clock the WAN adds to a round. On a shared machine CPU contention
+adds time to either run, so the runs are repeated, interleaved, and C is given
+two ways: from the medians (median over repetitions of each run's median round)
+and from the minima (fastest WAN round minus fastest loopback round). It is compared with the model's
 C_d = max(egress, ingress) / bandwidth + H x one-way latency
 (``hfl.network.round_comm_time``, from the bits the run counted), with ONE H for
 all latencies and K, not fitted: H = ``hfl.network.gloo_round_latencies`` of the
@@ -127,13 +130,14 @@ def bench(args, config, root, num_dcs):
                      '--config.train.log_every=100000', f'--config.compression.wan.name={wan}',
                      f'--config.network.wan_bandwidth_mbps={args.wan_mbps}']
       hops = round_latencies(config, wan, num_dcs)
+      # (round median, round min) of each run, seconds.
       loop_s, wan_s, bits, info = [], {lat: [] for lat in lats}, None, {}
       for rep in range(args.repeats):  # interleaved, so load drift hits all alike
         loop = os.path.join(root, f'loop_{wan}_k{k}_{rep}')
         s_loop = run([sys.executable, os.path.join(REPO, 'launch', 'local_multiprocess.py'),
                       f'--num_processes={num_dcs}', '--', *common_args, f'--workdir={loop}'],
                      loop)
-        loop_s.append(s_loop['step_wall_s']['round_median'])
+        loop_s.append((s_loop['step_wall_s']['round_median'], s_loop['step_wall_s']['round_min']))
         for lat in lats:
           shaped = os.path.join(root, f'wan_{wan}_k{k}_{lat:g}ms_{rep}')
           s_wan = run([sys.executable, os.path.join(REPO, 'launch', 'emulated_wan.py'),
@@ -144,31 +148,33 @@ def bench(args, config, root, num_dcs):
             info[lat] = json.load(f)
           if lat and not info[lat]['one_way_delay_ms']:
             raise RuntimeError(f'no delay could be added ({info}); cannot measure latencies.')
-          wan_s[lat].append(s_wan['step_wall_s']['round_median'])
+          wan_s[lat].append((s_wan['step_wall_s']['round_median'],
+                             s_wan['step_wall_s']['round_min']))
           # Bits of each DC's payload per round (inter_dc counts each DC's payload
           # once per receiving DC, hfl.network.link_bytes).
           bits = (s_wan['bytes']['inter_dc'] * 8 / s_wan['inter_dc_rounds']
                   / (num_dcs * (num_dcs - 1)))
           n = s_wan['step_wall_s']['round_n']
-        print(f'{wan} K={k} rep {rep}: loopback round {loop_s[-1] * 1e3:.1f} ms, WAN '
-              + ', '.join(f'{lat:g} ms: {wan_s[lat][-1] * 1e3:.1f} ms' for lat in lats),
-              flush=True)
+        fmt = lambda v: f'{v[0] * 1e3:.1f} (min {v[1] * 1e3:.1f})'
+        print(f'{wan} K={k} rep {rep}: round median (min) over {n} rounds, ms: loopback '
+              f'{fmt(loop_s[-1])}, WAN ' + ', '.join(f'{lat:g} ms: {fmt(wan_s[lat][-1])}'
+                                                      for lat in lats), flush=True)
       for lat in lats:
-        measured = float(np.median(wan_s[lat]) - np.median(loop_s))
-        spread = (min(wan_s[lat]) - max(loop_s), max(wan_s[lat]) - min(loop_s))
-        rows.append((wan, k, lat, n, bits / 8, measured, spread,
-                     model(args, num_dcs, bits, lat, 2), hops,
-                     model(args, num_dcs, bits, lat, hops), info[lat]['delay_method']))
-  print(f'\n{args.repeats} repetitions of each run; measured C = median over them of the WAN '
-        'run\'s round median - the same of the loopback runs (range: extreme pairs).\n')
-  print('| WAN payload | K | one-way latency | bytes per DC per round | measured C (ms) '
-        '| range (ms) | model, H=2 (ms) | measured / model | H (gloo) | model, gloo H (ms) '
-        '| measured / model |')
+        med = float(np.median([v[0] for v in wan_s[lat]]) - np.median([v[0] for v in loop_s]))
+        low = float(min(v[1] for v in wan_s[lat]) - min(v[1] for v in loop_s))
+        rows.append((wan, k, lat, bits / 8, med, low, model(args, num_dcs, bits, lat, 2),
+                     hops, model(args, num_dcs, bits, lat, hops)))
+  print(f'\nmeasured C, median: median over the {args.repeats} repetitions of the WAN run\'s '
+        'median round - the same for the loopback runs; minimum: the fastest WAN round of '
+        'all repetitions - the fastest loopback round (CPU contention only adds time).\n')
+  print('| WAN payload | K | one-way latency | bytes per DC per round | model, H=2 (ms) '
+        '| H (gloo) | model, gloo H (ms) | measured C, median (ms) | measured / model '
+        '| measured C, minimum (ms) | measured / model |')
   print('|---|---|---|---|---|---|---|---|---|---|---|')
-  for wan, k, lat, _, b, c, (lo, hi), m2, hops, mh, _ in rows:
-    print(f'| {wan} | {k} | {lat:g} ms | {b / 1e6:.3f} MB | {c * 1e3:.1f} '
-          f'| {lo * 1e3:.0f}–{hi * 1e3:.0f} | {m2 * 1e3:.1f} | {c / m2:.2f} | {hops} '
-          f'| {mh * 1e3:.1f} | {c / mh:.2f} |')
+  for wan, k, lat, b, med, low, m2, hops, mh in rows:
+    print(f'| {wan} | {k} | {lat:g} ms | {b / 1e6:.3f} MB | {m2 * 1e3:.1f} | {hops} '
+          f'| {mh * 1e3:.1f} | {med * 1e3:.1f} | {med / mh:.2f} | {low * 1e3:.1f} '
+          f'| {low / mh:.2f} |')
 
 
 def model(args, num_dcs, bits, latency_ms, hops):

@@ -594,8 +594,8 @@ def wall_stats(step_wall: dict) -> dict:
       first call of each compiled program, which compiles it, left out).
 
   Returns:
-    ``{'round_median': s | None, 'round_n': int, 'local_median': s | None,
-    'local_n': int}``, seconds. A round iteration includes the inter-DC exchange and
+    ``{'round_median': s | None, 'round_min': s | None, 'round_n': int,
+    'local_median': s | None, 'local_min': s | None, 'local_n': int}``, seconds. A round iteration includes the inter-DC exchange and
     the host loop's one gather of the round's metrics (both cross the WAN), so
     on a real or emulated WAN ``round_median - local_median`` (or the difference
     of ``round_median`` against the same run on a fast network) measures the
@@ -605,6 +605,7 @@ def wall_stats(step_wall: dict) -> dict:
   for kind in ('round', 'local'):
     v = step_wall[kind]
     out[f'{kind}_median'] = float(np.median(v)) if v else None
+    out[f'{kind}_min'] = float(np.min(v)) if v else None
     out[f'{kind}_n'] = len(v)
   return out
 

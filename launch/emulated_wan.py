@@ -361,6 +361,8 @@ def main() -> int:
     return common.fail('[wan]', e)
   logs = os.path.join(workdir, 'logs')
   procs, helpers = {}, {}
+  # SIGTERM (e.g. from a job's timeout) ends the run through the cleanup below.
+  signal.signal(signal.SIGTERM, lambda *_: sys.exit(128 + signal.SIGTERM))
   try:
     try:
       os.makedirs(logs, exist_ok=True)

@@ -101,60 +101,68 @@ def main(argv=None) -> int:
   print(f'[launch] {args.num_processes} processes, coordinator {coordinator}, logs {log_dir}',
         flush=True)
 
+  # SIGTERM (e.g. a job's timeout) ends the run through the cleanup below.
+  signal.signal(signal.SIGTERM, lambda *_: sys.exit(128 + signal.SIGTERM))
   procs = {}  # process id -> (Popen, log path, log file)
-  for i in range(args.num_processes):
-    if i in args.skip_process:
-      continue
-    env = dict(os.environ)
-    env.update(HFL_COORDINATOR=coordinator, HFL_NUM_PROCESSES=str(args.num_processes),
-               HFL_PROCESS_ID=str(i), HFL_INIT_TIMEOUT_S=str(args.init_timeout_s),
-               PYTHONUNBUFFERED='1')
-    env.setdefault('JAX_PLATFORMS', 'cpu')
-    path = os.path.join(log_dir, f'process_{i}.log')
-    log = open(path, 'w')  # pylint: disable=consider-using-with
-    cmd = [args.python, common.MAIN] + args.main_args  # in the caller's directory
-    procs[i] = (subprocess.Popen(cmd, env=env, stdout=log,
-                                 stderr=subprocess.STDOUT, start_new_session=True), path, log)
+  try:
+    for i in range(args.num_processes):
+      if i in args.skip_process:
+        continue
+      env = dict(os.environ)
+      env.update(HFL_COORDINATOR=coordinator, HFL_NUM_PROCESSES=str(args.num_processes),
+                 HFL_PROCESS_ID=str(i), HFL_INIT_TIMEOUT_S=str(args.init_timeout_s),
+                 PYTHONUNBUFFERED='1')
+      env.setdefault('JAX_PLATFORMS', 'cpu')
+      path = os.path.join(log_dir, f'process_{i}.log')
+      log = open(path, 'w')  # pylint: disable=consider-using-with
+      cmd = [args.python, common.MAIN] + args.main_args  # in the caller's directory
+      procs[i] = (subprocess.Popen(cmd, env=env, stdout=log,
+                                   stderr=subprocess.STDOUT, start_new_session=True), path, log)
 
-  echo = None if args.quiet or 0 not in procs else open(procs[0][1], errors='replace')
-  t0 = time.monotonic()
-  failed = None  # (process id, status)
-  fail_time = None
-  status = {}
-  while len(status) < len(procs):
-    for i, (p, _, _) in procs.items():
-      if i not in status and p.poll() is not None:
-        status[i] = p.returncode
-        if p.returncode != 0 and failed is None:
-          failed, fail_time = (i, p.returncode), time.monotonic()
+    echo = None if args.quiet or 0 not in procs else open(procs[0][1], errors='replace')
+    t0 = time.monotonic()
+    failed = None  # (process id, status)
+    fail_time = None
+    status = {}
+    while len(status) < len(procs):
+      for i, (p, _, _) in procs.items():
+        if i not in status and p.poll() is not None:
+          status[i] = p.returncode
+          if p.returncode != 0 and failed is None:
+            failed, fail_time = (i, p.returncode), time.monotonic()
+      if echo is not None:
+        sys.stdout.write(echo.read())
+        sys.stdout.flush()
+      now = time.monotonic()
+      timed_out = args.timeout_s and now - t0 > args.timeout_s
+      if timed_out or (failed is not None and now - fail_time > args.grace_s):
+        for i, (p, _, _) in procs.items():
+          if i not in status and p.poll() is None:
+            os.killpg(p.pid, signal.SIGTERM)
+        deadline = time.monotonic() + 5
+        for i, (p, _, _) in procs.items():
+          if i not in status:
+            try:
+              p.wait(max(deadline - time.monotonic(), 0.1))
+            except subprocess.TimeoutExpired:
+              os.killpg(p.pid, signal.SIGKILL)
+              p.wait()
+            status[i] = p.returncode
+        if timed_out and failed is None:
+          failed = (-1, 124)
+        break
+      time.sleep(0.1)
     if echo is not None:
       sys.stdout.write(echo.read())
-      sys.stdout.flush()
-    now = time.monotonic()
-    timed_out = args.timeout_s and now - t0 > args.timeout_s
-    if timed_out or (failed is not None and now - fail_time > args.grace_s):
-      for i, (p, _, _) in procs.items():
-        if i not in status and p.poll() is None:
-          os.killpg(p.pid, signal.SIGTERM)
-      deadline = time.monotonic() + 5
-      for i, (p, _, _) in procs.items():
-        if i not in status:
-          try:
-            p.wait(max(deadline - time.monotonic(), 0.1))
-          except subprocess.TimeoutExpired:
-            os.killpg(p.pid, signal.SIGKILL)
-            p.wait()
-          status[i] = p.returncode
-      if timed_out and failed is None:
-        failed = (-1, 124)
-      break
-    time.sleep(0.1)
-  if echo is not None:
-    sys.stdout.write(echo.read())
-    echo.close()
-  for _, _, log in procs.values():
-    log.close()
+      echo.close()
+    for _, _, log in procs.values():
+      log.close()
 
+  finally:  # nothing outlives the launcher
+    for p, _, _ in procs.values():
+      if p.poll() is None:
+        os.killpg(p.pid, signal.SIGKILL)
+        p.wait()
   if failed is None:
     print(f'[launch] all {len(procs)} processes finished OK in '
           f'{time.monotonic() - t0:.1f} s', flush=True)

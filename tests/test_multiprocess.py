@@ -684,7 +684,9 @@ def test_emulated_wan_run_in_callers_directory(tmp_path):
 def test_emulated_wan_fails_when_its_delay_line_dies(tmp_path):
   """Fault 1: the delay line dying mid-run used to go unnoticed (exit 0, no delay).
   Only where the kernel lacks netem is there a delay line to kill."""
-  if subprocess.run(['modinfo', 'sch_netem'], capture_output=True, check=False).returncode == 0:
+  _emulated_first_failure()  # imports launch/emulated_wan.py
+  import emulated_wan  # pylint: disable=g-import-not-at-top
+  if emulated_wan.has_netem():
     pytest.skip('this kernel has netem: the launcher uses no delay line')
   data = make_dataset(str(tmp_path / 'data'))
   cmd = [sys.executable, EMULATED_WAN, '--wan_latency_ms=5', '--timeout_s=300', '--',
@@ -694,7 +696,10 @@ def test_emulated_wan_fails_when_its_delay_line_dies(tmp_path):
   proc = subprocess.Popen(cmd, cwd=REPO, env=_env(), stdout=subprocess.PIPE,
                           stderr=subprocess.PIPE, text=True)
   try:
-    line = proc.stderr.readline()
+    for _ in range(20):  # the launcher names the delay line's pid on stderr
+      line = proc.stderr.readline()
+      if 'delay line (pid' in line or not line:
+        break
     assert 'delay line (pid' in line, line
     pid = int(line.split('(pid ')[1].split(')')[0])
     log = tmp_path / 'w' / 'logs' / 'process_0.log'
