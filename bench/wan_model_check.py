@@ -9,10 +9,15 @@ loop's gather of the round's metrics, compilations left out), so
 
   measured C = round iteration over the WAN - the same over loopback
 
-is the wall-clock the WAN adds to a round. On a shared machine CPU contention
-adds time to either run, so the runs are repeated, interleaved, and C is given
-two ways: from the medians (median over repetitions of each run's median round)
-and from the minima (fastest WAN round minus fastest loopback round). It is compared with the model's
+is the wall-clock the WAN adds to a round. On a shared machine the load drifts
+between runs and within them, so each round is paired with its own local
+iterations, run moments before: summary.json's ``excess_median`` is the median
+over rounds of (round iteration - median of that round's local iterations), and
+
+  measured C = excess over the WAN - excess over loopback
+
+(medians over ``--repeats`` interleaved repetitions). K must be >= 2 for the
+pairing; the difference of plain round medians is shown for reference. It is compared with the model's
 C_d = max(egress, ingress) / bandwidth + H x one-way latency
 (``hfl.network.round_comm_time``, from the bits the run counted), with ONE H for
 all latencies and K, not fitted: H = ``hfl.network.gloo_round_latencies`` of the
@@ -25,7 +30,7 @@ so on CPU a bf16 WAN payload puts the *f32* bytes on the wire; use fp16 for a
 16-bit row. Root and Linux network namespaces are required.
 
   sudo python3 bench/wan_model_check.py [--wan_mbps=100] [--latencies_ms=10,20]
-      [--ks=1,4] [--wans=identity] [--rounds=10]
+      [--ks=2,8] [--wans=identity] [--rounds=10] [--repeats=3]
 
 Each run writes to a temporary workdir (removed at the end unless --keep); per
 (payload, K) one loopback and one WAN run per latency, ~1 min each on a busy
@@ -100,7 +105,9 @@ def main():
   ap.add_argument('--repeats', type=int, default=3,
                   help='runs of each (payload, K, latency), interleaved with the loopback '
                   'runs; medians are taken over them (a shared machine\'s load drifts)')
-  ap.add_argument('--ks', default='1,4', help='comma-separated K (local steps per round)')
+  ap.add_argument('--ks', default='2,8',
+                  help='comma-separated K >= 2 (local steps per round; the local iterations '
+                  'are the paired reference of each round)')
   ap.add_argument('--wans', default='identity',
                   help='comma-separated WAN compressors (compression.wan.name)')
   ap.add_argument('--keep', action='store_true', help='keep the runs\' temporary workdirs')
@@ -130,14 +137,14 @@ def bench(args, config, root, num_dcs):
                      '--config.train.log_every=100000', f'--config.compression.wan.name={wan}',
                      f'--config.network.wan_bandwidth_mbps={args.wan_mbps}']
       hops = round_latencies(config, wan, num_dcs)
-      # (round median, round min) of each run, seconds.
+      # (paired excess, round median) of each run, seconds.
       loop_s, wan_s, bits, info = [], {lat: [] for lat in lats}, None, {}
       for rep in range(args.repeats):  # interleaved, so load drift hits all alike
         loop = os.path.join(root, f'loop_{wan}_k{k}_{rep}')
         s_loop = run([sys.executable, os.path.join(REPO, 'launch', 'local_multiprocess.py'),
                       f'--num_processes={num_dcs}', '--', *common_args, f'--workdir={loop}'],
                      loop)
-        loop_s.append((s_loop['step_wall_s']['round_median'], s_loop['step_wall_s']['round_min']))
+        loop_s.append(_times(s_loop, k))
         for lat in lats:
           shaped = os.path.join(root, f'wan_{wan}_k{k}_{lat:g}ms_{rep}')
           s_wan = run([sys.executable, os.path.join(REPO, 'launch', 'emulated_wan.py'),
@@ -148,33 +155,41 @@ def bench(args, config, root, num_dcs):
             info[lat] = json.load(f)
           if lat and not info[lat]['one_way_delay_ms']:
             raise RuntimeError(f'no delay could be added ({info}); cannot measure latencies.')
-          wan_s[lat].append((s_wan['step_wall_s']['round_median'],
-                             s_wan['step_wall_s']['round_min']))
+          wan_s[lat].append(_times(s_wan, k))
           # Bits of each DC's payload per round (inter_dc counts each DC's payload
           # once per receiving DC, hfl.network.link_bytes).
           bits = (s_wan['bytes']['inter_dc'] * 8 / s_wan['inter_dc_rounds']
                   / (num_dcs * (num_dcs - 1)))
           n = s_wan['step_wall_s']['round_n']
-        fmt = lambda v: f'{v[0] * 1e3:.1f} (min {v[1] * 1e3:.1f})'
-        print(f'{wan} K={k} rep {rep}: round median (min) over {n} rounds, ms: loopback '
-              f'{fmt(loop_s[-1])}, WAN ' + ', '.join(f'{lat:g} ms: {fmt(wan_s[lat][-1])}'
-                                                      for lat in lats), flush=True)
+        fmt = lambda v: f'{v[0] * 1e3:.1f} (round median {v[1] * 1e3:.1f})'
+        print(f'{wan} K={k} rep {rep}, over {n} rounds, ms: paired excess (round median): '
+              f'loopback {fmt(loop_s[-1])}, WAN ' + ', '.join(
+                  f'{lat:g} ms: {fmt(wan_s[lat][-1])}' for lat in lats), flush=True)
       for lat in lats:
-        med = float(np.median([v[0] for v in wan_s[lat]]) - np.median([v[0] for v in loop_s]))
-        low = float(min(v[1] for v in wan_s[lat]) - min(v[1] for v in loop_s))
-        rows.append((wan, k, lat, bits / 8, med, low, model(args, num_dcs, bits, lat, 2),
+        paired, med = (float(np.median([v[i] for v in wan_s[lat]])
+                             - np.median([v[i] for v in loop_s])) for i in (0, 1))
+        rows.append((wan, k, lat, bits / 8, paired, med, model(args, num_dcs, bits, lat, 2),
                      hops, model(args, num_dcs, bits, lat, hops)))
-  print(f'\nmeasured C, median: median over the {args.repeats} repetitions of the WAN run\'s '
-        'median round - the same for the loopback runs; minimum: the fastest WAN round of '
-        'all repetitions - the fastest loopback round (CPU contention only adds time).\n')
+  print(f'\nmeasured C: medians over the {args.repeats} repetitions, WAN run - loopback run, of '
+        'the paired excess (per round: the round iteration - the median of its own local '
+        'iterations; median over rounds) and, for reference, of the median round iteration '
+        '(exposed to the load drifting between runs).\n')
   print('| WAN payload | K | one-way latency | bytes per DC per round | model, H=2 (ms) '
-        '| H (gloo) | model, gloo H (ms) | measured C, median (ms) | measured / model '
-        '| measured C, minimum (ms) | measured / model |')
-  print('|---|---|---|---|---|---|---|---|---|---|---|')
-  for wan, k, lat, b, med, low, m2, hops, mh in rows:
-    print(f'| {wan} | {k} | {lat:g} ms | {b / 1e6:.3f} MB | {m2 * 1e3:.1f} | {hops} '
-          f'| {mh * 1e3:.1f} | {med * 1e3:.1f} | {med / mh:.2f} | {low * 1e3:.1f} '
-          f'| {low / mh:.2f} |')
+        '| measured / model | H (gloo) | model, gloo H (ms) | measured C, paired (ms) '
+        '| measured / model | measured C, round medians (ms) | measured / model |')
+  print('|---|---|---|---|---|---|---|---|---|---|---|---|')
+  for wan, k, lat, b, paired, med, m2, hops, mh in rows:
+    print(f'| {wan} | {k} | {lat:g} ms | {b / 1e6:.3f} MB | {m2 * 1e3:.1f} | {paired / m2:.2f} '
+          f'| {hops} | {mh * 1e3:.1f} | {paired * 1e3:.1f} | {paired / mh:.2f} '
+          f'| {med * 1e3:.1f} | {med / mh:.2f} |')
+
+
+def _times(summary, k):
+  """(paired excess, round median) of one run, seconds; K=1 has no local iterations."""
+  wall = summary['step_wall_s']
+  if k < 2 or wall['excess_median'] is None:
+    raise ValueError('the paired estimate needs local iterations: use K >= 2 (--ks)')
+  return wall['excess_median'], wall['round_median']
 
 
 def model(args, num_dcs, bits, latency_ms, hops):
