@@ -64,6 +64,7 @@ def main(argv):
                                         _PROCESS_ID.value, timeout_s=_INIT_TIMEOUT.value)
     mesh.configure_cpu_devices(distributed.cpu_devices_per_process(
         num_devices, info))
+    _check_dc_placement(config, info)
   except (ValueError, distributed.DistributedInitError) as e:
     print(f'error: {e}', file=sys.stderr)
     sys.exit(2)
@@ -83,6 +84,22 @@ def main(argv):
     print(f'interrupted: rerun the same command to resume {_WORKDIR.value} from its last '
           'checkpoint.', file=sys.stderr)
     sys.exit(130)
+
+
+def _check_dc_placement(config, info) -> None:
+  """Warns (process 0) when a DC straddles processes; under the emulated WAN, refuses.
+
+  Raises:
+    ValueError: see hfl.distributed.check_dc_placement.
+  """
+  if not info.multi_process:
+    return
+  from hfl import distributed  # pylint: disable=g-import-not-at-top
+  from hfl import mesh  # pylint: disable=g-import-not-at-top
+  problem = distributed.check_dc_placement(
+      mesh.make_mesh(config.mesh.num_dcs, config.mesh.workers_per_dc))
+  if problem and info.process_id == 0:
+    print(f'warning: {problem}', file=sys.stderr, flush=True)
 
 
 def _parse_flags(argv):

@@ -50,6 +50,8 @@ COMMIT_FILE = 'commit_success.txt'  # Written by orbax when it commits a step.
 TMP_MARK = '.orbax-checkpoint-tmp'  # Orbax's temporary (uncommitted) step directories.
 SKIPPED_DIR = 'checkpoints_skipped'  # WORKDIR/<this>: where unusable directories go.
 
+from hfl import metrics
+
 
 def manager(workdir: str, max_to_keep: int = 2) -> ocp.CheckpointManager:
   """The run's CheckpointManager, rooted at WORKDIR/checkpoints."""
@@ -59,7 +61,13 @@ def manager(workdir: str, max_to_keep: int = 2) -> ocp.CheckpointManager:
 
 
 def save(mngr: ocp.CheckpointManager, step: int, state, host: dict) -> None:
-  """Saves ``state`` and ``host`` under ``step`` and waits until it is on disk."""
+  """Saves ``state`` and ``host`` under ``step`` and waits until it is on disk.
+
+  Raises:
+    ValueError: ``host`` holds a NaN or infinite number (strict JSON has none;
+      see hfl.metrics.to_json_value); nothing is saved.
+  """
+  host = metrics.to_json_value(host, where='checkpoint host state')
   mngr.save(step, args=ocp.args.Composite(
       state=ocp.args.StandardSave(state), host=ocp.args.JsonSave(host)))
   mngr.wait_until_finished()

@@ -239,9 +239,10 @@ def maybe_initialize(coordinator_address: Optional[str] = None,
     The ProcessInfo of this process (num_processes == 1: nothing started).
 
   Raises:
-    DistributedInitError: inconsistent settings (see :func:`resolve`), or
-      ``jax.distributed.initialize`` raised (e.g. the backend had already
-      started).
+    DistributedInitError: inconsistent settings (see :func:`resolve`), the
+      coordinator's port is already in use (process 0, checked before JAX
+      starts anything), or ``jax.distributed.initialize`` raised (e.g. the
+      backend had already started).
 
   A coordinator that cannot be reached or a process that never registers
   within ``timeout_s`` ends this process with a one-line error on stderr and
@@ -273,6 +274,7 @@ def maybe_initialize(coordinator_address: Optional[str] = None,
   who = (f'process {info.process_id} of {info.num_processes}'
          if info.coordinator_address else f'a {info.source} process')
   where = info.coordinator_address or 'the coordinator chosen by JAX'
+  _check_coordinator_port(info, who)
   deadline = time.monotonic() + timeout_s
   if info.coordinator_address and info.process_id != 0:
     if not _wait_for_coordinator(info.coordinator_address, deadline):
@@ -309,6 +311,33 @@ def maybe_initialize(coordinator_address: Optional[str] = None,
   return info
 
 
+def port_in_use(port: int) -> bool:
+  """Whether TCP ``port`` is taken on this machine (something listens or is bound there).
+
+  Probes by binding the wildcard address (IPv4, with SO_REUSEADDR so that a port
+  in TIME_WAIT counts as free, as it does for the coordinator's own server).
+  """
+  with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
+    s.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+    try:
+      s.bind(('', int(port)))
+    except OSError:
+      return True
+  return False
+
+
+def _check_coordinator_port(info: ProcessInfo, who: str) -> None:
+  """Process 0 starts the coordinator: a taken port is reported as such, first."""
+  if info.process_id != 0 or not info.coordinator_address:
+    return
+  port = int(info.coordinator_address.rpartition(':')[2])
+  if port_in_use(port):
+    raise DistributedInitError(
+        f'{who}: port {port} is already in use on this machine, so the coordinator '
+        f'({info.coordinator_address}) cannot start there; choose another port for '
+        '--coordinator_address / HFL_COORDINATOR (every process must use the same one).')
+
+
 def cpu_devices_per_process(total_devices: int, info: ProcessInfo) -> int:
   """Simulated CPU devices each process should create for a mesh of ``total_devices``.
 
@@ -322,6 +351,82 @@ def cpu_devices_per_process(total_devices: int, info: ProcessInfo) -> int:
         f'evenly over {info.num_processes} processes; choose a process count that '
         'divides it (e.g. one process per DC).')
   return total_devices // info.num_processes
+
+
+# Set (to 1) by launch/emulated_wan.py: each DC must be exactly one process.
+ENV_ONE_DC_PER_PROCESS = 'HFL_ONE_DC_PER_PROCESS'
+
+
+def dc_placement_problem(process_of_device: np.ndarray,
+                         one_dc_per_process: bool = False) -> Optional[str]:
+  """What is wrong with how the ('dc', 'worker') mesh's DCs sit on processes, if anything.
+
+  hfl models the 'worker' collectives as a DC's LAN and the 'dc' collectives as
+  the WAN. A DC whose workers live on several processes ("straddles" them) sends
+  part of its intra-DC traffic across the process boundary: on a cluster that is
+  a DC spread over several hosts (legitimate, worth a warning); under
+  ``launch/emulated_wan.py``, where each process is one DC in its own network
+  namespace, it puts intra-DC traffic on the emulated WAN (an error).
+
+  Args:
+    process_of_device: int [D, W], the process index of each mesh position
+      (``mesh.devices[d, w].process_index``).
+    one_dc_per_process: require exactly one whole DC per process.
+
+  Returns:
+    None when the placement is fine, else one paragraph naming the DCs that
+    straddle processes (or the processes holding several DCs) and how to fix
+    the process count or the mesh.
+  """
+  procs = np.asarray(process_of_device)
+  num_dcs, workers = procs.shape
+  num_processes = len(np.unique(procs))
+  per_dc = [sorted(set(int(p) for p in row)) for row in procs]
+  straddle = {d: ps for d, ps in enumerate(per_dc) if len(ps) > 1}
+  several = {p: [d for d, ps in enumerate(per_dc) if ps == [p]]
+             for p in sorted(set(procs.ravel().tolist()))}
+  several = {p: ds for p, ds in several.items() if len(ds) > 1}
+  if not straddle and not (one_dc_per_process and several):
+    return None
+  divisors = [n for n in range(1, num_dcs + 1) if num_dcs % n == 0]
+  layout = (f'mesh.num_dcs={num_dcs} x mesh.workers_per_dc={workers} on {num_processes} '
+            f'processes of {procs.size // num_processes} devices each')
+  parts = [f'DC {d} spans processes {", ".join(map(str, ps))}' for d, ps in straddle.items()]
+  if one_dc_per_process:
+    parts += [f'process {p} holds DCs {", ".join(map(str, ds))}' for p, ds in several.items()]
+    return (f'the emulated WAN runs each DC as one process in its own network namespace, '
+            f'but {"; ".join(parts)} ({layout}), so intra-DC traffic would cross the '
+            f'emulated WAN. Run mesh.num_dcs={num_dcs} processes (one per DC) with '
+            f'mesh.workers_per_dc devices each.')
+  return (f'{"; ".join(parts)} ({layout}): that DC\'s intra-DC (\'worker\') collectives '
+          f'cross the process boundary instead of staying on one host. To keep every DC in '
+          f'one process, use a process count that divides mesh.num_dcs '
+          f'({", ".join(map(str, divisors))}), or set mesh.num_dcs to a multiple of '
+          f'{num_processes} processes.')
+
+
+def check_dc_placement(mesh, environ: Optional[Mapping[str, str]] = None) -> Optional[str]:
+  """Checks the mesh's DC placement (:func:`dc_placement_problem`).
+
+  Args:
+    mesh: the ('dc', 'worker') jax.sharding.Mesh.
+    environ: the environment (default ``os.environ``); ``HFL_ONE_DC_PER_PROCESS=1``
+      (set by launch/emulated_wan.py) requires exactly one DC per process.
+
+  Returns:
+    A warning to show (a DC straddles processes), or None.
+
+  Raises:
+    ValueError: ``HFL_ONE_DC_PER_PROCESS=1`` and the placement is not one whole
+      DC per process.
+  """
+  env = os.environ if environ is None else environ
+  strict = env.get(ENV_ONE_DC_PER_PROCESS, '') not in ('', '0')
+  procs = np.vectorize(lambda dev: dev.process_index, otypes=[int])(mesh.devices)
+  problem = dc_placement_problem(procs, strict)
+  if problem and strict:
+    raise ValueError(problem)
+  return problem
 
 
 # ------------------------------------------------------------------------------

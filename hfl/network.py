@@ -25,11 +25,18 @@ and receives theirs. Its WAN link is full duplex at ``wan_bandwidth_mbps``, so
 
 with H = ``network.wan_latencies_per_round`` one-way latencies (default 2: one
 message out and one back, the ideal of a combined collective). A real transport
-can pay more: gloo over TCP (XLA:CPU's multi-process collectives) runs each
-operand of the combined inter-DC all-reduce as its own ring all-reduce with a
-rendezvous per message, and the host loop adds one metrics gather per round, so
-each round costs about 4 one-way latencies per WAN payload array plus 2. H is
-measured on an emulated WAN by ``bench/wan_model_check.py`` (docs/benchmarks.md).
+pays what its algorithms need; :func:`gloo_round_latencies` counts them for gloo
+over TCP (XLA:CPU's multi-process collectives, the transport of
+``launch/emulated_wan.py``): a gloo message leaves only once the receiver has
+announced a ready buffer, so every step of a collective costs two one-way
+latencies (notification, then data). hfl's round sends all leaves' WAN payloads
+in one collective per kind (``hfl.collectives``) — a ring all-reduce for
+uncompressed (float32) payloads (4 latencies between 2 DCs), one all-gather of
+bytes for all the others (2: casts, sparse and quantised payloads are gathered
+and decoded before the float32 sum) — and the host loop gathers the round's
+metrics once (2): H = 6 for an identity WAN, 4 for a compressed one, 8 for a mix,
+with 2 DCs. ``bench/wan_model_check.py`` checks this against the emulated WAN at two
+latencies (docs/benchmarks.md).
 
 A round lasts T = max_d(K_d t_d + C_d) over the DCs present in it (DESIGN 4.3;
 hfl.sync.faults): every DC keeps its own clock, DCs that finish their K_d
@@ -150,6 +157,72 @@ def link_bits(payload_bits: np.ndarray, present: np.ndarray | None = None) -> in
   present = [True] * len(bits) if present is None else [bool(p) for p in present]
   peers = max(sum(present) - 1, 0)
   return sum(b for b, p in zip(bits, present) if p) * peers
+
+
+# gloo's ring all-reduce cuts its buffer into segments of at most this many
+# bytes (gloo AllreduceOptions::kMaxSegmentSize) and keeps two in flight.
+GLOO_MAX_SEGMENT_BYTES = 1 << 20
+
+
+def gloo_allreduce_latencies(num_ranks: int, buffer_bytes: int) -> int:
+  """One-way latencies of one gloo ring all-reduce over TCP (gloo/allreduce.cc, ring()).
+
+  The buffer is cut into S segments, S = max(ceil(bytes / 1 MiB), 2p) rounded up
+  to a multiple of p (p ranks); a reduce-scatter and an all-gather phase each
+  send S - S/p segments to the ring neighbour, two in flight. A segment is sent
+  when the receiver's ready notification arrives, and the receiver posts the
+  next receive only when the one two places earlier has arrived, so each pair
+  of segments costs 2 one-way latencies (notification, data): 2 * 2 *
+  ceil((S - S/p) / 2) per all-reduce; 4 for 2 ranks and a buffer <= 4 MiB.
+
+  Args:
+    num_ranks: p, members of the collective (e.g. DCs).
+    buffer_bytes: bytes of each rank's buffer.
+
+  Returns:
+    int one-way latencies (0 for a single rank or an empty buffer).
+  """
+  p = int(num_ranks)
+  if p <= 1 or buffer_bytes <= 0:
+    return 0
+  segments = max(-(-int(buffer_bytes) // GLOO_MAX_SEGMENT_BYTES), 2 * p)
+  segments = -(-segments // p) * p
+  return 2 * 2 * (-(-(segments - segments // p) // 2))
+
+
+def gloo_allgather_latencies(num_ranks: int) -> int:
+  """One-way latencies of one gloo ring all-gather over TCP (gloo/allgather.cc).
+
+  p - 1 steps, each sending the previously received block on to the next rank
+  once it has announced its receive: 2 one-way latencies per step.
+
+  Returns:
+    int, 2 (p - 1) (0 for a single rank).
+  """
+  return 2 * max(int(num_ranks) - 1, 0)
+
+
+def gloo_round_latencies(num_dcs: int, allreduce_bytes: Sequence[int] = (),
+                         allgathers: int = 0, host_gathers: int = 1) -> int:
+  """H for gloo over TCP: one-way WAN latencies of one inter-DC round.
+
+  The collectives of one round run one after the other; their latencies add up.
+
+  Args:
+    num_dcs: DCs taking part (the ranks of every inter-DC collective).
+    allreduce_bytes: per-rank buffer bytes of each inter-DC all-reduce of the
+      round (hfl: one per dtype of linear payloads, each worker sending its
+      1/W slice).
+    allgathers: inter-DC all-gathers of the round (hfl: one for all non-linear
+      payloads).
+    host_gathers: the host loop's cross-process gathers per round (hfl: 1, the
+      round's per-iteration metrics).
+
+  Returns:
+    int H, for ``network.wan_latencies_per_round``.
+  """
+  return (sum(gloo_allreduce_latencies(num_dcs, b) for b in allreduce_bytes)
+          + (allgathers + host_gathers) * gloo_allgather_latencies(num_dcs))
 
 
 def link_bytes(payload_bits: np.ndarray, present: np.ndarray | None = None) -> float:

@@ -63,6 +63,7 @@ import numpy as np
 import optax
 from jax.sharding import Mesh, NamedSharding, PartitionSpec as P
 
+from hfl import collectives
 from hfl import mesh as mesh_lib
 from hfl.compress import base
 from hfl.compress import dgc
@@ -344,10 +345,24 @@ class Sent(NamedTuple):
   payload: Any         # the member's payload (dict of arrays)
 
 
-def exchange(c: base.Compressor, x, residual, state, key, axis: str, axis_size: int,
-             weights=None, gamma=None, split_axis: str | None = None,
-             split_size: int = 1, scatter: bool = False) -> Sent:
+def exchange(*args, **kwargs) -> Sent:
   """Error-feedback-compresses ``x``, sends it over mesh axis ``axis``, aggregates.
+
+  :func:`exchange_steps` (same arguments) run with its collective applied
+  directly; see there.
+  """
+  return collectives.run(exchange_steps(*args, **kwargs))
+
+
+def exchange_steps(c: base.Compressor, x, residual, state, key, axis: str, axis_size: int,
+                   weights=None, gamma=None, split_axis: str | None = None,
+                   split_size: int = 1, scatter: bool = False):
+  """Error-feedback-compresses ``x``, sends it over mesh axis ``axis``, aggregates.
+
+  A generator: it yields its one collective (a ``hfl.collectives.Call``) and
+  receives the result, so that several leaves' exchanges can share one
+  collective (``collectives.run_fused``); :func:`exchange` runs one alone. It
+  returns a :class:`Sent`.
 
   Every member sends the encoding of its own unscaled p = x + γ e (error feedback,
   hfl.compress.ef; no residual for lossless compressors), keeps the residual
@@ -357,8 +372,8 @@ def exchange(c: base.Compressor, x, residual, state, key, axis: str, axis_size: 
   rounding. What a link cannot represent (fp16 saturation, a quantiser's
   rounding) stays in the residual. Identity payloads (float32) are summed by an
   all-reduce; every other payload is all-gathered in its wire dtype and each one
-  decoded before the sum (:func:`reduces`; never a sum of encoded values,
-  DESIGN 7).
+  decoded before the sum (:func:`reduces`; never a sum of encoded values;
+  Stich et al. 2018, error feedback).
 
   Args:
     c: the leaf's compressor.
@@ -406,14 +421,20 @@ def exchange(c: base.Compressor, x, residual, state, key, axis: str, axis_size: 
       bits = axis_size * chunk_bits(payload, axis_size)
       agg = psum_scatter_split(mine, axis, axis_size)
     elif split_axis is None:
-      agg = jax.lax.psum(mine, axis)
+      agg = yield collectives.Call(lambda a: jax.lax.psum(a, axis), mine, ('psum', axis))
     else:
-      agg = psum_split(mine, axis, split_axis, split_size)
+      agg = yield collectives.Call(
+          lambda a: psum_split(a, axis, split_axis, split_size), mine,
+          ('psum_split', axis, split_axis, split_size))
   else:
     if split_axis is None:
-      gathered = jax.lax.all_gather(payload, axis, to='invarying')
+      gathered = yield collectives.Call(
+          lambda a: jax.lax.all_gather(a, axis, to='invarying'), payload,
+          ('all_gather', axis), pack_bytes=True)
     else:
-      gathered = all_gather_split(payload, axis, split_axis, split_size)
+      gathered = yield collectives.Call(
+          lambda a: all_gather_split(a, axis, split_axis, split_size), payload,
+          ('all_gather_split', axis, split_axis, split_size), pack_bytes=True)
     agg = ef.aggregate(c, gathered, axis_size, weights)
   return Sent(agg, new_res, new_state, bits, flags, payload)
 
@@ -681,12 +702,15 @@ def make_step(apply_fn: Callable, optimizer: optax.GradientTransformation,
       x0_leaves = treedef.flatten_up_to(global_params)
       r_leaves = treedef.flatten_up_to(wan_residual)
       new_r, new_st, delta = [], [], []
-      for i, (x, x0) in enumerate(zip(x_leaves, x0_leaves)):
-        c = comps.wan[i]
-        wan = exchange(c, x0 - x, r_leaves[i], wan_state[i],
-                       jax.random.fold_in(dc_key, 1000 + i), DC, num_d, weights,
-                       split_axis=WORKER, split_size=num_w)
-        charge(2, 'wan_sum' if reduces(c) else 'wan_gather', i, wan.bits)
+      # All leaves' WAN payloads cross in one collective per kind and dtype
+      # (hfl.collectives): a multi-process transport pays its latencies once.
+      sent = collectives.run_fused([
+          exchange_steps(comps.wan[i], x0 - x, r_leaves[i], wan_state[i],
+                         jax.random.fold_in(dc_key, 1000 + i), DC, num_d, weights,
+                         split_axis=WORKER, split_size=num_w)
+          for i, (x, x0) in enumerate(zip(x_leaves, x0_leaves))])
+      for i, wan in enumerate(sent):
+        charge(2, 'wan_sum' if reduces(comps.wan[i]) else 'wan_gather', i, wan.bits)
         flags[2][i] = wan.flags
         delta.append(wan.agg)
         new_r.append(jnp.where(present, wan.residual, r_leaves[i]))

@@ -457,7 +457,8 @@ def train_and_evaluate(config: ml_collections.ConfigDict, workdir: str) -> dict:
   loss_sum, loss_n = 0.0, 0
   # Measured wall-clock of each iteration (dispatch to results on the host), split
   # into round iterations (with the inter-DC exchange) and local ones.
-  step_wall = dict(round=[], local=[])
+  step_wall = dict(round=[], local=[], excess=[])
+  round_local = []  # this round's timed local iterations (seconds)
   compiled = set()
   t_log = time.time()
   step_log = step
@@ -553,8 +554,10 @@ def train_and_evaluate(config: ml_collections.ConfigDict, workdir: str) -> dict:
     state, m = step_fn(state, batch, distributed.put_global(active, dc_sh),
                        distributed.put_global(weights, rep_sh), do_round)
     jax.block_until_ready(m)
-    if program in compiled:  # a program's first call includes its compilation
-      step_wall['round' if do_round else 'local'].append(time.perf_counter() - t_step)
+    timed = program in compiled  # a program's first call includes its compilation
+    if timed and not do_round:
+      round_local.append(time.perf_counter() - t_step)
+      step_wall['local'].append(round_local[-1])
     compiled.add(program)
     # The metrics stay on the devices until the round ends: with DCs on different
     # hosts, fetching every DC's metrics is an inter-DC collective, which local
@@ -570,6 +573,11 @@ def train_and_evaluate(config: ml_collections.ConfigDict, workdir: str) -> dict:
 
     # ---- Accounting and the simulated clock, iteration by iteration.
     round_ms = distributed.to_host_stacked([pm for pm, _, _ in pending])
+    if timed:  # a round iteration: the step with the exchange, and the metrics gather
+      step_wall['round'].append(time.perf_counter() - t_step)
+      if round_local:  # against this round's own local iterations, moments before
+        step_wall['excess'].append(step_wall['round'][-1] - float(np.median(round_local)))
+    round_local = []
     for i, (raw, (_, act, info)) in enumerate(zip(round_ms, pending)):
       at = step - len(pending) + i + 1  # this iteration's step number (1-based)
       m = step_lib.host_metrics(info, raw, act, weights if info.do_round else None)
@@ -634,20 +642,28 @@ def wall_stats(step_wall: dict) -> dict:
   """Median and count of the measured iteration wall-clock, per kind of iteration.
 
   Args:
-    step_wall: ``{'round': [...], 'local': [...]}``, seconds per iteration (the
-      first call of each compiled program, which compiles it, left out).
+    step_wall: ``{'round': [...], 'local': [...], 'excess': [...]}``, seconds per
+      iteration (the first call of each compiled program, which compiles it,
+      left out).
 
   Returns:
-    ``{'round_median': s | None, 'round_n': int, 'local_median': s | None,
-    'local_n': int}``, seconds. A round iteration includes the inter-DC exchange, so
-    on a real or emulated WAN ``round_median - local_median`` (or the difference
-    of ``round_median`` against the same run on a fast network) measures the
+    ``{'round_median': s | None, 'round_min': s | None, 'round_n': int,
+    'local_median': s | None, 'local_min': s | None, 'local_n': int,
+    'excess_median': s | None, 'excess_min': s | None, 'excess_n': int}``,
+    seconds. A round iteration includes the inter-DC exchange and the host
+    loop's one gather of the round's metrics (both cross the WAN), so on a real
+    or emulated WAN ``round_median - local_median`` (or the difference of
+    ``round_median`` against the same run on a fast network) measures the
     inter-DC communication time that ``hfl.network.round_comm_time`` predicts.
+    ``excess`` is, per round with local iterations (K > 1), the round iteration
+    minus the median of the same round's local iterations: paired with
+    iterations run moments before, it is robust to a machine whose load drifts.
   """
   out = {}
-  for kind in ('round', 'local'):
-    v = step_wall[kind]
+  for kind in ('round', 'local', 'excess'):
+    v = step_wall.get(kind, [])
     out[f'{kind}_median'] = float(np.median(v)) if v else None
+    out[f'{kind}_min'] = float(np.min(v)) if v else None
     out[f'{kind}_n'] = len(v)
   return out
 

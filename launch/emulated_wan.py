@@ -33,14 +33,30 @@ address the host name resolves to, so each namespace gets
 ``/etc/netns/<ns>/hosts`` mapping this host's name to its DC address (``ip netns
 exec`` mounts it over /etc/hosts).
 
-Writes WORKDIR/wan_info.json (rate, delay, qdisc and delay method used) and per-DC logs in
-WORKDIR/logs. Exit status: 0 if every process succeeds, else the first failing one.
+Paths are the caller's: ``main.py`` runs in the caller's working directory (in
+each namespace), so a relative ``--workdir`` or ``--config`` means what it means
+to the caller. Before anything is created, bad input is refused in one line
+(exit status 2): no ``--workdir`` or config file, a non-finite or out-of-range
+rate, latency or timeout, fewer than 2 DCs, not root, a missing ``ip``/``tc``,
+or another emulated_wan.py run in progress (the namespace names are fixed; a
+lock serialises runs). Each process is told (``HFL_ONE_DC_PER_PROCESS=1``) to
+refuse a mesh that does not put exactly one DC in each process.
+
+While the run lasts, the launcher watches its helpers as well as the training
+processes: if the delay line exits, or a shaping qdisc disappears (checked
+every 5 s), the run is stopped and fails with a message naming it, since the
+traffic would no longer cross the emulated WAN as configured.
+
+Writes WORKDIR/wan_info.json (rate, delay, qdisc and delay method used; strict
+JSON, hfl.metrics.write_json) and per-DC logs in WORKDIR/logs (and
+``delay_line.log``). Exit status: 0 if every process succeeds; else the first
+failing process's status, 1 when a helper failed, 124 on --timeout_s, 2 for bad
+input.
 """
 
 import argparse
 import collections
 import fcntl
-import json
 import os
 import select
 import shutil
@@ -51,10 +67,17 @@ import subprocess
 import sys
 import time
 
-REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+import common  # launch/common.py (puts the repository on sys.path)  # pylint: disable=g-bad-import-order,wrong-import-position
+from hfl import distributed  # pylint: disable=g-import-not-at-top,wrong-import-order
+from hfl import metrics  # pylint: disable=g-import-not-at-top,wrong-import-order
+
 HUB = 'hflwan-hub'
 TUN = 'hfldelay'
 TABLE = '77'
+PORT = 12355  # the coordinator's, inside DC 0's fresh namespace (always free there)
+# Held for the whole run: the namespace names are fixed, so one run at a time.
+LOCK = '/run/hflwan.lock' if os.path.isdir('/run') else '/tmp/hflwan.lock'
 
 
 def dc_addr(i: int) -> str:
@@ -124,13 +147,25 @@ def delay_line(name: str, delay_s: float) -> None:
           break
 
 
-def setup(num_dcs: int, rate_mbit: float, delay_ms: float) -> tuple[dict, subprocess.Popen | None]:
-  """Builds the namespaces and links; returns (WAN_INFO, the delay-line process or None)."""
-  if os.geteuid() != 0:
-    raise RuntimeError('emulated_wan.py needs root (ip netns, tc).')
-  for tool in ('ip', 'tc'):
-    if shutil.which(tool) is None:
-      raise RuntimeError(f'{tool} not found (install iproute2).')
+def setup(num_dcs: int, rate_mbit: float, delay_ms: float, logs: str,
+          helpers: dict) -> tuple[dict, list]:
+  """Builds the namespaces and links (root; :func:`check` has run).
+
+  Args:
+    num_dcs: DCs (namespaces).
+    rate_mbit: per-DC link rate, Mbit/s (finite, > 0).
+    delay_ms: one-way delay, ms (finite, >= 0).
+    logs: directory for the delay line's log.
+    helpers: the delay line, when one is needed, is added here as
+      ``{'the delay line': (Popen, log path)}`` as soon as it starts (so the
+      caller stops it whatever happens next).
+
+  Returns:
+    (WAN_INFO for wan_info.json, [(namespace, device, qdisc kind)] shaped).
+
+  Raises:
+    RuntimeError: a command failed, or no way to add the delay exists.
+  """
   teardown(num_dcs)
   netem = has_netem()
   use_line = delay_ms > 0 and not netem
@@ -143,7 +178,7 @@ def setup(num_dcs: int, rate_mbit: float, delay_ms: float) -> tuple[dict, subpro
               'net.ipv4.conf.default.rp_filter=0'):
     sh('ip', 'netns', 'exec', HUB, 'sysctl', '-qw', key)
   host = socket.gethostname()
-  qdiscs = set()
+  shaped = []
   for i in range(num_dcs):
     ns = f'hflwan-dc{i}'
     sh('ip', 'netns', 'add', ns)
@@ -158,19 +193,21 @@ def setup(num_dcs: int, rate_mbit: float, delay_ms: float) -> tuple[dict, subpro
     sh('ip', '-n', ns, 'route', 'add', 'default', 'via', f'10.77.{i}.254')
     # Full duplex: uploads shaped in the DC, downloads on the hub side.
     half = 0.0 if use_line else delay_ms / 2
-    qdiscs.add(shape(ns, f'hflw{i}', rate_mbit, half))
-    qdiscs.add(shape(HUB, f'hflh{i}', rate_mbit, half))
+    for n, dev in ((ns, f'hflw{i}'), (HUB, f'hflh{i}')):
+      shaped.append((n, dev, shape(n, dev, rate_mbit, half)))
     os.makedirs(f'/etc/netns/{ns}', exist_ok=True)
     with open(f'/etc/netns/{ns}/hosts', 'w') as f:
       f.write(f'127.0.0.1 localhost\n{dc_addr(i)} {host}\n')
-  line = None
   if use_line:
-    line = subprocess.Popen(  # pylint: disable=consider-using-with
-        ['ip', 'netns', 'exec', HUB, sys.executable, os.path.abspath(__file__),
-         f'--_delay_line={delay_ms / 1000}'], stdout=subprocess.PIPE, text=True,
-        start_new_session=True)
+    path = os.path.join(logs, 'delay_line.log')
+    with open(path, 'w') as err:
+      line = subprocess.Popen(  # pylint: disable=consider-using-with
+          ['ip', 'netns', 'exec', HUB, sys.executable, os.path.abspath(__file__),
+           f'--_delay_line={delay_ms / 1000}'], stdout=subprocess.PIPE, stderr=err,
+          text=True, start_new_session=True)
+    helpers['the delay line'] = (line, path)
     if line.stdout.readline().strip() != 'ready':
-      raise RuntimeError('the delay line did not start (see its stderr above).')
+      raise RuntimeError(f'the delay line did not start: {common.tail(path, 3).strip()}')
     sh('ip', '-n', HUB, 'link', 'set', TUN, 'up')
     sh('ip', 'netns', 'exec', HUB, 'sysctl', '-qw', f'net.ipv4.conf.{TUN}.rp_filter=0')
     sh('ip', '-n', HUB, 'route', 'add', 'default', 'dev', TUN, 'table', TABLE)
@@ -179,7 +216,7 @@ def setup(num_dcs: int, rate_mbit: float, delay_ms: float) -> tuple[dict, subpro
   method = 'netem' if netem else ('delay line (TUN)' if use_line else 'none')
   return dict(rate_mbit=rate_mbit, delay_ms_requested=delay_ms,
               one_way_delay_ms=delay_ms if (netem or use_line) else 0.0,
-              qdisc=sorted(qdiscs), delay_method=method), line
+              qdisc=sorted({k for _, _, k in shaped}), delay_method=method), shaped
 
 
 def teardown(num_dcs: int) -> None:
@@ -190,23 +227,109 @@ def teardown(num_dcs: int) -> None:
   sh('ip', 'netns', 'del', HUB, check=False)
 
 
-def config_value(main_args, field: str, default):
-  """Reads config ``field`` from ``--config.<field>=`` overrides, else the config file."""
-  for a in main_args:
-    if a.startswith(f'--config.{field}='):
-      return type(default)(a.split('=', 1)[1])
-  path = next((a.split('=', 1)[1] for a in main_args if a.startswith('--config=')), None)
-  if path:
-    sys.path.insert(0, REPO)
-    import importlib.util  # pylint: disable=g-import-not-at-top
-    spec = importlib.util.spec_from_file_location('cfg', os.path.join(REPO, path))
-    mod = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(mod)
-    v = mod.get_config()
-    for p in field.split('.'):
-      v = v[p]
-    return type(default)(v)
-  return default
+def check(args, margs):
+  """Everything that can be checked before anything is created: (workdir, num_dcs, rate, delay).
+
+  Raises:
+    common.LaunchError: no --workdir/--config, a config that cannot be read, a
+      non-finite or out-of-range rate, latency or timeout, fewer than 2 DCs, not
+      root, or ip/tc missing.
+  """
+  workdir = common.workdir(margs)
+  common.config_path(margs)
+  num_dcs = common.config_value(margs, 'mesh.num_dcs', 2)
+  if args.wan_mbps is not None:
+    rate = common.finite(args.wan_mbps, '--wan_mbps', 0.0, allow_equal=False)
+  else:
+    rate = common.finite(common.config_value(margs, 'network.wan_bandwidth_mbps', 100.0),
+                         'network.wan_bandwidth_mbps', 0.0, allow_equal=False)
+  if args.wan_latency_ms is not None:
+    delay = common.finite(args.wan_latency_ms, '--wan_latency_ms')
+  else:
+    delay = 1000 * common.finite(common.config_value(margs, 'network.wan_latency_s', 0.02),
+                                 'network.wan_latency_s')
+  common.finite(args.timeout_s, '--timeout_s', 0.0, allow_equal=False)
+  if args.init_timeout_s < 1:
+    raise common.LaunchError(f'--init_timeout_s={args.init_timeout_s} must be >= 1.')
+  if num_dcs < 2:
+    raise common.LaunchError(f'mesh.num_dcs={num_dcs}: the emulated WAN needs >= 2 DCs.')
+  if os.geteuid() != 0:
+    raise common.LaunchError('emulated_wan.py needs root (it creates network namespaces and '
+                             'tc qdiscs); run it with sudo.')
+  for tool in ('ip', 'tc'):
+    if shutil.which(tool) is None:
+      raise common.LaunchError(f'{tool} not found (install iproute2).')
+  return workdir, num_dcs, rate, delay
+
+
+def take_lock():
+  """An exclusive lock on the namespaces' names, held until the process exits.
+
+  Raises:
+    common.LaunchError: another emulated_wan.py run holds it.
+  """
+  f = open(LOCK, 'a+')  # pylint: disable=consider-using-with
+  try:
+    fcntl.flock(f, fcntl.LOCK_EX | fcntl.LOCK_NB)
+  except OSError:
+    f.seek(0)
+    raise common.LaunchError(f'another emulated_wan.py run (pid {f.read().strip() or "?"}) '
+                             f'is using the hflwan-* namespaces (lock {LOCK}); wait for it '
+                             'to finish.') from None
+  f.truncate(0)
+  f.write(str(os.getpid()))
+  f.flush()
+  return f
+
+
+def shaper_alive(shaped) -> str | None:
+  """None when every (namespace, device, qdisc) of ``shaped`` is still installed, else which is not."""
+  for ns, dev, kind in shaped:
+    r = sh('ip', 'netns', 'exec', ns, 'tc', 'qdisc', 'show', 'dev', dev, check=False)
+    if r.returncode or f'qdisc {kind} ' not in r.stdout:
+      return f'the rate shaper ({kind} on {dev} in namespace {ns}) is gone'
+  return None
+
+
+def first_failure(procs, helpers):
+  """The first failed process, as (exit status, message), or None; also (0, '') when all ended OK.
+
+  Args:
+    procs: {DC index: (Popen, log path)} of the training processes.
+    helpers: {name: (Popen, log path)} of processes that must outlive the run
+      (the delay line): any exit of theirs while training runs is a failure.
+  """
+  for name, (q, log) in helpers.items():
+    if q.poll() is not None:
+      return 1, (f'{name} (pid {q.pid}) exited with status {q.returncode} mid-run, so '
+                 f'inter-DC traffic no longer crosses the emulated WAN; the run is stopped. '
+                 f'Tail of {log}:\n{common.tail(log)}')
+  codes = {i: q.poll() for i, (q, _) in procs.items()}
+  for i, c in codes.items():
+    if c not in (None, 0):
+      return (c if c > 0 else 1), (f'process {i} (DC {i}) failed with status {c}; tail of '
+                                   f'{procs[i][1]}:\n{common.tail(procs[i][1])}')
+  if all(c == 0 for c in codes.values()):
+    return 0, ''
+  return None
+
+
+def watch(procs, helpers, shaped, timeout_s: float):
+  """Waits for the run; returns (exit status, message). Checks the shaper every 5 s."""
+  t0 = last_check = time.monotonic()
+  while True:
+    result = first_failure(procs, helpers)
+    if result is not None:
+      return result
+    now = time.monotonic()
+    if now - last_check > 5:
+      last_check = now
+      gone = shaper_alive(shaped)
+      if gone:
+        return 1, f'{gone} mid-run, so the link is no longer rate-limited; the run is stopped.'
+    if now - t0 > timeout_s:
+      return 124, f'timed out after {timeout_s:g} s (--timeout_s); stopped all processes.'
+    time.sleep(0.2)
 
 
 def main() -> int:
@@ -231,63 +354,55 @@ def main() -> int:
     delay_line(TUN, args._delay_line)  # pylint: disable=protected-access
     return 0
   margs = args.main_args[1:] if args.main_args[:1] == ['--'] else args.main_args
-  workdir = next((a.split('=', 1)[1] for a in margs if a.startswith('--workdir=')), None)
-  if not workdir:
-    p.error('pass the run\'s workdir after --, as --workdir=DIR')
   try:
-    num_dcs = config_value(margs, 'mesh.num_dcs', 2)
-    rate = (args.wan_mbps if args.wan_mbps is not None
-            else config_value(margs, 'network.wan_bandwidth_mbps', 100.0))
-    delay = (args.wan_latency_ms if args.wan_latency_ms is not None
-             else 1000 * config_value(margs, 'network.wan_latency_s', 0.02))
-  except (OSError, KeyError, ValueError, TypeError, AttributeError) as e:
-    p.error(f'could not read the config from {margs}: {type(e).__name__}: {e}')
-  if not rate > 0 or not delay >= 0 or num_dcs < 2:
-    p.error(f'need a WAN rate > 0 Mbit/s (got {rate}), a latency >= 0 ms (got {delay}) and '
-            f'mesh.num_dcs >= 2 (got {num_dcs})')
+    workdir, num_dcs, rate, delay = check(args, margs)
+    lock = take_lock()  # pylint: disable=unused-variable
+  except common.LaunchError as e:
+    return common.fail('[wan]', e)
   logs = os.path.join(workdir, 'logs')
-  os.makedirs(logs, exist_ok=True)
-  procs, line = [], None
+  procs, helpers = {}, {}
+  # SIGTERM (e.g. from a job's timeout) ends the run through the cleanup below.
+  signal.signal(signal.SIGTERM, lambda *_: sys.exit(128 + signal.SIGTERM))
   try:
-    info, line = setup(num_dcs, rate, delay)
-    if info['delay_method'] == 'delay line (TUN)':
-      print(f'[wan] netem is not available in this kernel: links are rate-limited to '
-            f'{rate} Mbit/s with tbf and delayed {delay} ms by a TUN delay line.',
-            file=sys.stderr)
-    with open(os.path.join(workdir, 'wan_info.json'), 'w') as f:
-      json.dump(info, f, indent=2)
+    try:
+      os.makedirs(logs, exist_ok=True)
+      info, shaped = setup(num_dcs, rate, delay, logs, helpers)
+      if helpers:
+        line = helpers['the delay line'][0]
+        print(f'[wan] netem is not available in this kernel: links are rate-limited to '
+              f'{rate} Mbit/s with tbf and delayed {delay} ms by a TUN delay line '
+              f'(pid {line.pid}).', file=sys.stderr, flush=True)
+      metrics.write_json(os.path.join(workdir, 'wan_info.json'), info)
+    except (RuntimeError, OSError, ValueError) as e:
+      return common.fail('[wan]', e)
     print(f'[wan] {num_dcs} DC namespaces, {info}', flush=True)
-    port = 12355
     t0 = time.monotonic()
     for i in range(num_dcs):
-      env = dict(os.environ, HFL_COORDINATOR=f'{dc_addr(0)}:{port}',
+      env = dict(os.environ, HFL_COORDINATOR=f'{dc_addr(0)}:{PORT}',
                  HFL_NUM_PROCESSES=str(num_dcs), HFL_PROCESS_ID=str(i),
                  HFL_INIT_TIMEOUT_S=str(args.init_timeout_s), JAX_PLATFORMS='cpu',
                  PYTHONUNBUFFERED='1')
-      log = open(os.path.join(logs, f'process_{i}.log'), 'w')  # pylint: disable=consider-using-with
-      procs.append(subprocess.Popen(
-          ['ip', 'netns', 'exec', f'hflwan-dc{i}', sys.executable, 'main.py'] + margs,
-          cwd=REPO, env=env, stdout=log, stderr=subprocess.STDOUT, start_new_session=True))
-    status = None
-    while status is None:
-      codes = [q.poll() for q in procs]
-      bad = [c for c in codes if c not in (None, 0)]
-      if bad or all(c == 0 for c in codes):
-        status = bad[0] if bad else 0
-      elif time.monotonic() - t0 > args.timeout_s:
-        status = 124
-      time.sleep(0.2)
+      env[distributed.ENV_ONE_DC_PER_PROCESS] = '1'
+      path = os.path.join(logs, f'process_{i}.log')
+      with open(path, 'w') as log:  # the child keeps its own descriptor
+        procs[i] = (subprocess.Popen(  # in the caller's directory: its relative paths hold
+            ['ip', 'netns', 'exec', f'hflwan-dc{i}', sys.executable, common.MAIN] + margs,
+            env=env, stdout=log, stderr=subprocess.STDOUT, start_new_session=True), path)
+    status, message = watch(procs, helpers, shaped, args.timeout_s)
+    if message:
+      print(f'[wan] error: {message}', file=sys.stderr, flush=True)
     print(f'[wan] finished with status {status} in {time.monotonic() - t0:.1f} s; logs in {logs}',
           flush=True)
     return status
   finally:
-    for q in procs + ([line] if line is not None else []):
+    for q, _ in list(procs.values()) + list(helpers.values()):
       if q.poll() is None:
         os.killpg(q.pid, signal.SIGTERM)
         try:
           q.wait(5)
         except subprocess.TimeoutExpired:
           os.killpg(q.pid, signal.SIGKILL)
+          q.wait()
     if not args.keep:
       teardown(num_dcs)
 

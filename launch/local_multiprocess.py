@@ -1,12 +1,17 @@
 #!/usr/bin/env python3
 """Runs one hfl experiment as N processes on this machine (CPU devices, gloo).
 
-Usage (from the repository root):
+Usage (from any directory; paths are the caller's):
 
-  python launch/local_multiprocess.py --num_processes=2 --log_dir=/tmp/hfl_mp/logs -- \\
+  python launch/local_multiprocess.py --num_processes=2 -- \\
       --config=configs/smoke.py --workdir=/tmp/hfl_mp
 
-Everything after ``--`` goes to ``main.py`` in every process. Each process gets
+Everything after ``--`` goes to ``main.py`` in every process, which runs in the
+caller's working directory: a relative ``--workdir`` or ``--config`` means the
+same to the launcher and to every process. ``--workdir`` is required (the logs
+go to WORKDIR/logs unless ``--log_dir``); a missing one, a missing config file,
+a ``--port`` already in use or a non-finite number is reported in one line
+(exit status 2) before anything is started or written. Each process gets
 ``HFL_COORDINATOR=127.0.0.1:<free port>``, ``HFL_NUM_PROCESSES`` and its own
 ``HFL_PROCESS_ID`` (read by ``hfl.distributed.maybe_initialize``) and
 ``JAX_PLATFORMS=cpu``; ``main.py`` then splits the mesh's
@@ -29,7 +34,10 @@ import subprocess
 import sys
 import time
 
-REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+import common  # launch/common.py (puts the repository on sys.path)  # pylint: disable=g-bad-import-order,wrong-import-position
+
+tail = common.tail
 
 
 def free_port() -> int:
@@ -39,21 +47,13 @@ def free_port() -> int:
     return s.getsockname()[1]
 
 
-def tail(path: str, lines: int = 15) -> str:
-  try:
-    with open(path, errors='replace') as f:
-      return ''.join(f.readlines()[-lines:])
-  except OSError:
-    return '(no log)'
-
-
 def parse_args(argv):
   p = argparse.ArgumentParser(description=__doc__.split('\n\n')[0])
   p.add_argument('--num_processes', type=int, default=2, help='processes to start (>= 1)')
   p.add_argument('--port', type=int, default=0, help='coordinator port (0: pick a free one)')
   p.add_argument('--log_dir', default='', help='per-process logs (default WORKDIR/logs)')
   p.add_argument('--timeout_s', type=float, default=0,
-                 help='stop everything after this many seconds (0: no limit)')
+                 help='stop everything after this many seconds (0: no limit; finite)')
   p.add_argument('--init_timeout_s', type=int, default=60,
                  help='bound on distributed start-up, seconds (HFL_INIT_TIMEOUT_S)')
   p.add_argument('--grace_s', type=float, default=10,
@@ -71,79 +71,98 @@ def parse_args(argv):
   return args
 
 
-def workdir_of(main_args):
-  for i, a in enumerate(main_args):
-    if a.startswith('--workdir='):
-      return a.split('=', 1)[1]
-    if a == '--workdir' and i + 1 < len(main_args):
-      return main_args[i + 1]
-  return None
+def check(args) -> str:
+  """Checks the launch before anything starts; returns the log directory (absolute).
+
+  Raises:
+    common.LaunchError: no --workdir or --config for main.py, a missing config
+      file, a non-finite or negative time, or a --port that is taken.
+  """
+  common.finite(args.timeout_s, '--timeout_s')
+  common.finite(args.grace_s, '--grace_s')
+  if args.init_timeout_s < 1:
+    raise common.LaunchError(f'--init_timeout_s={args.init_timeout_s} must be >= 1.')
+  workdir = common.workdir(args.main_args)
+  common.config_path(args.main_args)
+  if args.port:
+    common.check_port(args.port)
+  return os.path.abspath(args.log_dir) if args.log_dir else os.path.join(workdir, 'logs')
 
 
 def main(argv=None) -> int:
   args = parse_args(sys.argv[1:] if argv is None else argv)
-  workdir = workdir_of(args.main_args)
-  log_dir = args.log_dir or (os.path.join(workdir, 'logs') if workdir else 'hfl_logs')
+  try:
+    log_dir = check(args)
+  except common.LaunchError as e:
+    return common.fail('[launch]', e)
   os.makedirs(log_dir, exist_ok=True)
   port = args.port or free_port()
   coordinator = f'127.0.0.1:{port}'
   print(f'[launch] {args.num_processes} processes, coordinator {coordinator}, logs {log_dir}',
         flush=True)
 
+  # SIGTERM (e.g. a job's timeout) ends the run through the cleanup below.
+  signal.signal(signal.SIGTERM, lambda *_: sys.exit(128 + signal.SIGTERM))
   procs = {}  # process id -> (Popen, log path, log file)
-  for i in range(args.num_processes):
-    if i in args.skip_process:
-      continue
-    env = dict(os.environ)
-    env.update(HFL_COORDINATOR=coordinator, HFL_NUM_PROCESSES=str(args.num_processes),
-               HFL_PROCESS_ID=str(i), HFL_INIT_TIMEOUT_S=str(args.init_timeout_s),
-               PYTHONUNBUFFERED='1')
-    env.setdefault('JAX_PLATFORMS', 'cpu')
-    path = os.path.join(log_dir, f'process_{i}.log')
-    log = open(path, 'w')  # pylint: disable=consider-using-with
-    cmd = [args.python, os.path.join(REPO, 'main.py')] + args.main_args
-    procs[i] = (subprocess.Popen(cmd, cwd=REPO, env=env, stdout=log,
-                                 stderr=subprocess.STDOUT, start_new_session=True), path, log)
+  try:
+    for i in range(args.num_processes):
+      if i in args.skip_process:
+        continue
+      env = dict(os.environ)
+      env.update(HFL_COORDINATOR=coordinator, HFL_NUM_PROCESSES=str(args.num_processes),
+                 HFL_PROCESS_ID=str(i), HFL_INIT_TIMEOUT_S=str(args.init_timeout_s),
+                 PYTHONUNBUFFERED='1')
+      env.setdefault('JAX_PLATFORMS', 'cpu')
+      path = os.path.join(log_dir, f'process_{i}.log')
+      log = open(path, 'w')  # pylint: disable=consider-using-with
+      cmd = [args.python, common.MAIN] + args.main_args  # in the caller's directory
+      procs[i] = (subprocess.Popen(cmd, env=env, stdout=log,
+                                   stderr=subprocess.STDOUT, start_new_session=True), path, log)
 
-  echo = None if args.quiet or 0 not in procs else open(procs[0][1], errors='replace')
-  t0 = time.monotonic()
-  failed = None  # (process id, status)
-  fail_time = None
-  status = {}
-  while len(status) < len(procs):
-    for i, (p, _, _) in procs.items():
-      if i not in status and p.poll() is not None:
-        status[i] = p.returncode
-        if p.returncode != 0 and failed is None:
-          failed, fail_time = (i, p.returncode), time.monotonic()
+    echo = None if args.quiet or 0 not in procs else open(procs[0][1], errors='replace')
+    t0 = time.monotonic()
+    failed = None  # (process id, status)
+    fail_time = None
+    status = {}
+    while len(status) < len(procs):
+      for i, (p, _, _) in procs.items():
+        if i not in status and p.poll() is not None:
+          status[i] = p.returncode
+          if p.returncode != 0 and failed is None:
+            failed, fail_time = (i, p.returncode), time.monotonic()
+      if echo is not None:
+        sys.stdout.write(echo.read())
+        sys.stdout.flush()
+      now = time.monotonic()
+      timed_out = args.timeout_s and now - t0 > args.timeout_s
+      if timed_out or (failed is not None and now - fail_time > args.grace_s):
+        for i, (p, _, _) in procs.items():
+          if i not in status and p.poll() is None:
+            os.killpg(p.pid, signal.SIGTERM)
+        deadline = time.monotonic() + 5
+        for i, (p, _, _) in procs.items():
+          if i not in status:
+            try:
+              p.wait(max(deadline - time.monotonic(), 0.1))
+            except subprocess.TimeoutExpired:
+              os.killpg(p.pid, signal.SIGKILL)
+              p.wait()
+            status[i] = p.returncode
+        if timed_out and failed is None:
+          failed = (-1, 124)
+        break
+      time.sleep(0.1)
     if echo is not None:
       sys.stdout.write(echo.read())
-      sys.stdout.flush()
-    now = time.monotonic()
-    timed_out = args.timeout_s and now - t0 > args.timeout_s
-    if timed_out or (failed is not None and now - fail_time > args.grace_s):
-      for i, (p, _, _) in procs.items():
-        if i not in status and p.poll() is None:
-          os.killpg(p.pid, signal.SIGTERM)
-      deadline = time.monotonic() + 5
-      for i, (p, _, _) in procs.items():
-        if i not in status:
-          try:
-            p.wait(max(deadline - time.monotonic(), 0.1))
-          except subprocess.TimeoutExpired:
-            os.killpg(p.pid, signal.SIGKILL)
-            p.wait()
-          status[i] = p.returncode
-      if timed_out and failed is None:
-        failed = (-1, 124)
-      break
-    time.sleep(0.1)
-  if echo is not None:
-    sys.stdout.write(echo.read())
-    echo.close()
-  for _, _, log in procs.values():
-    log.close()
+      echo.close()
+    for _, _, log in procs.values():
+      log.close()
 
+  finally:  # nothing outlives the launcher
+    for p, _, _ in procs.values():
+      if p.poll() is None:
+        os.killpg(p.pid, signal.SIGKILL)
+        p.wait()
   if failed is None:
     print(f'[launch] all {len(procs)} processes finished OK in '
           f'{time.monotonic() - t0:.1f} s', flush=True)

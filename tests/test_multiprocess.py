@@ -412,3 +412,312 @@ def test_two_processes_read_only_their_own_rows(tmp_path):
     assert sorted(r['test_rows']) == sorted(
         i for i in np.arange(40).reshape(5, 8)[:, cols].ravel().tolist() if i < 37)
   assert set(results[0]['test_cols']).isdisjoint(results[1]['test_cols'])
+
+
+# ------------------------------------------------------------------------------
+# Issue 18: launchers and start-up, as a user first meets them.
+# ------------------------------------------------------------------------------
+
+EMULATED_WAN = os.path.join(REPO, 'launch', 'emulated_wan.py')
+
+
+def run_in(cwd, cmd, timeout=RUN_TIMEOUT_S, **env):
+  """Runs ``cmd`` in directory ``cwd`` (not the checkout); returns the CompletedProcess."""
+  return subprocess.run(cmd, cwd=cwd, env=_env(**env), capture_output=True, text=True,
+                        timeout=timeout, check=False)
+
+
+def _one_line_error(proc, *needles):
+  """Exit status 2 and a single stderr line containing every needle."""
+  lines = [l for l in proc.stderr.splitlines() if l.strip()]
+  assert proc.returncode == 2, (proc.returncode, proc.stdout[-2000:], proc.stderr[-2000:])
+  assert len(lines) == 1, proc.stderr
+  for n in needles:
+    assert n in lines[0], (n, lines[0])
+
+
+def _checkout_files():
+  out = subprocess.run(['git', 'status', '--porcelain', '--ignored', '--untracked-files=all'],
+                       cwd=REPO, capture_output=True, text=True, check=True).stdout
+  return {l[3:] for l in out.splitlines() if '__pycache__' not in l and '.pytest_cache' not in l}
+
+
+@pytest.mark.parametrize('flags', [['--wan_latency_ms=inf'], ['--wan_latency_ms=nan'],
+                                   ['--wan_mbps=inf'], ['--timeout_s=nan'],
+                                   ['--', '--config.network.wan_latency_s=inf']])
+def test_emulated_wan_refuses_non_finite_settings_before_anything(tmp_path, flags):
+  """Fault 1: an infinite delay used to kill the delay line mid-run (traffic then
+  bypassed it) and write "Infinity" into wan_info.json; now it is refused first,
+  in one line, with nothing created (checked before root, so runs anywhere)."""
+  extra = flags[1:] if flags[0] == '--' else []
+  cmd = [sys.executable, EMULATED_WAN] + (flags if not extra else []) + [
+      '--', f'--config={REPO}/configs/smoke.py', '--workdir=w'] + extra
+  proc = run_in(tmp_path, cmd, timeout=60)
+  _one_line_error(proc, 'must be a finite number')
+  assert not (tmp_path / 'w').exists()
+
+
+@pytest.mark.parametrize('flag', ['--timeout_s=nan', '--grace_s=inf', '--timeout_s=-1'])
+def test_local_launcher_refuses_non_finite_settings(tmp_path, flag):
+  proc = run_in(tmp_path, [sys.executable, LAUNCHER, flag, '--',
+                           f'--config={REPO}/configs/smoke.py', '--workdir=w'], timeout=60)
+  _one_line_error(proc, flag.split('=')[0])
+  assert not (tmp_path / 'w').exists()
+
+
+def test_json_writer_refuses_or_nulls_non_finite_numbers(tmp_path):
+  from hfl import metrics  # pylint: disable=g-import-not-at-top
+
+  def strict(text):  # a strict parser: NaN / Infinity tokens are errors
+    return json.loads(text, parse_constant=lambda c: pytest.fail(f'non-standard token {c}'))
+
+  path = str(tmp_path / 'info.json')
+  metrics.write_json(path, {'a': 1.5, 'b': [np.float32(2.0), np.int64(3)], 'c': None})
+  before = open(path).read()
+  assert strict(before) == {'a': 1.5, 'b': [2.0, 3], 'c': None}
+  for bad in (float('inf'), float('nan'), np.float32('-inf')):
+    with pytest.raises(ValueError, match=r'info\.json\.x\.y\[1\] = '):
+      metrics.write_json(path, {'x': {'y': [0.0, bad]}})
+    assert open(path).read() == before  # the old file is untouched
+  assert strict(metrics.dumps({'x': [float('nan'), 1.0]}, 'null')) == {'x': [None, 1.0]}
+  with pytest.raises(ValueError, match='nonfinite'):
+    metrics.dumps({}, 'zero')
+  # metrics.jsonl records too.
+  w = metrics.MetricsWriter(str(tmp_path))
+  with pytest.raises(ValueError, match='test_loss = nan'):
+    w.write({'step': 1, 'test_loss': float('nan')})
+  w.close()
+  assert not os.path.exists(tmp_path / 'metrics.jsonl') or not open(
+      tmp_path / 'metrics.jsonl').read().strip()
+
+
+def test_every_json_file_is_written_through_the_strict_writer():
+  """Fault 1: no module writes JSON with Python's default (NaN/Infinity-emitting)
+  json.dump/json.dumps; they use hfl.metrics.dumps / write_json (allow_nan=False).
+  hfl/sweep.py and hfl/report/ are left to issue 18's sweep/report part."""
+  import re  # pylint: disable=g-import-not-at-top
+  offenders = []
+  for top in ('hfl', 'launch', 'bench', 'main.py'):
+    root = os.path.join(REPO, top)
+    paths = [root] if top.endswith('.py') else [
+        os.path.join(d, f) for d, _, fs in os.walk(root) for f in fs if f.endswith('.py')]
+    for path in paths:
+      rel = os.path.relpath(path, REPO)
+      if rel in ('hfl/metrics.py', 'hfl/sweep.py') or rel.startswith('hfl/report'):
+        continue
+      for i, line in enumerate(open(path), 1):
+        if re.search(r'json\.dumps?\(', line):
+          offenders.append(f'{rel}:{i}: {line.strip()}')
+  assert not offenders, offenders
+  from hfl import metrics  # pylint: disable=g-import-not-at-top
+  import inspect  # pylint: disable=g-import-not-at-top
+  assert 'allow_nan=False' in inspect.getsource(metrics.dumps)
+
+
+def _emulated_first_failure():
+  sys.path.insert(0, os.path.join(REPO, 'launch'))
+  import emulated_wan  # pylint: disable=g-import-not-at-top
+  return emulated_wan.first_failure
+
+
+def test_emulated_wan_watch_names_a_dead_helper_or_process(tmp_path):
+  """Fault 1: the launcher watches its helpers, not only the training processes."""
+  first_failure = _emulated_first_failure()
+  log = tmp_path / 'helper.log'
+  log.write_text('OverflowError: timestamp out of range\n')
+  sleep = lambda: subprocess.Popen([sys.executable, '-c', 'import time; time.sleep(60)'])
+  dead = subprocess.Popen([sys.executable, '-c', 'raise SystemExit(3)'])
+  dead.wait()
+  running = {0: (sleep(), str(log)), 1: (sleep(), str(log))}
+  try:
+    assert first_failure(running, {}) is None
+    code, msg = first_failure(running, {'the delay line': (dead, str(log))})
+    assert code == 1 and 'the delay line' in msg and 'status 3' in msg
+    assert 'OverflowError' in msg  # the helper's own last words
+    code, msg = first_failure({0: running[0], 1: (dead, str(log))}, {})
+    assert code == 3 and 'process 1 (DC 1) failed with status 3' in msg
+  finally:
+    for q, _ in running.values():
+      q.kill()
+      q.wait()
+
+
+def test_launcher_port_in_use_is_named_before_anything_starts(tmp_path):
+  """Fault 3: a taken --port said "Failed to start RPC server ... before any JAX
+  operation"; now the launcher names the port and starts nothing."""
+  with socket.socket() as s:
+    s.bind(('127.0.0.1', 0))
+    s.listen()
+    port = s.getsockname()[1]
+    proc = run_in(tmp_path, [sys.executable, LAUNCHER, f'--port={port}', '--',
+                             f'--config={REPO}/configs/smoke.py', '--workdir=w'], timeout=60)
+    _one_line_error(proc, f'port {port} is already in use')
+    assert not (tmp_path / 'w').exists()
+    # main.py by hand, as process 0 of 2: the same, before JAX starts.
+    proc = run_in(tmp_path, [sys.executable, os.path.join(REPO, 'main.py'),
+                             f'--config={REPO}/configs/smoke.py', '--workdir=w',
+                             f'--coordinator_address=127.0.0.1:{port}', '--num_processes=2',
+                             '--process_id=0'], timeout=120)
+    _one_line_error(proc, f'port {port} is already in use')
+    assert not (tmp_path / 'w').exists()
+
+
+def test_launcher_missing_workdir_or_config_starts_nothing(tmp_path):
+  """Fault 3: a missing --workdir was caught only after both processes had started,
+  leaving ./hfl_logs/ behind."""
+  proc = run_in(tmp_path, [sys.executable, LAUNCHER, '--', f'--config={REPO}/configs/smoke.py'],
+                timeout=60)
+  _one_line_error(proc, '--workdir')
+  proc = run_in(tmp_path, [sys.executable, LAUNCHER, '--', '--config=configs/smoke.py',
+                           '--workdir=w'], timeout=60)
+  _one_line_error(proc, 'configs/smoke.py', str(tmp_path))  # relative to the caller
+  proc = run_in(tmp_path, [sys.executable, EMULATED_WAN, '--',
+                           f'--config={REPO}/configs/smoke.py'], timeout=60)
+  _one_line_error(proc, '--workdir')
+  assert os.listdir(tmp_path) == []
+
+
+def test_emulated_wan_without_root_is_one_line_and_creates_nothing(tmp_path):
+  """Fault 3: without root it printed a traceback after creating WORKDIR/logs."""
+  script = ('import os, runpy, sys; os.geteuid = lambda: 1000; '
+            f'sys.argv = ["emulated_wan.py", "--", "--config={REPO}/configs/smoke.py", '
+            '"--workdir=w"]; runpy.run_path(sys.argv_path, run_name="__main__")')
+  script = script.replace('sys.argv_path', repr(EMULATED_WAN))
+  proc = run_in(tmp_path, [sys.executable, '-c', script], timeout=60)
+  _one_line_error(proc, 'needs root', 'sudo')
+  assert os.listdir(tmp_path) == []
+
+
+def test_relative_paths_are_the_callers(tmp_path):
+  """Fault 2: from outside the checkout, a relative --workdir and --config mean the
+  caller's directory for the launcher, every process and main.py; nothing is
+  written into the checkout."""
+  data = make_dataset(str(tmp_path / 'data'))
+  caller = tmp_path / 'caller'
+  caller.mkdir()
+  (caller / 'mycfg.py').write_text('from configs import smoke\n\n\ndef get_config(arg=None):\n'
+                                   '  return smoke.get_config(arg)\n')
+  before = _checkout_files()
+  args = ['--config=mycfg.py', f'--config.dataset.data_dir={data}',
+          '--config.train.num_steps=2', '--config.train.checkpoint_every=1']
+  proc = run_in(caller, [sys.executable, LAUNCHER, '--num_processes=2', '--quiet',
+                         '--init_timeout_s=60', '--timeout_s=160', '--'] + args
+                + ['--workdir=relrun'])
+  assert proc.returncode == 0, proc.stderr[-3000:]
+  proc = run_in(caller, [sys.executable, os.path.join(REPO, 'main.py')] + args
+                + ['--workdir=direct'])
+  assert proc.returncode == 0, proc.stderr[-3000:]
+  for run_dir in ('relrun', 'direct'):
+    for name in ('summary.json', 'metrics.jsonl', 'config.json', 'checkpoints'):
+      assert (caller / run_dir / name).exists(), (run_dir, name)
+  assert (caller / 'relrun' / 'logs' / 'process_1.log').exists()
+  assert _checkout_files() == before
+
+
+def test_dc_placement_problem_names_straddling_dcs():
+  """Fault 4 (unit): which DCs straddle processes, and how to fix it."""
+  assert distributed.dc_placement_problem(np.array([[0, 0], [1, 1]])) is None
+  assert distributed.dc_placement_problem(np.array([[0, 0], [1, 1]]), True) is None
+  msg = distributed.dc_placement_problem(np.array([[0, 0], [0, 1], [1, 1]]))
+  assert 'DC 1 spans processes 0, 1' in msg and 'DC 0' not in msg and 'DC 2' not in msg
+  assert 'mesh.num_dcs=3 x mesh.workers_per_dc=2 on 2 processes' in msg
+  assert 'divides mesh.num_dcs (1, 3)' in msg
+  # Two whole DCs in one process: fine in general, not for the emulated WAN.
+  two = np.array([[0, 0], [0, 0], [1, 1], [1, 1]])
+  assert distributed.dc_placement_problem(two) is None
+  msg = distributed.dc_placement_problem(two, one_dc_per_process=True)
+  assert 'process 0 holds DCs 0, 1' in msg and 'process 1 holds DCs 2, 3' in msg
+  assert 'mesh.num_dcs=4 processes (one per DC)' in msg
+
+
+def test_dc_straddling_processes_warns_or_is_refused(tmp_path):
+  """Fault 4: 2 processes, 3 DCs x 2 workers: DC 1 spans both processes. The local
+  launcher warns (process 0's log) and runs; with the emulated WAN's
+  one-DC-per-process model (HFL_ONE_DC_PER_PROCESS=1) every process refuses."""
+  data = make_dataset(str(tmp_path / 'data'))
+  args = ['--config=configs/smoke.py', f'--config.dataset.data_dir={data}',
+          '--config.mesh.num_dcs=3', '--config.mesh.workers_per_dc=2',
+          '--config.network.dc_speed=(1.0, 1.0, 1.0)', '--config.train.num_steps=2',
+          '--config.train.checkpoint_every=0']
+  proc, _ = run(launch(2, args + [f'--workdir={tmp_path / "refused"}']), timeout=150,
+                HFL_ONE_DC_PER_PROCESS='1')
+  assert proc.returncode == 2, proc.stderr[-3000:]
+  assert 'the emulated WAN runs each DC as one process' in proc.stderr
+  assert 'DC 1 spans processes 0, 1' in proc.stderr
+  assert not (tmp_path / 'refused' / 'summary.json').exists()
+  proc, _ = run(launch(2, args + [f'--workdir={tmp_path / "warned"}']), timeout=170)
+  assert proc.returncode == 0, proc.stderr[-3000:]
+  log = (tmp_path / 'warned' / 'logs' / 'process_0.log').read_text()
+  assert 'warning: DC 1 spans processes 0, 1' in log
+  assert 'use a process count that divides mesh.num_dcs (1, 3)' in log
+
+
+def _netns_unavailable() -> str:
+  """Why the emulated WAN cannot run here, or '' when it can."""
+  if os.geteuid() != 0:
+    return 'needs root (network namespaces, tc)'
+  probe = subprocess.run(['ip', 'netns', 'list'], capture_output=True, text=True, check=False)
+  if probe.returncode:
+    return f'ip netns unavailable: {probe.stderr.strip()}'
+  return ''
+
+
+needs_netns = pytest.mark.skipif(bool(_netns_unavailable()), reason=_netns_unavailable())
+
+
+@needs_netns
+def test_emulated_wan_run_in_callers_directory(tmp_path):
+  """Fault 2 for the emulated WAN: relative --workdir/--config are the caller's;
+  wan_info.json is strict JSON."""
+  data = make_dataset(str(tmp_path / 'data'))
+  caller = tmp_path / 'caller'
+  caller.mkdir()
+  (caller / 'mycfg.py').write_text('from configs import smoke\n\n\ndef get_config(arg=None):\n'
+                                   '  return smoke.get_config(arg)\n')
+  proc = run_in(caller, [sys.executable, EMULATED_WAN, '--wan_latency_ms=5', '--timeout_s=300',
+                         '--', '--config=mycfg.py', f'--config.dataset.data_dir={data}',
+                         '--config.train.num_steps=2', '--config.train.checkpoint_every=0',
+                         '--workdir=rel'], timeout=330)
+  assert proc.returncode == 0, proc.stdout[-2000:] + proc.stderr[-3000:]
+  info = json.loads((caller / 'rel' / 'wan_info.json').read_text(),
+                    parse_constant=lambda c: pytest.fail(c))
+  assert info['one_way_delay_ms'] == 5.0
+  assert (caller / 'rel' / 'summary.json').exists()
+  assert (caller / 'rel' / 'logs' / 'process_1.log').exists()
+
+
+@needs_netns
+def test_emulated_wan_fails_when_its_delay_line_dies(tmp_path):
+  """Fault 1: the delay line dying mid-run used to go unnoticed (exit 0, no delay).
+  Only where the kernel lacks netem is there a delay line to kill."""
+  _emulated_first_failure()  # imports launch/emulated_wan.py
+  import emulated_wan  # pylint: disable=g-import-not-at-top
+  if emulated_wan.has_netem():
+    pytest.skip('this kernel has netem: the launcher uses no delay line')
+  data = make_dataset(str(tmp_path / 'data'))
+  cmd = [sys.executable, EMULATED_WAN, '--wan_latency_ms=5', '--timeout_s=300', '--',
+         '--config=configs/smoke.py', f'--config.dataset.data_dir={data}',
+         '--config.train.num_steps=100000', '--config.train.checkpoint_every=0',
+         f'--workdir={tmp_path / "w"}']
+  proc = subprocess.Popen(cmd, cwd=REPO, env=_env(), stdout=subprocess.PIPE,
+                          stderr=subprocess.PIPE, text=True)
+  try:
+    for _ in range(20):  # the launcher names the delay line's pid on stderr
+      line = proc.stderr.readline()
+      if 'delay line (pid' in line or not line:
+        break
+    assert 'delay line (pid' in line, line
+    pid = int(line.split('(pid ')[1].split(')')[0])
+    log = tmp_path / 'w' / 'logs' / 'process_0.log'
+    deadline = time.monotonic() + 200
+    while 'step' not in (log.read_text() if log.exists() else '') and time.monotonic() < deadline:
+      time.sleep(1)
+    os.killpg(pid, 9)  # the delay line runs in its own session
+    _, err = proc.communicate(timeout=120)
+  finally:
+    if proc.poll() is None:
+      proc.kill()
+  assert proc.returncode == 1, err[-3000:]
+  assert 'error: the delay line (pid' in err and 'mid-run' in err
+  assert subprocess.run(['ip', 'netns', 'list'], capture_output=True, text=True,
+                        check=False).stdout.count('hflwan') == 0

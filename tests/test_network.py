@@ -84,3 +84,28 @@ def test_lan_time_and_exact_link_bits():
   assert network.link_bits(np.array([big, 8]), np.array([True, True])) == big + 8
   assert network.link_bits(np.array([big, 8, 16]), np.array([True, False, True])) == big + 16
   assert network.link_bits(np.array([big, 8, 16])) == 2 * (big + 24)
+
+
+def test_gloo_collective_latencies_follow_the_ring_algorithms():
+  mib = network.GLOO_MAX_SEGMENT_BYTES
+  # 2 ranks, small buffer: 4 segments, 2 per phase, both in flight: one
+  # notification + data (2 latencies) per phase.
+  assert network.gloo_allreduce_latencies(2, 100_000) == 4
+  assert network.gloo_allreduce_latencies(2, 4 * mib) == 4
+  # 5 segments -> 6 (a multiple of 2 ranks), 3 per phase: 2 pairs per phase.
+  assert network.gloo_allreduce_latencies(2, 4 * mib + 1) == 8
+  # 3 ranks: 6 segments, 4 sent per phase: 2 pairs per phase.
+  assert network.gloo_allreduce_latencies(3, 1000) == 8
+  assert network.gloo_allreduce_latencies(1, 1000) == 0
+  assert network.gloo_allreduce_latencies(2, 0) == 0
+  assert [network.gloo_allgather_latencies(p) for p in (1, 2, 4)] == [0, 2, 6]
+
+
+def test_gloo_round_latencies_of_hfl_rounds():
+  # Identity / fp16 WAN, 2 DCs: one fused all-reduce + the metrics gather.
+  assert network.gloo_round_latencies(2, allreduce_bytes=[235_000]) == 6
+  # Sparse / quantised WAN: one fused all-gather + the metrics gather.
+  assert network.gloo_round_latencies(2, allgathers=1) == 4
+  # The per-leaf exchange this replaced: 6 leaves, one all-reduce each.
+  assert network.gloo_round_latencies(2, allreduce_bytes=[1000] * 6) == 26
+  assert network.gloo_round_latencies(2, host_gathers=0) == 0

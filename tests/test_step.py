@@ -391,10 +391,11 @@ def test_dgc_step_every_collective_is_counted():
 
 @pytest.mark.parametrize('name', ['topk', 'bf16', 'qsgd', 'powersgd'])
 def test_compressed_wan_bytes_equal_hlo_collectives(name):
-  """Over 'dc' each of the DC's W workers sends 1/W of every payload array (padded
-  to a multiple of W), so the DC's devices put the counted WAN payload on the
-  WAN once, plus < W padding entries per array; the re-gather of the D payloads
-  over 'worker' is counted as the round's downlink."""
+  """All leaves' WAN payloads cross 'dc' in one fused all-gather of bytes
+  (hfl.collectives), and each of the DC's W workers sends 1/W of it (padded to a
+  multiple of W), so the DC's devices put the counted WAN payload on the WAN once,
+  plus < W padding bytes; the re-gather of the D payloads over 'worker' is counted
+  as the round's downlink."""
   wan = {'topk': lambda s: sparse.topk(s, 0.05), 'bf16': lambda s: base.cast(s, jnp.bfloat16),
          'qsgd': lambda s: quantize.qsgd(s, levels=16),
          'powersgd': lambda s: lowrank.powersgd(s, rank=2)}
@@ -405,14 +406,14 @@ def test_compressed_wan_bytes_equal_hlo_collectives(name):
   leaves = jax.tree.leaves(params)
   assert {op for op, _, _ in ops} == {'all_gather'}
   if name == 'topk':
+    assert ops[0][2].endswith('xui8>')
     arrays = [(sparse.num_kept(l.size, 0.05), 4) for l in leaves] + [
         (sparse.num_kept(l.size, 0.05), jnp.dtype(sparse.index_dtype(l.size)).itemsize)
         for l in leaves]
-    padded = sum(-(-n // W) * W * size for n, size in arrays)
-    assert W * sum(b for _, b, _ in ops) == padded
-    counted = m['wan_bits'][0] / 8
+    counted = int(m['wan_bits'][0]) // 8
     assert counted == sum(n * size for n, size in arrays)
-    assert 0 <= padded - counted < W * sum(size for _, size in arrays)
+    padded = -(-counted // W) * W  # one buffer of bytes
+    assert W * sum(b for _, b, _ in ops) == padded
 
 
 def test_co3_as_wan_compressor_of_the_pseudo_gradient():

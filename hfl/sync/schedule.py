@@ -65,6 +65,7 @@ from typing import Callable, NamedTuple, Optional, Sequence
 
 import numpy as np
 
+from hfl import metrics
 from hfl.sync import frequency
 
 STRATEGIES = ('sync', 'periodic', 'semi_sync', 'adacomm')
@@ -126,13 +127,13 @@ def state_to_json(state: ScheduleState) -> str:
   Returns:
     A JSON object string.
   """
-  return json.dumps({
+  return metrics.dumps({
       'version': _STATE_VERSION,
       'round': int(state.round),
       'k_base': int(state.k_base),
       'history': [float(x) for x in state.history],
       'loss0': None if state.loss0 is None else float(state.loss0),
-  })
+  }, where='schedule state')
 
 
 def state_from_json(text: str) -> ScheduleState:

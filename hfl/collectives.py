@@ -1,0 +1,219 @@
+"""Fused collectives: one collective per group of leaves instead of one per leaf.
+
+Why. A round of hfl exchanges one payload per parameter leaf (and a sparse or
+quantised payload is itself several arrays: values and indices, symbols and a
+scale). XLA combines the round's collectives into one tuple operation, but the
+multi-process CPU backend (gloo over TCP) still runs every operand as its own
+collective, one after the other, and each pays its own round trips: gloo sends a
+message only once the receiver has announced a ready buffer, so even a 2-process
+all-gather costs about two one-way latencies and a ring all-reduce about four
+(``hfl.network.gloo_collective_latencies``). Over a WAN those latencies, not the
+bytes, dominate a round of a small model. Concatenating the leaves into one
+buffer and running the collective once pays them once.
+
+What. :func:`fused` applies a collective written for one flat array to a whole
+pytree with one call per *bucket* of leaves:
+
+* arithmetic collectives (``psum``): a bucket is one dtype (sums must add like
+  with like), so a float32 model's pseudo-gradient is one all-reduce;
+* data movement (``all_gather``, ``pack_bytes=True``): every leaf is bitcast to
+  bytes and all of them share one bucket, so a top-k payload's float32 values
+  and int32 indices of every leaf travel in one all-gather. Sub-byte dtypes
+  (int4, ...) cannot be bitcast to bytes and get a bucket per dtype.
+
+Leaves with different varying-manual-axes types (inside ``shard_map``) are never
+mixed, so the results keep their types. The results are exactly those of
+applying the collective to every leaf separately (the same elements meet in the
+same reduction; bitcasts are exact).
+
+Several independent callers (one per leaf, e.g. ``hfl.step.exchange``) fuse
+their collectives through generators: each caller is written as a generator
+that yields one :class:`Call` and receives its result; :func:`run` drives one
+generator with its collective applied directly, :func:`run_fused` drives many,
+fusing the calls of equal ``group`` (:func:`fused_calls`).
+"""
+
+from typing import Any, Callable, Hashable, Iterator, NamedTuple, Sequence
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+
+
+class Call(NamedTuple):
+  """One collective a caller needs on a pytree.
+
+  Attributes:
+    fn: the collective on one array: maps ``x`` of any shape to an array of
+      shape ``lead + x.shape`` or, for a flat ``x[n]``, ``lead + (n,)`` (e.g.
+      ``lambda a: jax.lax.psum(a, 'dc')`` with lead (), or
+      ``lambda a: jax.lax.all_gather(a, 'dc')`` with lead (axis_size,)).
+      Applied to flat buffers when fused, so it must be elementwise over the
+      flattened array (true of psum and all-gather).
+    tree: the operands, a pytree of arrays.
+    group: calls with equal ``group`` may share one collective (they must then
+      have the same ``fn`` semantics); e.g. ``('psum', 'dc')``.
+    pack_bytes: ``fn`` only moves data (an all-gather), so leaves of any dtype
+      may travel together as bytes; False for reductions.
+  """
+  fn: Callable[[jax.Array], jax.Array]
+  tree: Any
+  group: Hashable
+  pack_bytes: bool = False
+
+
+def _vma(x):
+  """``x``'s varying-manual-axes type inside shard_map (hashable; None outside)."""
+  aval = jax.typeof(x)
+  for name in ('manual_axis_type', 'vma'):  # the attribute's name differs across JAX versions
+    t = getattr(aval, name, None)
+    if t is not None:
+      return t
+  return None
+
+
+def _packable(dtype) -> bool:
+  """Whether leaves of ``dtype`` can be moved as whole bytes (bitcast or bool -> uint8)."""
+  dtype = np.dtype(dtype)
+  return dtype == np.bool_ or (dtype.itemsize >= 1 and dtype.itemsize * 8 == _bits(dtype))
+
+
+def _bits(dtype) -> int:
+  try:
+    return int(jnp.finfo(dtype).bits)
+  except ValueError:
+    try:
+      return int(jnp.iinfo(dtype).bits)
+    except ValueError:
+      return np.dtype(dtype).itemsize * 8
+
+
+def _to_bytes(x):
+  """uint8[size * itemsize]: ``x`` flattened, as bytes."""
+  flat = x.reshape(-1)
+  if flat.dtype == jnp.bool_:
+    return flat.astype(jnp.uint8)
+  if flat.dtype.itemsize == 1:
+    return jax.lax.bitcast_convert_type(flat, jnp.uint8)
+  return jax.lax.bitcast_convert_type(flat, jnp.uint8).reshape(-1)
+
+
+def _from_bytes(b, like, lead):
+  """Inverse of :func:`_to_bytes` on ``b`` of shape lead + (size * itemsize,)."""
+  dtype = like.dtype
+  if dtype == jnp.bool_:
+    out = b.astype(jnp.bool_)
+  elif dtype.itemsize == 1:
+    out = jax.lax.bitcast_convert_type(b, dtype)
+  else:
+    out = jax.lax.bitcast_convert_type(b.reshape(lead + (-1, dtype.itemsize)), dtype)
+  return out.reshape(lead + like.shape)
+
+
+def _bucket_key(x, pack_bytes: bool):
+  dtype = np.dtype(x.dtype)
+  if pack_bytes and _packable(dtype):
+    return ('bytes', _vma(x))
+  return ('dtype', str(dtype), _vma(x))
+
+
+def fused_calls(calls: Sequence[Call]) -> list:
+  """Results of ``calls``, with one collective per (group, bucket) of leaves.
+
+  Args:
+    calls: the collectives to run; their leaves may be of any shape and dtype.
+
+  Returns:
+    One pytree per call, the structure of its ``tree``, each leaf equal to
+    ``call.fn(leaf)`` (shape ``lead + leaf.shape``, the leaf's dtype).
+  """
+  flats = [jax.tree.flatten(c.tree) for c in calls]
+  results = [[None] * len(leaves) for leaves, _ in flats]
+  buckets = {}  # (group, bucket key) -> [(call index, leaf index)]
+  for ci, (c, (leaves, _)) in enumerate(zip(calls, flats)):
+    for li, x in enumerate(leaves):
+      key = (c.group, _bucket_key(x, c.pack_bytes))
+      buckets.setdefault(key, []).append((ci, li))
+  for (_, bkey), members in buckets.items():
+    as_bytes = bkey[0] == 'bytes'
+    fn = calls[members[0][0]].fn
+    pieces = [flats[ci][0][li] for ci, li in members]
+    flat = [_to_bytes(x) if as_bytes else x.reshape(-1) for x in pieces]
+    out = fn(jnp.concatenate(flat) if len(flat) > 1 else flat[0])
+    lead = tuple(out.shape[:-1])
+    offset = 0
+    for (ci, li), x, f in zip(members, pieces, flat):
+      part = jax.lax.slice_in_dim(out, offset, offset + f.shape[0], axis=out.ndim - 1)
+      offset += f.shape[0]
+      results[ci][li] = (_from_bytes(part, x, lead) if as_bytes
+                         else part.reshape(lead + x.shape))
+  return [jax.tree.unflatten(td, res) for (_, td), res in zip(flats, results)]
+
+
+def fused(fn: Callable[[jax.Array], jax.Array], tree, pack_bytes: bool = False):
+  """``jax.tree.map(fn, tree)`` with one ``fn`` call per bucket of leaves (module docstring).
+
+  Args:
+    fn: a collective on one flat array (see :class:`Call`).
+    tree: pytree of arrays.
+    pack_bytes: ``fn`` only moves data: all byte-addressable leaves share one call.
+
+  Returns:
+    The pytree of ``fn(leaf)`` (shape ``lead + leaf.shape``, the leaf's dtype).
+  """
+  return fused_calls([Call(fn, tree, 0, pack_bytes)])[0]
+
+
+def fused_psum(tree, axis_name):
+  """``jax.lax.psum(tree, axis_name)`` with one all-reduce per dtype (and type)."""
+  return fused(lambda a: jax.lax.psum(a, axis_name), tree)
+
+
+def fused_all_gather(tree, axis_name, **kwargs):
+  """``jax.lax.all_gather(leaf, axis_name, **kwargs)`` of every leaf in one all-gather.
+
+  ``kwargs`` must keep the gathered axis first and untiled (e.g. ``to=``).
+  """
+  return fused(lambda a: jax.lax.all_gather(a, axis_name, **kwargs), tree, pack_bytes=True)
+
+
+def _finish(gen: Iterator, result):
+  try:
+    gen.send(result)
+  except StopIteration as stop:
+    return stop.value
+  raise RuntimeError('a fused caller must yield exactly one collectives.Call')
+
+
+def run(gen: Iterator):
+  """Drives one caller generator with its collective applied leaf by leaf (no fusion).
+
+  Returns:
+    The generator's return value (a generator that yields nothing returns at once).
+  """
+  try:
+    call = next(gen)
+  except StopIteration as stop:
+    return stop.value
+  return _finish(gen, jax.tree.map(call.fn, call.tree))
+
+
+def run_fused(gens: Sequence[Iterator]) -> list:
+  """Drives several caller generators, fusing their collectives (:func:`fused_calls`).
+
+  Each generator runs up to its one yield (in order), then all the yielded calls
+  run fused, then each generator is resumed with its own result.
+
+  Returns:
+    The generators' return values, in order.
+  """
+  done, pending = {}, []
+  for i, gen in enumerate(gens):
+    try:
+      pending.append((i, gen, next(gen)))
+    except StopIteration as stop:
+      done[i] = stop.value
+  results = fused_calls([call for _, _, call in pending])
+  for (i, gen, _), result in zip(pending, results):
+    done[i] = _finish(gen, result)
+  return [done[i] for i in range(len(gens))]

@@ -1,0 +1,191 @@
+"""hfl.collectives: fused psum / all-gather over pytrees, and fused exchange generators.
+
+References are numpy (sums and stacks of the host arrays) and the per-leaf JAX
+collectives; the number of collectives is read from the lowered StableHLO.
+"""
+
+import re
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+import pytest
+from jax.sharding import NamedSharding, PartitionSpec as P
+
+from hfl import collectives
+from hfl import mesh as mesh_lib
+
+D, W = 2, 4
+
+
+def _mesh():
+  return mesh_lib.make_mesh(D, W)
+
+
+def _tree(rng):
+  """Per-DC leaves [D, ...] of several dtypes, some sharing one."""
+  return {
+      'w1': rng.normal(size=(D, 3, 5)).astype(np.float32),
+      'w2': rng.normal(size=(D, 11)).astype(np.float32),
+      'scalar': rng.normal(size=(D,)).astype(np.float32),
+      'half': rng.normal(size=(D, 7)).astype(np.float16),
+      'bf': rng.normal(size=(D, 2, 2)).astype(jnp.bfloat16),
+      'idx': rng.integers(0, 2**31 - 1, size=(D, 4)).astype(np.int32),
+      'u16': rng.integers(0, 2**16, size=(D, 3)).astype(np.uint16),
+      'sym': rng.integers(0, 256, size=(D, 9)).astype(np.uint8),
+      'mask': rng.integers(0, 2, size=(D, 6)).astype(bool),
+      'empty': np.zeros((D, 0), np.float32),
+  }
+
+
+def _shard_dc(fn, mesh):
+  """jit(shard_map(fn)) over per-DC leaves [D, ...] (P('dc')), outputs [D, ...]."""
+  def body(t):
+    out = fn(jax.tree.map(lambda x: x[0], t))
+    return jax.tree.map(lambda x: x[None], out)
+  return jax.jit(jax.shard_map(body, mesh=mesh, in_specs=P('dc'), out_specs=P('dc')))
+
+
+def _ops(text: str, op: str) -> list:
+  """The result types of every ``op`` collective in lowered StableHLO text."""
+  return re.findall(rf'"stablehlo\.{op}"\(.*?\)\s*(?:<\{{.*?\}}>)?.*?->\s*(\S+)', text)
+
+
+def _count(text: str, op: str) -> int:
+  return len(re.findall(rf'"stablehlo\.{op}"', text))
+
+
+def test_fused_psum_equals_numpy_sums_with_one_all_reduce_per_dtype():
+  mesh = _mesh()
+  tree = {k: v for k, v in _tree(np.random.default_rng(0)).items()
+          if k not in ('mask', 'sym', 'u16')}
+  f = _shard_dc(lambda t: collectives.fused_psum(t, 'dc'), mesh)
+  out = f(tree)
+  for k, x in tree.items():
+    got = np.asarray(out[k])
+    assert got.dtype == x.dtype and got.shape == x.shape, k
+    want = x.astype(np.float64).sum(0) if x.dtype != np.int32 else x.astype(np.int64).sum(0)
+    want = want.astype(x.dtype)  # int32 wraps like the device sum
+    for d in range(D):
+      np.testing.assert_array_equal(got[d], want, err_msg=k)
+  # Equal, bit for bit, to the per-leaf psum.
+  ref = _shard_dc(lambda t: jax.lax.psum(t, 'dc'), mesh)(tree)
+  for k in tree:
+    np.testing.assert_array_equal(np.asarray(out[k]), np.asarray(ref[k]), err_msg=k)
+  # One all-reduce per dtype (f32, f16, bf16, i32), against one per leaf unfused.
+  assert _count(f.lower(tree).as_text(), 'all_reduce') == 4
+  unfused = _shard_dc(lambda t: jax.tree.map(lambda a: jax.lax.psum(a, 'dc'), t), mesh)
+  assert _count(unfused.lower(tree).as_text(), 'all_reduce') == len(tree)
+
+
+def test_fused_all_gather_moves_every_dtype_in_one_byte_buffer():
+  mesh = _mesh()
+  tree = _tree(np.random.default_rng(1))
+  f = _shard_dc(lambda t: collectives.fused_all_gather(t, 'dc', to='invarying'), mesh)
+  out = f(tree)
+  for k, x in tree.items():
+    got = np.asarray(out[k])
+    assert got.dtype == x.dtype and got.shape == (D,) + x.shape, k
+    for d in range(D):  # every DC receives the stack of all DCs' leaves, bitwise
+      np.testing.assert_array_equal(got[d], x, err_msg=k)
+  text = f.lower(tree).as_text()
+  assert _count(text, 'all_gather') == 1
+  total = sum(x[0].size * x.dtype.itemsize for x in tree.values())
+  assert re.search(rf'tensor<{D}x{total}xui8>', text), 'one uint8 buffer of all the bytes'
+
+
+def test_fused_keeps_sub_byte_dtypes_apart():
+  """int4 cannot be bitcast to bytes: it gets its own collective, values intact."""
+  mesh = _mesh()
+  x = np.arange(D * 6).reshape(D, 6) % 7
+  tree = {'a': x.astype(jnp.int4), 'b': np.ones((D, 3), np.float32)}
+  f = _shard_dc(lambda t: collectives.fused_all_gather(t, 'dc', to='invarying'), mesh)
+  out = f(tree)
+  np.testing.assert_array_equal(np.asarray(out['a'][0]).astype(int), x)
+  assert _count(f.lower(tree).as_text(), 'all_gather') == 2
+
+
+def test_fused_outside_shard_map_is_plain_tree_map():
+  tree = {'a': jnp.arange(6.0).reshape(2, 3), 'b': jnp.arange(4, dtype=jnp.int32)}
+  got = collectives.fused(lambda a: jnp.stack([a, 2 * a]), tree)
+  for k, x in tree.items():
+    np.testing.assert_array_equal(got[k], np.stack([x, 2 * x]))
+  got = collectives.fused(lambda a: jnp.stack([a, a]), tree, pack_bytes=True)
+  for k, x in tree.items():
+    np.testing.assert_array_equal(got[k], np.stack([x, x]))
+
+
+def _caller(x, scale):
+  """A caller generator: pre-processing, one psum over 'dc', post-processing."""
+  y = x * scale
+  s = yield collectives.Call(lambda a: jax.lax.psum(a, 'dc'), {'v': y}, ('psum', 'dc'))
+  return s['v'] + 1, y
+
+
+def test_run_fused_equals_run_of_each_caller_with_one_collective():
+  mesh = _mesh()
+  rng = np.random.default_rng(2)
+  tree = [rng.normal(size=(D,) + s).astype(np.float32) for s in ((3,), (2, 2), ())]
+
+  def fused(xs):
+    return collectives.run_fused([_caller(x, i + 1.0) for i, x in enumerate(xs)])
+
+  def each(xs):
+    return [collectives.run(_caller(x, i + 1.0)) for i, x in enumerate(xs)]
+
+  f, g = _shard_dc(fused, mesh), _shard_dc(each, mesh)
+  for (a, sa), (b, sb), x, i in zip(f(tree), g(tree), tree, range(3)):
+    np.testing.assert_array_equal(np.asarray(a), np.asarray(b))
+    np.testing.assert_allclose(np.asarray(a)[0], (x * (i + 1.0)).sum(0) + 1, rtol=1e-6)
+    np.testing.assert_array_equal(np.asarray(sa), x * np.float32(i + 1.0))
+    np.testing.assert_array_equal(np.asarray(sb), x * np.float32(i + 1.0))
+  assert _count(f.lower(tree).as_text(), 'all_reduce') == 1
+  assert _count(g.lower(tree).as_text(), 'all_reduce') == 3
+
+
+def test_run_accepts_callers_that_need_no_collective():
+  def quiet():
+    return 7
+    yield  # pylint: disable=unreachable
+
+  assert collectives.run(quiet()) == 7
+  assert collectives.run_fused([quiet(), quiet()]) == [7, 7]
+
+  def twice():
+    yield collectives.Call(lambda a: a, jnp.zeros(1), 0)
+    yield collectives.Call(lambda a: a, jnp.zeros(1), 0)
+
+  with pytest.raises(RuntimeError, match='exactly one'):
+    collectives.run(twice())
+
+
+@pytest.mark.parametrize('wan', ['identity', 'topk', 'co3'])
+def test_round_crosses_the_wan_in_one_collective(wan):
+  """The inter-DC round of hfl.step: one 'dc' collective for all the model's leaves
+  (their payloads are several arrays each for top-k and CO3), where the per-leaf
+  exchange had one per leaf and payload array."""
+  import optax  # pylint: disable=g-import-not-at-top
+  from hfl import accounting, models, step as step_lib  # pylint: disable=g-import-not-at-top
+  from hfl.compress import base, co3, sparse  # pylint: disable=g-import-not-at-top
+  comp = {'identity': base.identity, 'topk': lambda s: sparse.topk(s, 0.05),
+          'co3': lambda s: co3.co3(s, 'fp4')}[wan]
+  mesh = _mesh()
+  net = models.get_model('mlp', 10)
+  params = net.init(jax.random.PRNGKey(0), jnp.zeros((1, 8, 8, 1)))['params']
+  leaves = jax.tree.leaves(params)
+  assert len(leaves) > 1
+  comps = step_lib.Compressors([base.identity(l.shape) for l in leaves],
+                               [base.identity(l.shape) for l in leaves],
+                               [comp(l.shape) for l in leaves])
+  state = step_lib.init_state(params, optax.sgd(0.1), optax.sgd(1.0), comps, D, W,
+                              jax.random.PRNGKey(1))
+  state = jax.device_put(state, step_lib.state_shardings(mesh, state))
+  fn = step_lib.make_step(lambda p, x: net.apply({'params': p}, x), optax.sgd(0.1),
+                          optax.sgd(1.0), comps, mesh, state)
+  put = lambda x, *spec: jax.device_put(x, NamedSharding(mesh, P(*spec)))
+  args = (state, put(np.zeros((D, W, 2, 8, 8, 1), np.float32), 'dc', 'worker'),
+          put(np.zeros((D, W, 2), np.int32), 'dc', 'worker'),
+          put(np.array([True, True]), 'dc'), put(np.array([.5, .5], np.float32)))
+  ops = accounting.collective_bytes(fn.jitted[True].lower(*args).as_text(), mesh)['dc']
+  payload = [op for op, _, t in ops if t.count('x') > 0]  # rank-0 ones are metrics
+  assert payload == (['all_reduce'] if wan == 'identity' else ['all_gather'])
