@@ -167,10 +167,26 @@ def _payload_ops(text, mesh):
   return accounting.collective_bytes(text, mesh)
 
 
-def _padded_bytes(c, parts):
-  """Bytes of c's payload, every array zero-padded to a multiple of ``parts``."""
-  return sum(-(-int(np.prod(a.shape)) // parts) * parts * jnp.dtype(a.dtype).itemsize
-             for a in jax.tree.leaves(policy.payload_shape(c)))
+def _fused_padded_bytes(wan, parts):
+  """Bytes of a round's fused WAN buffers (hfl.collectives.fused): one buffer of the
+  all-reduced (float32) payloads and one per packing bucket of the all-gathered
+  ones (every whole-byte dtype as bytes; a sub-byte dtype alone), each zero-padded
+  to a multiple of ``parts`` entries. Returns (all-reduced, all-gathered) bytes."""
+  buckets = {}
+  for c in wan:
+    for a in jax.tree.leaves(policy.payload_shape(c)):
+      n, dt = int(np.prod(a.shape)), jnp.dtype(a.dtype)
+      if step_lib.reduces(c):
+        key, entries, size = 'sum', n, dt.itemsize
+      elif dt == jnp.bool_ or dt.itemsize * 8 == (
+          jnp.finfo(dt).bits if jnp.issubdtype(dt, jnp.inexact) else jnp.iinfo(dt).bits):
+        key, entries, size = 'bytes', n * dt.itemsize, 1
+      else:
+        key, entries, size = str(dt), n, dt.itemsize
+      e, _ = buckets.get(key, (0, size))
+      buckets[key] = (e + entries, size)
+  padded = {k: -(-e // parts) * parts * size for k, (e, size) in buckets.items()}
+  return padded.pop('sum', 0), sum(padded.values())
 
 
 def assert_every_collective_counted(fn, text, mesh, m, do_round):
@@ -197,14 +213,15 @@ def assert_every_collective_counted(fn, text, mesh, m, do_round):
     assert 'dc' not in totals and totals.get('worker', 0) == up // 8, (totals, up // 8)
     assert not m['round_down_bits'].any() and not m['wan_bits'].any()
     return
-  regather = sum(_padded_bytes(c, w) * (1 if step_lib.reduces(c) else d) for c in wan)
+  summed, gathered = _fused_padded_bytes(wan, w)
+  regather = summed + d * gathered
   assert totals['worker'] == up // 8 + d * regather, (totals, up // 8, regather)
-  assert totals['dc'] == d * sum(_padded_bytes(c, w) for c in wan), totals
+  assert totals['dc'] == d * (summed + gathered), totals
   unpadded = lambda c: policy.static_bits(c)
   assert list(m['wan_bits']) == [sum(unpadded(c) for c in wan)] * d
   assert list(m['round_down_bits']) == [
       w * sum(unpadded(c) * (1 if step_lib.reduces(c) else d) for c in wan)] * d
-  # Padding is less than W entries per array and payload.
+  # Padding is less than W entries per fused buffer.
   assert 0 <= regather * 8 - m['round_down_bits'][0] // w
 
 
@@ -228,7 +245,9 @@ def test_counted_bytes_equal_hlo_collectives(up, wan):
                                            else {'all_gather'})
     if do_round:
       dtypes = {t.split('x')[-1] for _, _, t in coll['dc']}
-      assert dtypes == ({'f32>'} if wan is base.identity else {'f16>'})
+      # fp16 payloads are all-gathered packed as bytes (hfl.collectives); their
+      # 2 bytes per entry are checked by the totals above.
+      assert dtypes == ({'f32>'} if wan is base.identity else {'ui8>'})
       assert {op for op, _, _ in coll['dc']} == ({'all_reduce'} if wan is base.identity
                                                  else {'all_gather'})
 
