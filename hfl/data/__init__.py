@@ -154,6 +154,23 @@ def normalise(train: np.ndarray, test: np.ndarray):
           np.asarray(NormalisedRows(test, norm)))
 
 
+REPO_ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+
+
+def resolve_path(path) -> str:
+  """``path`` as given, or, when it is relative and exists only relative to the
+  repository root (e.g. configs' ``../shared/data/...`` run from another
+  directory), that path; '' for an empty path."""
+  if not path:
+    return ''
+  path = os.fspath(path)
+  full = os.path.expanduser(path)
+  if os.path.isabs(full) or os.path.exists(full):
+    return path
+  alt = os.path.normpath(os.path.join(REPO_ROOT, full))
+  return alt if os.path.exists(alt) else path
+
+
 def task_of(name: str) -> str:
   """The task of dataset ``name``: ``'language_model'`` for TEXT_DATASETS, else
   ``'classification'``."""
@@ -219,7 +236,7 @@ def load(name: str, data_dir: str = '', cache_dir: str = '',
                      f'{", ".join(TEXT_DATASETS)} (a text file), any name with an '
                      'image-folder dataset.data_dir, '
                      f'{", ".join(TFDS_IMAGE_DATASETS)} (TFDS).')
-  data_dir = os.fspath(data_dir) if data_dir else ''
+  data_dir = resolve_path(data_dir)
   kind = source_kind(name, data_dir)
   if kind == 'text':
     return _load_text(name, data_dir, seq_len)
