@@ -23,8 +23,8 @@ def get_config(arg: str | None = None) -> ml_collections.ConfigDict:
   # any other name, e.g. cifar10: an image folder (data_dir a .tar[.gz] or a directory of
   # train/<class>/<image>, test/<class>/<image>) or a prepared TFDS dataset
   c.dataset.name = 'fashion_mnist'
-  c.dataset.data_dir = '/usr/share/datasets/fashion-mnist'  # IDX dir, text file, image folder, TFDS dir
-  c.dataset.cache_dir = ''           # image-folder decode cache ('' = $HFL_CACHE_DIR or ~/.cache/hfl)
+  c.dataset.data_dir = '/usr/share/datasets/fashion-mnist'  # IDX dir | text | image folder | TFDS
+  c.dataset.cache_dir = ''           # image-folder cache ('' = $HFL_CACHE_DIR or ~/.cache/hfl)
   c.dataset.partition = 'dirichlet'  # images: iid | dirichlet; text: iid | contiguous
   c.dataset.dirichlet_alpha = 0.5    # label-skew concentration (smaller = more non-IID)
   c.dataset.augment = 'none'         # none | crop_flip (4-px padded random crop + flip; images)

@@ -144,7 +144,8 @@ def test_truncated_png_names_the_file(tmp_path):
 def test_image_of_another_size_names_the_file(tmp_path):
   odd = {'train/moth/zz.png': np.zeros((7, 4, 3), np.uint8)}
   path = write_archive(tmp_path / 'a.tar', {**make_tree(), **odd})
-  with pytest.raises(ValueError, match=r"'train/moth/zz\.png' is 4x7 .* first training image is 4x5"):
+  with pytest.raises(ValueError,
+                     match=r"'train/moth/zz\.png' is 4x7 .* first training image is 4x5"):
     imagefolder.load_image_folder(path, str(tmp_path / 'c'))
 
 

@@ -1,4 +1,4 @@
-"""Text source (hfl.data.text): split, vocabulary, windows, partitions, against hand-computed values."""
+"""Text source (hfl.data.text): split, vocabulary, windows, partitions, by hand."""
 
 import os
 

@@ -4,7 +4,8 @@ optimizer (lr 0.7, momentum 0.9; Douillard et al. 2023) against K = 1, seeds 0-2
 The issue asks K >= 16 with the DiLoCo outer optimizer to end within 0.05 nats
 of K = 1. Evaluations every 400 iterations for every K.
 
-  python -m hfl.sweep --sweep=configs/sweeps/shakespeare_diloco.py --root=workdirs/shakespeare_diloco
+  python -m hfl.sweep --sweep=configs/sweeps/shakespeare_diloco.py \\
+      --root=workdirs/shakespeare_diloco
 """
 
 from configs.sweeps.workloads import SEEDS

@@ -60,7 +60,7 @@ __all__ = [
     'partition', 'label_counts', 'METHODS', 'batch_indices',
     'check_batch_size', 'NormalisedRows', 'Normaliser', 'fit_normaliser',
     'host_nbytes', 'PaddedRows', 'TfdsImages', 'TEXT_DATASETS', 'TASKS', 'AUGMENTATIONS',
-    'source_kind', 'task_of', 'partition_dataset', 'batch_rows', 'PARTITIONS',
+    'source_kind', 'task_of', 'partition_dataset', 'batch_rows', 'PARTITIONS', 'resolve_path',
 ]
 
 # Datasets read from IDX files, with their default directory ('' = none).
