@@ -1,7 +1,7 @@
 """Character-level language model on Tiny Shakespeare: 2 DCs x 4 workers, a small GPT.
 
 A decoder-only transformer (hfl.models.TransformerLM: 4 layers, 4 heads, width
-128, context 64 characters) trained on the first 90% of
+128, context 128 characters) trained on the first 90% of
 ``../shared/data/tinyshakespeare.txt`` and evaluated on the last 10%, in nats
 per character (also bits per character and perplexity in metrics.jsonl). Each
 worker reads random windows of the whole training text (``dataset.partition=
@@ -32,7 +32,7 @@ def get_config(arg: str | None = None):
   c.model.num_layers = 4
   c.model.num_heads = 4
   c.model.embed_dim = 128
-  c.model.seq_len = 64
+  c.model.seq_len = 128
   c.optimizer.name = 'adamw'
   c.optimizer.learning_rate = 2e-3
   c.optimizer.weight_decay = 0.1
@@ -40,7 +40,7 @@ def get_config(arg: str | None = None):
   c.optimizer.warmup_steps = 100
   c.optimizer.final_lr_ratio = 0.1
   c.train.num_steps = 2000
-  c.train.batch_size = 8              # windows of 64 characters per worker: 64 x 64 per step
+  c.train.batch_size = 4              # windows of 128 characters per worker: 4,096 per step
   c.train.eval_every = 25             # rounds (400 iterations)
   c.train.checkpoint_every = 25
   c.train.eval_batch_size = 512
