@@ -19,19 +19,28 @@ def get_config(arg: str | None = None) -> ml_collections.ConfigDict:
   c.mesh.workers_per_dc = 4     # size of mesh axis 'worker'
 
   c.dataset = ml_collections.ConfigDict()
-  c.dataset.name = 'fashion_mnist'   # fashion_mnist (IDX files) | any tfds name, e.g. cifar10
-  c.dataset.data_dir = '/usr/share/datasets/fashion-mnist'  # IDX dir, or TFDS data_dir for tfds
-  c.dataset.partition = 'dirichlet'  # iid | dirichlet
+  # fashion_mnist | mnist (IDX files) | tiny_shakespeare | text (a text file, char LM) |
+  # any other name, e.g. cifar10: an image folder (data_dir a .tar[.gz] or a directory of
+  # train/<class>/<image>, test/<class>/<image>) or a prepared TFDS dataset
+  c.dataset.name = 'fashion_mnist'
+  c.dataset.data_dir = '/usr/share/datasets/fashion-mnist'  # IDX dir | text | image folder | TFDS
+  c.dataset.cache_dir = ''           # image-folder cache ('' = $HFL_CACHE_DIR or ~/.cache/hfl)
+  c.dataset.partition = 'dirichlet'  # images: iid | dirichlet; text: iid | contiguous
   c.dataset.dirichlet_alpha = 0.5    # label-skew concentration (smaller = more non-IID)
+  c.dataset.augment = 'none'         # none | crop_flip (4-px padded random crop + flip; images)
 
   c.model = ml_collections.ConfigDict()
-  c.model.name = 'cnn'               # cnn | mlp | resnet20
+  c.model.name = 'cnn'               # cnn | mlp | cifar_cnn | resnet20 | transformer (text)
 
   c.optimizer = ml_collections.ConfigDict()
   c.optimizer.name = 'momentum'      # sgd | momentum | nesterov | adam | adamw
   c.optimizer.learning_rate = 0.05
   c.optimizer.momentum = 0.9
   c.optimizer.weight_decay = 0.0
+  c.optimizer.schedule = 'constant'  # constant | cosine | linear (learning_rate is the peak)
+  c.optimizer.warmup_steps = 0       # linear warm-up from 0 over this many optimizer steps
+  c.optimizer.decay_steps = 0        # end of the decay, warm-up included (0 = train.num_steps)
+  c.optimizer.final_lr_ratio = 0.0   # learning rate at the end of the decay / peak
   c.optimizer.shard_state = False    # ZeRO-1: each worker holds 1/W of its DC's optimizer state
 
   c.train = ml_collections.ConfigDict()
@@ -39,7 +48,8 @@ def get_config(arg: str | None = None) -> ml_collections.ConfigDict:
   c.train.batch_size = 32            # per worker
   c.train.eval_every = 25            # inter-DC rounds between evaluations
   c.train.checkpoint_every = 50      # inter-DC rounds between checkpoints (0: only at the end)
-  c.train.target_accuracy = 0.88     # for time_to_target_s / rounds_to_target
+  c.train.target_accuracy = 0.88     # classification: time_to_target_s / rounds_to_target
+  c.train.target_loss = 1.7          # language modelling: the same for the validation loss (nats)
   c.train.eval_batch_size = 2000
   c.train.log_every = 50             # steps between progress lines
 

@@ -28,7 +28,7 @@ from hfl.sync import schedule as schedule_lib
 # One source for the names: the modules that implement them.
 STRATEGIES = schedule_lib.STRATEGIES
 AGGREGATIONS = aggregation_lib.AGGREGATIONS
-PARTITIONS = ('iid', 'dirichlet')
+PARTITIONS = ('iid', 'dirichlet', 'contiguous')  # per task: data_lib.PARTITIONS
 SMALL_PRECISIONS = ('float32', 'bfloat16', 'float16')
 REQUIRED = ('seed', 'mesh', 'dataset', 'model', 'optimizer', 'train', 'sync', 'compression',
             'network')
@@ -68,13 +68,13 @@ def validate(config: ml_collections.ConfigDict) -> ml_collections.ConfigDict:
   _int(config, 'mesh.num_dcs', 1)
   _int(config, 'mesh.workers_per_dc', 1)
   _choice(config.model.name, 'model.name', models.MODELS)
-  optim.make_optimizer(config.optimizer)
+  _int(config, 'train.num_steps', 1)
+  optim.make_optimizer(config.optimizer, config.train.num_steps)
   validate_data_dir(config)
-  _choice(config.dataset.partition, 'dataset.partition', PARTITIONS)
+  validate_task(config)
   if config.dataset.partition == 'dirichlet' and not float(config.dataset.dirichlet_alpha) > 0:
     raise ValueError(f'dataset.dirichlet_alpha={config.dataset.dirichlet_alpha} must be > 0')
   t = config.train
-  _int(config, 'train.num_steps', 1)
   _int(config, 'train.batch_size', 1)
   _int(config, 'train.eval_every', 1)
   _int(config, 'train.checkpoint_every', 0)
@@ -82,6 +82,8 @@ def validate(config: ml_collections.ConfigDict) -> ml_collections.ConfigDict:
   _int(config, 'train.log_every', 1)
   if not 0 < float(t.target_accuracy) <= 1:
     raise ValueError(f'train.target_accuracy={t.target_accuracy} must be a fraction in (0, 1]')
+  if 'target_loss' in t and not _number(t.target_loss, 'train.target_loss') > 0:
+    raise ValueError(f'train.target_loss={t.target_loss} must be > 0 (nats per token)')
   s = config.sync
   _choice(s.strategy, 'sync.strategy', STRATEGIES)
   _choice(s.aggregation, 'sync.aggregation', AGGREGATIONS)
@@ -119,6 +121,49 @@ def validate_data_dir(config: ml_collections.ConfigDict) -> None:
           f"{name}'s own IDX directory (its train-images-idx3-ubyte[.gz], "
           'train-labels-idx1-ubyte[.gz], t10k-images-idx3-ubyte[.gz] and '
           't10k-labels-idx1-ubyte[.gz])')
+
+
+def validate_task(config: ml_collections.ConfigDict) -> None:
+  """Checks the fields that depend on the task (image classification or text).
+
+  The task follows from ``dataset.name`` (:func:`hfl.data.task_of`): text
+  datasets need a token model and its ``model.num_layers``, ``num_heads``,
+  ``embed_dim`` and ``seq_len``; image datasets an image model.
+
+  Raises:
+    ValueError: a model of the other kind, a partition or augmentation the task
+      does not support, a missing or invalid transformer field, a
+      ``dataset.cache_dir`` that is not a string.
+  """
+  ds, name = config.dataset, config.model.name
+  task = data_lib.task_of(ds.name)
+  if task == 'language_model' and name not in models.TOKEN_MODELS:
+    raise ValueError(f'model.name={name!r} takes images, but dataset.name={ds.name!r} is a '
+                     f'text dataset; allowed: {", ".join(models.TOKEN_MODELS)}')
+  if task == 'classification' and name not in models.IMAGE_MODELS:
+    raise ValueError(f'model.name={name!r} takes tokens, but dataset.name={ds.name!r} is an '
+                     f'image dataset; allowed: {", ".join(models.IMAGE_MODELS)} (text datasets: '
+                     f'{", ".join(data_lib.TEXT_DATASETS)})')
+  _choice(ds.partition, 'dataset.partition', data_lib.PARTITIONS[task])
+  augment = ds.get('augment', 'none')
+  _choice(augment, 'dataset.augment', data_lib.AUGMENTATIONS)
+  if augment != 'none' and task != 'classification':
+    raise ValueError(f'dataset.augment={augment!r} augments images; dataset.name={ds.name!r} '
+                     "is text: set dataset.augment='none'")
+  if not isinstance(ds.get('cache_dir', ''), str):
+    raise ValueError(f'dataset.cache_dir={ds.cache_dir!r} must be a string (a directory; '
+                     "'' = $HFL_CACHE_DIR or ~/.cache/hfl)")
+  if name in models.TOKEN_MODELS:
+    missing = [f'model.{k}' for k in models.TRANSFORMER_FIELDS if k not in config.model]
+    if missing:
+      raise ValueError(f'model.name={name!r} needs {", ".join(missing)} in the config '
+                       '(see configs/shakespeare.py)')
+    for k in models.TRANSFORMER_FIELDS:
+      _int(config, f'model.{k}', 1)
+    m = config.model
+    if m.embed_dim % m.num_heads:
+      raise ValueError(f'model.embed_dim={m.embed_dim} must be a multiple of '
+                       f'model.num_heads={m.num_heads}')
 
 
 def validate_shard_state(config: ml_collections.ConfigDict) -> None:

@@ -1,15 +1,86 @@
-"""Inner optimizers (run on the workers, DESIGN 4.1), built with optax."""
+"""Inner optimizers (run on the workers, DESIGN 4.1) and their learning-rate schedules,
+built with optax."""
 
 import optax
 
 OPTIMIZERS = ('sgd', 'momentum', 'nesterov', 'adam', 'adamw')
+SCHEDULES = ('constant', 'cosine', 'linear')
 
 
-def make_optimizer(cfg) -> optax.GradientTransformation:
+def _field(cfg, name, default):
+  """``cfg.name``, or ``default`` for configs written before the field existed."""
+  return cfg.get(name, default) if hasattr(cfg, 'get') else getattr(cfg, name, default)
+
+
+def make_schedule(cfg, total_steps: int | None = None):
+  """The learning rate as a function of the optimizer step count (optax schedule).
+
+  Fields of the ``optimizer`` section: ``learning_rate`` (the peak, > 0),
+  ``schedule`` (one of SCHEDULES; absent: 'constant'), ``warmup_steps`` (>= 0:
+  linear warm-up from 0 to the peak over this many steps; absent: 0),
+  ``decay_steps`` (steps from the start to the end of the decay, warm-up
+  included; 0 = ``total_steps``), ``final_lr_ratio`` (in [0, 1]: the learning
+  rate at the end of the decay, and after it, as a fraction of the peak).
+
+  - 'constant': the peak after the warm-up.
+  - 'cosine': ``optax.warmup_cosine_decay_schedule`` (Loshchilov & Hutter 2017,
+    SGDR, without restarts).
+  - 'linear': linear warm-up, then linear decay to the final value.
+
+  The count is the optimizer's own: optax keeps it in the optimizer state (so it
+  is checkpointed and restored with it) and advances it by one per update; the
+  first update uses the value at count 0 (0 during a warm-up, the peak without
+  one). A DC masked out of an iteration (semi-synchronous sync) keeps its
+  optimizer state, so its count counts its own updates.
+
+  Args:
+    cfg: the ``optimizer`` config section.
+    total_steps: ``train.num_steps``, used when ``decay_steps`` is 0.
+
+  Returns:
+    A float (constant without warm-up) or an optax schedule ``count -> lr``.
+
+  Raises:
+    ValueError: naming the offending ``optimizer.*`` field.
+  """
+  lr = float(cfg.learning_rate)
+  name = _field(cfg, 'schedule', 'constant')
+  warm = _field(cfg, 'warmup_steps', 0)
+  decay = _field(cfg, 'decay_steps', 0)
+  ratio = _field(cfg, 'final_lr_ratio', 0.0)
+  if name not in SCHEDULES:
+    raise ValueError(f'optimizer.schedule={name!r} is unknown; allowed: {", ".join(SCHEDULES)}')
+  for field, v in (('warmup_steps', warm), ('decay_steps', decay)):
+    if isinstance(v, bool) or not isinstance(v, int) or v < 0:
+      raise ValueError(f'optimizer.{field}={v!r} must be an integer >= 0')
+  if isinstance(ratio, bool) or not isinstance(ratio, (int, float)) or not 0 <= ratio <= 1:
+    raise ValueError(f'optimizer.final_lr_ratio={ratio!r} must be a number in [0, 1]')
+  if name == 'constant':
+    if not warm:
+      return lr
+    return optax.join_schedules([optax.linear_schedule(0.0, lr, warm),
+                                 optax.constant_schedule(lr)], [warm])
+  decay = decay or total_steps
+  if not decay:
+    raise ValueError(f'optimizer.schedule={name!r} needs optimizer.decay_steps > 0 or '
+                     'train.num_steps')
+  if decay <= warm:
+    raise ValueError(f'optimizer.decay_steps={decay} (0 = train.num_steps) must exceed '
+                     f'optimizer.warmup_steps={warm}: the decay starts after the warm-up')
+  end = lr * float(ratio)
+  if name == 'cosine':
+    return optax.warmup_cosine_decay_schedule(0.0, lr, warm, decay, end)
+  return optax.join_schedules([optax.linear_schedule(0.0, lr, warm),
+                               optax.linear_schedule(lr, end, decay - warm)], [warm])
+
+
+def make_optimizer(cfg, total_steps: int | None = None) -> optax.GradientTransformation:
   """Builds the inner optimizer from the ``optimizer`` config section.
 
-  Fields: name (one of OPTIMIZERS), learning_rate (> 0), momentum (in [0, 1), used
-  by momentum/nesterov), weight_decay (>= 0; decoupled for adamw, L2 for the others).
+  Fields: name (one of OPTIMIZERS), learning_rate (> 0; the peak of the
+  schedule), momentum (in [0, 1), used by momentum/nesterov), weight_decay
+  (>= 0; decoupled for adamw — scaled by the scheduled learning rate, as in
+  optax —, L2 for the others), and the schedule fields of :func:`make_schedule`.
   (``shard_state`` is read by the training loop, hfl.step.ShardedOptState.)
 
   Every optimizer built here is elementwise — an entry's update depends only on
@@ -17,19 +88,24 @@ def make_optimizer(cfg) -> optax.GradientTransformation:
   be sliced across a DC's workers (``optimizer.shard_state``). Keep it so, or make
   hfl.config refuse the new one with ``shard_state``.
 
+  Args:
+    cfg: the ``optimizer`` section.
+    total_steps: ``train.num_steps`` (the default decay length).
+
   Raises:
     ValueError: naming the offending ``optimizer.*`` field.
   """
-  name, lr = cfg.name, float(cfg.learning_rate)
+  name = cfg.name
   if name not in OPTIMIZERS:
     raise ValueError(f'optimizer.name={name!r} is unknown; allowed: {", ".join(OPTIMIZERS)}')
-  if not lr > 0:
+  if not float(cfg.learning_rate) > 0:
     raise ValueError(f'optimizer.learning_rate={cfg.learning_rate} must be > 0')
   mom, wd = float(cfg.momentum), float(cfg.weight_decay)
   if not 0 <= mom < 1:
     raise ValueError(f'optimizer.momentum={cfg.momentum} must be in [0, 1)')
   if not wd >= 0:
     raise ValueError(f'optimizer.weight_decay={cfg.weight_decay} must be >= 0')
+  lr = make_schedule(cfg, total_steps)
   if name == 'adamw':
     return optax.adamw(lr, weight_decay=wd)
   if name == 'adam':

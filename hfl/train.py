@@ -29,6 +29,7 @@ from hfl import models
 from hfl import network
 from hfl import optim
 from hfl import step as step_lib
+from hfl import tasks
 from hfl.compress import dgc
 from hfl.compress import policy
 from hfl.sync import aggregation, faults, outer as outer_lib, schedule as schedule_lib
@@ -36,7 +37,8 @@ from hfl.sync import aggregation, faults, outer as outer_lib, schedule as schedu
 # Fields that may change between a run and its resumption (they do not change what
 # is computed up to the restored step).
 RESUMABLE_FIELDS = ('train.num_steps', 'train.eval_every', 'train.checkpoint_every',
-                    'train.log_every', 'train.target_accuracy')
+                    'train.log_every', 'train.target_accuracy', 'train.target_loss',
+                    'dataset.cache_dir')
 # Compressor names that send float32 unchanged.
 UNCOMPRESSED = ('identity', 'float32')
 # Sections and fields added after runs may have started: absent from an older run's
@@ -45,7 +47,11 @@ UNCOMPRESSED = ('identity', 'float32')
 ADDED_SECTIONS = {('compression', 'dgc'): dict(momentum=0.0, clip_norm=0.0, warmup_steps=0,
                                                initial_density=0.25, num_stages=4),
                   ('optimizer', 'shard_state'): False,
-                  ('network', 'wan_latencies_per_round'): 2.0}
+                  ('network', 'wan_latencies_per_round'): 2.0,
+                  ('dataset', 'cache_dir'): '', ('dataset', 'augment'): 'none',
+                  ('optimizer', 'schedule'): 'constant', ('optimizer', 'warmup_steps'): 0,
+                  ('optimizer', 'decay_steps'): 0, ('optimizer', 'final_lr_ratio'): 0.0,
+                  ('train', 'target_loss'): tasks.TARGET_FIELDS['language_model'][1]}
 
 
 @dataclasses.dataclass
@@ -160,21 +166,19 @@ def setup(config: ml_collections.ConfigDict) -> Setup:
   present_fn = faults.make_present_fn(config.sync.faults, d)
   outer = outer_lib.make_outer(config.sync.outer.name, config.sync.outer.learning_rate,
                                config.sync.outer.momentum)
-  optimizer = optim.make_optimizer(config.optimizer)
+  optimizer = optim.make_optimizer(config.optimizer, config.train.num_steps)
   mesh = mesh_lib.make_mesh(d, w)
-  dataset = data_lib.load(config.dataset.name, config.dataset.data_dir)
-  logging.info('Dataset %s: train %s, test %s, raw %s images converted on demand; '
-               '%.1f MB of host memory', dataset.name, dataset.train_images.shape,
-               dataset.test_images.shape, np.dtype(dataset.train_images.raw.dtype).name,
-               dataset.host_nbytes() / 1e6)
-  part = data_lib.partition(dataset.train_labels, d, w, config.dataset.partition,
-                            float(config.dataset.dirichlet_alpha), config.seed,
-                            min_size=_min_shard(config, len(dataset.train_labels)))
+  dataset = data_lib.load(config.dataset.name, config.dataset.data_dir,
+                          cache_dir=config.dataset.get('cache_dir', ''),
+                          seq_len=config.model.get('seq_len'))
+  logging.info('Dataset %s', dataset.describe())
+  part = data_lib.partition_dataset(dataset, d, w, config.dataset.partition,
+                                    float(config.dataset.dirichlet_alpha), config.seed,
+                                    min_size=_min_shard(config, len(dataset.train_labels)))
   data_lib.check_batch_size(part, config.train.batch_size)
-  model = models.get_model(config.model.name, dataset.num_classes)
+  model = models.from_config(config.model, dataset.num_classes)
   params_shape = jax.eval_shape(
-      lambda: model.init(jax.random.PRNGKey(0), jnp.zeros((1,) + dataset.train_images.shape[1:]))
-      ['params'])
+      lambda: model.init(jax.random.PRNGKey(0), _sample_input(dataset))['params'])
   comps = build_compressors(config, params_shape)
   up, down, wan = step_lib.static_bits(comps, params_shape, w, shard_state(config))
   t_d = network.iteration_time(net, np.full(d, up * w), np.full(d, down * w))
@@ -184,6 +188,11 @@ def setup(config: ml_collections.ConfigDict) -> Setup:
   sizes = np.asarray(part.dc_sizes, np.float64)
   return Setup(config, dataset, part, mesh, model, params_shape, optimizer, outer, comps, net,
                schedule, present_fn, sizes / sizes.sum())
+
+
+def _sample_input(dataset):
+  """One zero input of the dataset's row shape and dtype (float32 images, int32 tokens)."""
+  return jnp.zeros((1,) + tuple(dataset.train_images.shape[1:]), dataset.train_images.dtype)
 
 
 def _check_workdir_config(workdir: str, config) -> list[str]:
@@ -241,9 +250,10 @@ def make_eval(model, mesh, images, labels: np.ndarray, batch_size: int):
   Args:
     model: the Flax model.
     mesh: the ('dc', 'worker') mesh.
-    images: test images [M, ...]: a numpy array or a row source such as
-      ``Dataset.test_images`` (float32 rows on indexing).
-    labels: int [M] test labels.
+    images: test inputs [M, ...]: a numpy array or a row source such as
+      ``Dataset.test_images`` (float32 rows on indexing; int32 token windows).
+    labels: int [M] test labels, or int [M, T] next-token targets (the means are
+      then per token, :func:`hfl.tasks.eval_sums`).
     batch_size: evaluation batch size (rounded to a multiple of the devices).
   """
   n_dev = mesh.devices.size
@@ -251,7 +261,7 @@ def make_eval(model, mesh, images, labels: np.ndarray, batch_size: int):
   n = len(labels)
   total = -(-n // chunk) * chunk
   pad = total - n
-  y = np.concatenate([labels, np.zeros((pad,), labels.dtype)])
+  y = np.concatenate([labels, np.zeros((pad,) + labels.shape[1:], labels.dtype)])
   mask = np.concatenate([np.ones(n, np.float32), np.zeros(pad, np.float32)])
   sh = NamedSharding(mesh, P(None, (mesh_lib.DC, mesh_lib.WORKER)))
   # Each process transfers only its own devices' blocks (hfl.distributed).
@@ -264,10 +274,8 @@ def make_eval(model, mesh, images, labels: np.ndarray, batch_size: int):
   def run(params, x, y, mask):  # arguments, not closures: they span all processes
     def body(carry, batch):
       xb, yb, mb = batch
-      logits = model.apply({'params': params}, xb)
-      loss = optax.softmax_cross_entropy_with_integer_labels(logits, yb)
-      correct = (jnp.argmax(logits, -1) == yb).astype(jnp.float32)
-      return (carry[0] + jnp.sum(correct * mb), carry[1] + jnp.sum(loss * mb)), None
+      correct, loss = tasks.eval_sums(model.apply({'params': params}, xb), yb, mb)
+      return (carry[0] + correct, carry[1] + loss), None
     (c, l), _ = jax.lax.scan(body, (jnp.float32(0), jnp.float32(0)), (x, y, mask))
     return c / n, l / n
 
@@ -275,15 +283,6 @@ def make_eval(model, mesh, images, labels: np.ndarray, batch_size: int):
     acc, loss = run(params, x, y, mask)
     return float(acc), float(loss)
   return evaluate
-
-
-def interpolate_crossing(prev, cur, target: float, key: str):
-  """Linear interpolation of ``key`` where test accuracy crosses ``target``."""
-  if prev is None or cur['test_accuracy'] <= prev['test_accuracy']:
-    return float(cur[key])
-  frac = (target - prev['test_accuracy']) / (cur['test_accuracy'] - prev['test_accuracy'])
-  frac = min(max(frac, 0.0), 1.0)
-  return float(prev[key] + frac * (cur[key] - prev[key]))
 
 
 # ------------------------------------------------------------------------------
@@ -362,7 +361,8 @@ def train_and_evaluate(config: ml_collections.ConfigDict, workdir: str) -> dict:
   # --- State: shapes first, then restore or initialise directly sharded. -------
   apply_fn = lambda p, x: s.model.apply({'params': p}, x)
   key = jax.random.PRNGKey(cfg.seed)
-  sample = jnp.zeros((1,) + s.dataset.train_images.shape[1:], jnp.float32)
+  sample = _sample_input(s.dataset)
+  task = tasks.from_config(cfg)
 
   dgc_opts = dgc_options(cfg)
 
@@ -401,7 +401,7 @@ def train_and_evaluate(config: ml_collections.ConfigDict, workdir: str) -> dict:
                 bytes=dict(intra_up=0, intra_down=0, inter_dc=0),
                 bits=dict(intra_up=0, intra_down=0, inter_dc=0),
                 schedule=schedule_lib.state_to_json(s.schedule.init()),
-                best_test_accuracy=None, time_to_target_s=None, rounds_to_target=None,
+                **tasks.host_init(), time_to_target_s=None, rounds_to_target=None,
                 wall_time_s=0.0, last_eval=None, round_loss=[])
     if writer:
       metrics_lib.write_json(os.path.join(workdir, 'config.json'), json.loads(cfg.to_json()))
@@ -446,13 +446,11 @@ def train_and_evaluate(config: ml_collections.ConfigDict, workdir: str) -> dict:
   step = int(host['step'])
   rnd = int(host['round'])
   num_steps = cfg.train.num_steps
-  target = float(cfg.train.target_accuracy)
   round_loss = list(host['round_loss'])
   last_eval = host['last_eval']
   dc_sh = NamedSharding(mesh, P(mesh_lib.DC))
   batch_sh = NamedSharding(mesh, P(mesh_lib.DC, mesh_lib.WORKER))
   rep_sh = NamedSharding(mesh, P())
-  images, labels = s.dataset.train_images, s.dataset.train_labels
   it_in_round = 0
   loss_sum, loss_n = 0.0, 0
   # Measured wall-clock of each iteration (dispatch to results on the host), split
@@ -485,18 +483,20 @@ def train_and_evaluate(config: ml_collections.ConfigDict, workdir: str) -> dict:
     acc, tloss = evaluate(state.global_params)
     if not np.isfinite(tloss):  # nothing non-finite is written or checkpointed
       raise diverged(f'the test loss of the global model is {tloss}')
-    rec = dict(step=step, round=rnd, test_accuracy=acc, test_loss=tloss,
+    rec = dict(step=step, round=rnd, **tasks.eval_record(task, acc, tloss),
                train_loss=(float(np.mean(round_loss)) if round_loss else None),
                bytes=dict(totals), sim_time_s=clock.now,
                wall_time_s=wall_offset + time.time() - wall0, k=int(plan.k_base),
                k_d=[int(k) for k in plan.k_d], idle_s=[float(x) for x in clock.idle_s])
     if host['best_test_accuracy'] is None or acc > host['best_test_accuracy']:
       host['best_test_accuracy'] = acc
-    if host['time_to_target_s'] is None and acc >= target:
-      host['time_to_target_s'] = interpolate_crossing(last_eval, rec, target, 'sim_time_s')
-      host['rounds_to_target'] = interpolate_crossing(last_eval, rec, target, 'round')
+    if host.get('best_test_loss') is None or tloss < host['best_test_loss']:
+      host['best_test_loss'] = tloss
+    if host['time_to_target_s'] is None and task.reached(rec[task.metric]):
+      host['time_to_target_s'] = tasks.interpolate_crossing(task, last_eval, rec, 'sim_time_s')
+      host['rounds_to_target'] = tasks.interpolate_crossing(task, last_eval, rec, 'round')
     mw.write(rec)
-    last_eval = {k: rec[k] for k in ('test_accuracy', 'sim_time_s', 'round')}
+    last_eval = {k: rec[k] for k in (task.metric, 'sim_time_s', 'round')}
     round_loss.clear()
     return rec
 
@@ -514,10 +514,9 @@ def train_and_evaluate(config: ml_collections.ConfigDict, workdir: str) -> dict:
     rate = (at - step_log) / max(now - t_log, 1e-9)
     t_log, step_log = now, at
     logging.info(
-        'step %d/%d round %d K=%s loss %.4f acc %s sim %.1fs bytes up %s down %s wan %s '
+        'step %d/%d round %d K=%s loss %.4f %s sim %.1fs bytes up %s down %s wan %s '
         '| %.1f steps/s ETA %.0fs', at, num_steps, rnd, plan.k_base,
-        float(np.dot(s.dc_weights, m['loss'])),
-        f'{last_eval["test_accuracy"]:.4f}' if last_eval else '-', clock.now,
+        float(np.dot(s.dc_weights, m['loss'])), tasks.progress(task, last_eval), clock.now,
         _fmt_bytes(totals['intra_up']), _fmt_bytes(totals['intra_down']),
         _fmt_bytes(totals['inter_dc']), rate, (num_steps - at) / max(rate, 1e-9))
 
@@ -546,8 +545,8 @@ def train_and_evaluate(config: ml_collections.ConfigDict, workdir: str) -> dict:
                                                          jnp.asarray(local, jnp.float32)))
     idx = data_lib.batch_indices(s.partition, cfg.train.batch_size, step, cfg.seed)
     # Each process gathers only the rows of its own (dc, worker) devices.
-    batch = (distributed.put_rows(images, idx, batch_sh),
-             distributed.put_rows(labels, idx, batch_sh))
+    batch = tuple(distributed.put_rows(src, rows, batch_sh) for src, rows in data_lib.batch_rows(
+        s.dataset, idx, step, cfg.seed, cfg.dataset.get('augment', 'none')))
     program = (warmup_stage(cfg, step), do_round)
     t_step = time.perf_counter()
     step_fn = step_fn_at(step)
@@ -609,8 +608,8 @@ def train_and_evaluate(config: ml_collections.ConfigDict, workdir: str) -> dict:
       raise diverged('the global model has non-finite parameters')
     if rnd % cfg.train.eval_every == 0 or step == num_steps:
       rec = do_eval()
-      logging.info('eval step %d round %d: test_accuracy %.4f test_loss %.4f', step, rnd,
-                   rec['test_accuracy'], rec['test_loss'])
+      logging.info('eval step %d round %d: %s', step, rnd, ' '.join(
+          f'{k} {v:.4f}' for k, v in rec.items() if k.startswith('test_')))
     every = cfg.train.checkpoint_every
     if step == num_steps or (every and rnd % every == 0):
       ckpt_lib.save(mngr, step, state, save_host())
@@ -621,14 +620,12 @@ def train_and_evaluate(config: ml_collections.ConfigDict, workdir: str) -> dict:
   records = metrics_lib.read_jsonl(mw.path)
   final = records[-1] if records else do_eval()
   summary = dict(
-      final_test_accuracy=final['test_accuracy'],
-      best_test_accuracy=host['best_test_accuracy'],
-      final_test_loss=final['test_loss'],
+      **tasks.summary_fields(task, final, host),
       inter_dc_rounds=rnd, intra_dc_iterations=step, bytes=dict(totals),
       sim_time_s=clock.now, idle_s=[float(x) for x in clock.idle_s],
       wall_time_s=wall_offset + time.time() - wall0,
       time_to_target_s=host['time_to_target_s'], rounds_to_target=host['rounds_to_target'],
-      target_accuracy=target, step_wall_s=wall_stats(step_wall),
+      step_wall_s=wall_stats(step_wall),
       config=json.loads(cfg.to_json()))
   mw.close()
   mngr.close()
@@ -671,9 +668,8 @@ def wall_stats(step_wall: dict) -> dict:
 def print_results(summary: dict) -> None:
   """Prints the short results table at the end of a run."""
   b = summary['bytes']
-  rows = [
-      ('final test accuracy', f'{summary["final_test_accuracy"]:.4f}'),
-      ('best test accuracy', f'{summary["best_test_accuracy"]:.4f}'),
+  metric_rows, target = tasks.result_rows(summary)
+  rows = metric_rows + [
       ('inter-DC rounds', str(summary['inter_dc_rounds'])),
       ('intra-DC iterations', str(summary['intra_dc_iterations'])),
       ('bytes intra-DC up', _fmt_bytes(b['intra_up'])),
@@ -681,9 +677,9 @@ def print_results(summary: dict) -> None:
       ('bytes inter-DC', _fmt_bytes(b['inter_dc'])),
       ('simulated time', f'{summary["sim_time_s"]:.1f} s'),
       ('wall time', f'{summary["wall_time_s"]:.1f} s'),
-      (f'time to {summary["target_accuracy"]:.0%}',
+      (f'time to {target}',
        'never' if summary['time_to_target_s'] is None else f'{summary["time_to_target_s"]:.1f} s'),
-      (f'rounds to {summary["target_accuracy"]:.0%}',
+      (f'rounds to {target}',
        'never' if summary['rounds_to_target'] is None else f'{summary["rounds_to_target"]:.1f}'),
   ]
   width = max(len(r[0]) for r in rows)

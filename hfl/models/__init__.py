@@ -1,9 +1,13 @@
-"""Flax models: a small CNN (default), an MLP, and a ResNet-20 for 32x32 colour images.
+"""Flax models: image classifiers (a small CNN, an MLP, a CIFAR CNN, ResNet-20) and a
+decoder-only transformer language model.
 
-All models map float32 images [B, H, W, C] to float32 logits [B, num_classes] and
-have no mutable collections (no BatchNorm statistics), so a model is fully
-described by its parameter pytree; ResNet-20 uses GroupNorm, the usual choice in
-federated learning (Hsieh et al., ICML 2020, "The non-IID data quagmire").
+The image models map float32 images [B, H, W, C] to float32 logits
+[B, num_classes]; the transformer maps int32 tokens [B, T] to float32 logits
+[B, T, vocabulary size]. No model has mutable collections (no BatchNorm
+statistics: hfl's step keeps only parameters), so a model is fully described by
+its parameter pytree; the normalised image models use GroupNorm, the usual
+choice in federated learning (Hsieh et al., ICML 2020, "The non-IID data
+quagmire").
 """
 
 from typing import Sequence
@@ -11,7 +15,11 @@ from typing import Sequence
 import flax.linen as nn
 import jax.numpy as jnp
 
-MODELS = ('cnn', 'mlp', 'resnet20')
+IMAGE_MODELS = ('cnn', 'mlp', 'cifar_cnn', 'resnet20')
+TOKEN_MODELS = ('transformer',)
+MODELS = IMAGE_MODELS + TOKEN_MODELS
+# Fields of the ``model`` config section the transformer reads, with their defaults.
+TRANSFORMER_FIELDS = dict(num_layers=4, num_heads=4, embed_dim=128, seq_len=64)
 
 
 class CNN(nn.Module):
@@ -73,8 +81,123 @@ class ResNet20(nn.Module):
     return nn.Dense(self.num_classes)(x)
 
 
-def get_model(name: str, num_classes: int) -> nn.Module:
+class ConvNet(nn.Module):
+  """A VGG-style CNN: stages of 3x3 conv (+ GroupNorm) + ReLU, 2x2 max-pool after each
+  stage, then a classifier head.
+
+  Attributes:
+    num_classes: logits per image.
+    stages: channels of the conv layers of each stage.
+    norm: GroupNorm (8 groups, or fewer for narrow layers) after every conv.
+    dense: head: 0 = global average pooling and one linear layer; > 0 = flatten,
+      a ReLU dense layer of this width, then the linear layer.
+  """
+  num_classes: int = 10
+  stages: Sequence[Sequence[int]] = ((32, 32), (64, 64), (128, 128))
+  norm: bool = True
+  dense: int = 0
+
+  @nn.compact
+  def __call__(self, x):
+    for stage in self.stages:
+      for ch in stage:
+        x = nn.Conv(ch, (3, 3), use_bias=not self.norm)(x)
+        if self.norm:
+          x = nn.GroupNorm(num_groups=min(8, ch))(x)
+        x = nn.relu(x)
+      x = nn.max_pool(x, (2, 2), (2, 2))
+    if self.dense:
+      x = nn.relu(nn.Dense(self.dense)(x.reshape((x.shape[0], -1))))
+    else:
+      x = jnp.mean(x, axis=(1, 2))
+    return nn.Dense(self.num_classes)(x)
+
+
+def cifar_cnn(num_classes: int = 10) -> ConvNet:
+  """The fast CIFAR-10 CNN of ``configs/cifar10.py`` (``model.name='cifar_cnn'``).
+
+  Three stages of two 3x3 convs (32, 64, 128 channels), GroupNorm, 2x2 max-pool,
+  global average pooling: 0.29M parameters, 38 MFLOPs (multiply-adds) per 32x32
+  image. Chosen by measurement against two other candidates (bench/cifar_models.py,
+  docs/benchmarks.md) as the best test accuracy per CPU-second.
+  """
+  return ConvNet(num_classes, ((32, 32), (64, 64), (128, 128)), norm=True)
+
+
+class _DecoderBlock(nn.Module):
+  """Pre-LayerNorm transformer block: x + attn(LN(x)), then x + MLP(LN(x))."""
+  num_heads: int
+  embed_dim: int
+  mlp_ratio: int = 4
+
+  @nn.compact
+  def __call__(self, x, mask):
+    h = nn.LayerNorm()(x)
+    x = x + nn.MultiHeadDotProductAttention(num_heads=self.num_heads, qkv_features=self.embed_dim,
+                                            out_features=self.embed_dim)(h, mask=mask)
+    h = nn.LayerNorm()(x)
+    h = nn.gelu(nn.Dense(self.mlp_ratio * self.embed_dim)(h))
+    return x + nn.Dense(self.embed_dim)(h)
+
+
+class TransformerLM(nn.Module):
+  """Decoder-only transformer language model (GPT; Radford et al. 2019, "Language
+  Models are Unsupervised Multitask Learners", Sec. 2.3).
+
+  Token and learned position embeddings (initialised N(0, 0.02^2) as in GPT-2),
+  ``num_layers`` pre-LayerNorm blocks of causal multi-head self-attention
+  (flax ``MultiHeadDotProductAttention`` with ``make_causal_mask``) and a GELU
+  MLP of width 4 x ``embed_dim``, a final LayerNorm and an untied linear head.
+  No dropout.
+
+  Attributes:
+    vocab_size: V, tokens (the dataset's ``num_classes``).
+    num_layers: blocks (``model.num_layers``).
+    num_heads: attention heads (``model.num_heads``; divides ``embed_dim``).
+    embed_dim: model width (``model.embed_dim``).
+    seq_len: maximum sequence length T (``model.seq_len``; position embeddings).
+
+  Call: int tokens [B, T'] (T' <= seq_len) -> float32 logits [B, T', V]; the
+  logits at position t depend only on tokens 0..t.
+  """
+  vocab_size: int
+  num_layers: int = 4
+  num_heads: int = 4
+  embed_dim: int = 128
+  seq_len: int = 64
+
+  @nn.compact
+  def __call__(self, tokens):
+    init = nn.initializers.normal(0.02)
+    x = nn.Embed(self.vocab_size, self.embed_dim, embedding_init=init)(tokens)
+    pos = self.param('pos_embedding', init, (self.seq_len, self.embed_dim))
+    x = x + pos[:tokens.shape[-1]]
+    mask = nn.make_causal_mask(tokens)
+    for _ in range(self.num_layers):
+      x = _DecoderBlock(self.num_heads, self.embed_dim)(x, mask)
+    return nn.Dense(self.vocab_size)(nn.LayerNorm()(x))
+
+
+def input_kind(name: str) -> str:
+  """``'tokens'`` (int32 [B, T]) for TOKEN_MODELS, else ``'image'`` (float32 [B, H, W, C])."""
+  return 'tokens' if name in TOKEN_MODELS else 'image'
+
+
+def from_config(model_cfg, num_classes: int) -> nn.Module:
+  """The model of a config's ``model`` section (the transformer reads
+  TRANSFORMER_FIELDS from it; absent fields take their defaults)."""
+  opts = {k: model_cfg.get(k, v) for k, v in TRANSFORMER_FIELDS.items()}
+  return get_model(model_cfg.name, num_classes, **opts)
+
+
+def get_model(name: str, num_classes: int, **transformer_options) -> nn.Module:
   """Returns the Flax module called ``name``.
+
+  Args:
+    name: one of MODELS.
+    num_classes: classes (image models) or vocabulary size (the transformer).
+    **transformer_options: the transformer's num_layers, num_heads, embed_dim,
+      seq_len (TRANSFORMER_FIELDS gives the defaults); ignored by image models.
 
   Raises:
     ValueError: ``name`` is not one of MODELS (names the field ``model.name``).
@@ -83,6 +206,11 @@ def get_model(name: str, num_classes: int) -> nn.Module:
     return CNN(num_classes)
   if name == 'mlp':
     return MLP(num_classes)
+  if name == 'cifar_cnn':
+    return cifar_cnn(num_classes)
   if name == 'resnet20':
     return ResNet20(num_classes)
+  if name == 'transformer':
+    opts = dict(TRANSFORMER_FIELDS, **transformer_options)
+    return TransformerLM(num_classes, **{k: int(v) for k, v in opts.items()})
   raise ValueError(f'model.name={name!r} is unknown; allowed: {", ".join(MODELS)}')

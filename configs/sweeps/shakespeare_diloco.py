@@ -1,0 +1,22 @@
+"""The LM's DiLoCo check: periodic K = 16 with FedAvg and with DiLoCo's Nesterov outer
+optimizer (lr 0.7, momentum 0.9; Douillard et al. 2023) against K = 1, seeds 0-2.
+
+The issue asks K >= 16 with the DiLoCo outer optimizer to end within 0.05 nats
+of K = 1. Evaluations every 400 iterations for every K.
+
+  python -m hfl.sweep --sweep=configs/sweeps/shakespeare_diloco.py \\
+      --root=workdirs/shakespeare_diloco
+"""
+
+from configs.sweeps.workloads import SEEDS
+
+DILOCO = {'sync.outer.name': 'nesterov', 'sync.outer.learning_rate': 0.7,
+          'sync.outer.momentum': 0.9}
+
+
+def get_sweep():
+  return 'configs/shakespeare.py', [
+      {'seed': SEEDS, 'sync.strategy': 'sync', 'sync.k': 1, 'train.eval_every': 400},
+      {'seed': SEEDS, 'sync.k': 16, 'train.eval_every': 25},
+      dict(DILOCO, **{'seed': SEEDS, 'sync.k': 16, 'train.eval_every': 25}),
+  ]

@@ -1,0 +1,292 @@
+"""The real workloads end to end: image folders with augmentation and LR schedules, the
+character-level LM; per-task metrics and targets; config validation; old workdirs."""
+
+import json
+import math
+import os
+
+import jax
+import jax.numpy as jnp
+import ml_collections
+import numpy as np
+import optax
+import pytest
+from jax.sharding import NamedSharding, PartitionSpec as P
+
+from configs import cifar10, cifar10_resnet20, shakespeare, smoke
+from hfl import config as config_lib
+from hfl import data as data_lib
+from hfl import mesh as mesh_lib
+from hfl import models, optim, tasks, train
+from hfl import step as step_lib
+from hfl.compress import base
+from hfl.data import augment
+from tests.test_imagefolder import make_tree, write_archive
+from tests.test_train import final_state
+
+D, W = 2, 4
+
+
+def _set(c, **overrides):
+  for key, value in overrides.items():
+    *parents, leaf = key.split('.')
+    obj = c
+    for p in parents:
+      obj = obj[p]
+    obj[leaf] = value
+  return c
+
+
+def _crash_and_resume(config_fn, tmp_path, monkeypatch, crash_step=8):
+  """(reference workdir, resumed workdir): an uninterrupted run and one that crashes
+  at ``crash_step`` and is rerun."""
+  ref_dir, cut_dir = str(tmp_path / 'ref'), str(tmp_path / 'cut')
+  train.train_and_evaluate(config_fn(), ref_dir)
+  real = data_lib.batch_indices
+
+  def crash(part, batch_size, step, seed):
+    if step == crash_step:
+      raise KeyboardInterrupt('simulated crash')
+    return real(part, batch_size, step, seed)
+  monkeypatch.setattr(data_lib, 'batch_indices', crash)
+  with pytest.raises(KeyboardInterrupt):
+    train.train_and_evaluate(config_fn(), cut_dir)
+  monkeypatch.setattr(data_lib, 'batch_indices', real)
+  train.train_and_evaluate(config_fn(), cut_dir)
+  return ref_dir, cut_dir
+
+
+def _assert_same_state(a_dir, b_dir):
+  step_a, a = final_state(a_dir)
+  step_b, b = final_state(b_dir)
+  assert step_a == step_b
+  for x, y in zip(jax.tree.leaves(a), jax.tree.leaves(b)):
+    np.testing.assert_array_equal(np.asarray(x), np.asarray(y))
+  return a
+
+
+# ------------------------------------------------------------------------------
+# Image folder + crop/flip augmentation + cosine schedule.
+# ------------------------------------------------------------------------------
+
+@pytest.fixture(scope='module')
+def image_archive(tmp_path_factory):
+  root = tmp_path_factory.mktemp('imgfolder')
+  classes = {'a': (16, 4), 'b': (16, 4), 'c': (16, 4)}
+  return write_archive(root / 'tiny.tar.gz', make_tree(classes=classes, size=(8, 8))), str(
+      root / 'cache')
+
+
+def _image_config(archive, cache):
+  return _set(smoke.get_config(), **{
+      'dataset.name': 'tiny_images', 'dataset.data_dir': archive, 'dataset.cache_dir': cache,
+      'dataset.partition': 'iid', 'dataset.augment': 'crop_flip', 'train.batch_size': 4,
+      'optimizer.name': 'nesterov', 'optimizer.schedule': 'cosine',
+      'optimizer.warmup_steps': 3, 'optimizer.final_lr_ratio': 0.1, 'sync.k': 3})
+
+
+def test_augmented_scheduled_image_folder_run_resumes_bitwise(image_archive, tmp_path,
+                                                              monkeypatch):
+  calls = []
+  real_crop_flip = augment.crop_flip
+  monkeypatch.setattr(augment, 'crop_flip', lambda *a: calls.append(1) or real_crop_flip(*a))
+  ref_dir, cut_dir = _crash_and_resume(lambda: _image_config(*image_archive), tmp_path,
+                                       monkeypatch)
+  assert len(calls) >= 12 * 8  # every worker's batch of every iteration was augmented
+  state = _assert_same_state(ref_dir, cut_dir)
+  # The schedule's count is in the checkpointed optimizer state: 12 updates per DC.
+  counts = [np.asarray(v) for p, v in jax.tree_util.tree_flatten_with_path(state['opt_state'])[0]
+            if 'count' in jax.tree_util.keystr(p)]
+  assert counts and all(np.array_equal(c, [12, 12]) for c in counts)
+  summary = json.load(open(os.path.join(cut_dir, 'summary.json')))
+  assert summary['target_metric'] == 'test_accuracy' and summary['target_accuracy'] == 0.88
+
+
+# ------------------------------------------------------------------------------
+# The schedule's count at the step level: optimizer steps, not iterations.
+# ------------------------------------------------------------------------------
+
+@pytest.mark.parametrize('shard', [False, True])
+def test_schedule_counts_optimizer_steps_of_active_dcs(shard):
+  cfg = ml_collections.ConfigDict(dict(name='momentum', learning_rate=0.1, momentum=0.9,
+                                       weight_decay=0.0, schedule='cosine', warmup_steps=2,
+                                       decay_steps=10, final_lr_ratio=0.0))
+  optimizer = optim.make_optimizer(cfg)
+  mesh = mesh_lib.make_mesh(D, W)
+  net = models.get_model('mlp', 10)
+  params = net.init(jax.random.PRNGKey(0), jnp.zeros((1, 4, 4, 1)))['params']
+  ident = [base.identity(l.shape) for l in jax.tree.leaves(params)]
+  comps = step_lib.Compressors(ident, ident, ident)
+  outer = optax.sgd(1.0)
+  state = step_lib.init_state(params, optimizer, outer, comps, D, W, jax.random.PRNGKey(1),
+                              shard_state=shard)
+  state = jax.device_put(state, step_lib.state_shardings(mesh, state))
+  fn = step_lib.make_step(lambda p, x: net.apply({'params': p}, x), optimizer, outer, comps,
+                          mesh, state)
+  put = lambda x, *spec: jax.device_put(x, NamedSharding(mesh, P(*spec)))
+  rng = np.random.default_rng(0)
+  x0 = jax.tree.map(np.array, state.params)
+  history = []
+  for active in ([True, True], [True, False], [True, False]):
+    batch = (put(rng.normal(size=(D, W, 3, 4, 4, 1)).astype(np.float32), 'dc', 'worker'),
+             put(rng.integers(0, 10, (D, W, 3)).astype(np.int32), 'dc', 'worker'))
+    state, _ = fn(state, batch, put(np.array(active), 'dc'), put(np.ones(D, np.float32)), False)
+    jax.block_until_ready(state)
+    history.append(jax.tree.map(np.array, state.params))
+  counts = optax.tree_utils.tree_get_all_with_path(state.opt_state, 'count')
+  assert counts
+  for _, c in counts:  # DC 0 made 3 updates, DC 1 (inactive twice) 1; per worker if sharded
+    np.testing.assert_array_equal(np.asarray(c), [[3] * W, [1] * W] if shard else [3, 1])
+  # The first update uses the schedule at 0: 0 during the warm-up, so nothing moves.
+  for a, b in zip(jax.tree.leaves(history[0]), jax.tree.leaves(x0)):
+    np.testing.assert_array_equal(a, b)
+  moved = [not np.array_equal(a[0], b[0]) for a, b in zip(jax.tree.leaves(history[1]),
+                                                          jax.tree.leaves(history[0]))]
+  assert any(moved)
+
+
+# ------------------------------------------------------------------------------
+# Character-level language model.
+# ------------------------------------------------------------------------------
+
+@pytest.fixture(scope='module')
+def corpus(tmp_path_factory):
+  rng = np.random.default_rng(0)
+  words = ['the', 'king', 'queen', 'speaks', 'and', 'all', 'hear', 'him', 'now']
+  text = ' '.join(rng.choice(words, size=900)) + '\n'
+  path = tmp_path_factory.mktemp('text') / 'corpus.txt'
+  path.write_text(text)
+  return str(path)
+
+
+def _lm_config(path, **overrides):
+  return _set(shakespeare.get_config(), **{
+      'dataset.name': 'text', 'dataset.data_dir': path, 'model.num_layers': 1,
+      'model.num_heads': 2, 'model.embed_dim': 16, 'model.seq_len': 8,
+      'optimizer.learning_rate': 1e-2, 'optimizer.warmup_steps': 2, 'train.num_steps': 12,
+      'train.batch_size': 2, 'train.eval_every': 1, 'train.checkpoint_every': 1,
+      'train.log_every': 4, 'train.eval_batch_size': 64, 'sync.k': 3,
+      'train.target_loss': 2.6, **overrides})
+
+
+def test_lm_run_metrics_targets_and_bitwise_resume(corpus, tmp_path, monkeypatch):
+  ref_dir, cut_dir = _crash_and_resume(lambda: _lm_config(corpus), tmp_path, monkeypatch)
+  state = _assert_same_state(ref_dir, cut_dir)
+  records = [json.loads(l) for l in open(os.path.join(ref_dir, 'metrics.jsonl'))]
+  assert [r['round'] for r in records] == [1, 2, 3, 4]
+  for r in records:
+    assert r['test_bits_per_char'] == pytest.approx(r['test_loss'] / math.log(2), rel=1e-12)
+    assert r['test_perplexity'] == pytest.approx(math.exp(r['test_loss']), rel=1e-12)
+  assert records[-1]['test_loss'] < records[0]['test_loss']   # it learns
+  summary = json.load(open(os.path.join(ref_dir, 'summary.json')))
+  assert summary['target_metric'] == 'test_loss' and summary['target'] == 2.6
+  assert summary['best_test_loss'] == min(r['test_loss'] for r in records)
+  assert summary['final_test_bits_per_char'] == records[-1]['test_bits_per_char']
+  # rounds_to_target: the first crossing of 2.6 (downwards), interpolated.
+  losses = [r['test_loss'] for r in records]
+  first = next(i for i, l in enumerate(losses) if l <= 2.6)
+  if first == 0:
+    assert summary['rounds_to_target'] == 1
+  else:
+    frac = (2.6 - losses[first - 1]) / (losses[first] - losses[first - 1])
+    assert summary['rounds_to_target'] == pytest.approx(first + frac)
+  # The evaluation against a single-device numpy reference on the validation windows.
+  ds = data_lib.load('text', corpus, seq_len=8)
+  net = models.from_config(_lm_config(corpus).model, ds.num_classes)
+  logits = np.asarray(jax.jit(net.apply)({'params': state['global_params']}, ds.test_images),
+                      np.float64)
+  logp = logits - np.log(np.exp(logits - logits.max(-1, keepdims=True)).sum(-1,
+                                                                            keepdims=True))
+  logp -= logits.max(-1, keepdims=True)
+  nll = -np.take_along_axis(logp, ds.test_labels[..., None], -1).mean()
+  assert summary['final_test_loss'] == pytest.approx(nll, rel=1e-5)
+  acc = (logits.argmax(-1) == ds.test_labels).mean()
+  assert summary['final_test_accuracy'] == pytest.approx(acc, abs=1e-6)
+
+
+# ------------------------------------------------------------------------------
+# Tasks, configs, compatibility.
+# ------------------------------------------------------------------------------
+
+def test_eval_sums_against_numpy():
+  rng = np.random.default_rng(0)
+  logits = rng.normal(size=(3, 5, 7)).astype(np.float32)
+  labels = rng.integers(0, 7, (3, 5))
+  mask = np.array([1.0, 1.0, 0.0], np.float32)
+  correct, loss = tasks.eval_sums(jnp.asarray(logits), jnp.asarray(labels), jnp.asarray(mask))
+  lg = logits.astype(np.float64)
+  lse = np.log(np.exp(lg - lg.max(-1, keepdims=True)).sum(-1)) + lg.max(-1)
+  nll = lse - np.take_along_axis(lg, labels[..., None], -1)[..., 0]
+  assert float(loss) == pytest.approx(nll[:2].mean(1).sum(), rel=1e-6)
+  assert float(correct) == pytest.approx((lg.argmax(-1) == labels)[:2].mean(1).sum())
+
+
+def test_interpolate_crossing_both_directions():
+  lm = tasks.Task('language_model', 'test_loss', False, 1.7)
+  prev = dict(test_loss=1.9, round=10, sim_time_s=100.0)
+  cur = dict(test_loss=1.5, round=20, sim_time_s=300.0)
+  assert lm.reached(1.7) and not lm.reached(1.71)
+  assert tasks.interpolate_crossing(lm, prev, cur, 'round') == pytest.approx(15.0)
+  assert tasks.interpolate_crossing(lm, prev, cur, 'sim_time_s') == pytest.approx(200.0)
+  cls = tasks.Task('classification', 'test_accuracy', True, 0.8)
+  prev = dict(test_accuracy=0.7, round=4, sim_time_s=1.0)
+  cur = dict(test_accuracy=0.9, round=8, sim_time_s=2.0)
+  assert tasks.interpolate_crossing(cls, prev, cur, 'round') == pytest.approx(6.0)
+  assert tasks.interpolate_crossing(cls, None, cur, 'round') == 8.0
+  # An older run's last evaluation holds only test_accuracy: counts as absent for a loss.
+  assert tasks.interpolate_crossing(lm, {'test_accuracy': 0.5, 'round': 1}, dict(
+      test_loss=1.0, round=3), 'round') == 3.0
+
+
+BAD = [
+    (cifar10, {'model.name': 'transformer'}, 'model.name'),
+    (shakespeare, {'model.name': 'cnn'}, 'model.name'),
+    (cifar10, {'dataset.partition': 'contiguous'}, 'dataset.partition'),
+    (shakespeare, {'dataset.partition': 'dirichlet'}, 'dataset.partition'),
+    (shakespeare, {'dataset.augment': 'crop_flip'}, 'dataset.augment'),
+    (cifar10, {'dataset.augment': 'mixup'}, 'dataset.augment'),
+    (shakespeare, {'model.embed_dim': 130}, 'model.embed_dim'),
+    (shakespeare, {'model.seq_len': 0}, 'model.seq_len'),
+    (shakespeare, {'train.target_loss': -1.0}, 'train.target_loss'),
+    (cifar10, {'optimizer.schedule': 'step'}, 'optimizer.schedule'),
+    (cifar10, {'optimizer.warmup_steps': -1}, 'optimizer.warmup_steps'),
+    (cifar10, {'optimizer.warmup_steps': 5000}, 'optimizer.decay_steps'),
+    (cifar10, {'optimizer.final_lr_ratio': 2.0}, 'optimizer.final_lr_ratio'),
+    (cifar10, {'dataset.cache_dir': None}, 'dataset.cache_dir'),
+]
+
+
+@pytest.mark.parametrize('module,overrides,field', BAD, ids=[b[2] for b in BAD])
+def test_bad_fields_are_named(module, overrides, field):
+  c = module.get_config()
+  with pytest.raises(ValueError, match=field.replace('.', r'\.')):
+    config_lib.validate(_set(c, **overrides))
+
+
+def test_transformer_fields_are_required():
+  c = smoke.get_config()
+  _set(c, **{'dataset.name': 'tiny_shakespeare', 'model.name': 'transformer',
+             'dataset.partition': 'iid'})
+  with pytest.raises(ValueError, match='model.num_layers, model.num_heads, model.embed_dim, '
+                     'model.seq_len'):
+    config_lib.validate(c)
+
+
+def test_shipped_configs_validate():
+  for module in (cifar10, cifar10_resnet20, shakespeare):
+    config_lib.validate(module.get_config())
+
+
+def test_older_workdir_without_the_new_fields_resumes(tmp_path):
+  c = smoke.get_config()
+  old = json.loads(c.to_json())
+  for section, field in (('dataset', 'cache_dir'), ('dataset', 'augment'),
+                         ('optimizer', 'schedule'), ('optimizer', 'warmup_steps'),
+                         ('optimizer', 'decay_steps'), ('optimizer', 'final_lr_ratio'),
+                         ('train', 'target_loss')):
+    del old[section][field]
+  (tmp_path / 'config.json').write_text(json.dumps(old))
+  assert train._check_workdir_config(str(tmp_path), c) == []
+  c.optimizer.schedule = 'cosine'   # but a changed schedule is refused
+  with pytest.raises(ValueError, match='optimizer.schedule'):
+    train._check_workdir_config(str(tmp_path), c)
