@@ -44,6 +44,8 @@ from typing import NamedTuple
 import numpy as np
 from absl import logging
 
+from hfl import metrics
+
 # Bump when the cached arrays' format or the decoding changes.
 CACHE_FORMAT = 1
 SPLITS = ('train', 'test')
@@ -270,7 +272,7 @@ def _write_cache(entry: str, arrays: dict, meta: dict) -> bool:
     for key, arr in arrays.items():
       np.save(os.path.join(tmp, key + '.npy'), arr)
     with open(os.path.join(tmp, 'meta.json'), 'w') as f:
-      json.dump(meta, f, indent=2)
+      f.write(metrics.dumps(meta, indent=2))
     try:
       os.rename(tmp, entry)
     except OSError:
