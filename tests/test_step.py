@@ -9,7 +9,7 @@ import pytest
 from jax.sharding import NamedSharding, PartitionSpec as P
 
 from configs import default as default_config
-from hfl import accounting, mesh as mesh_lib, models, optim, step as step_lib, train
+from hfl import accounting, collectives, mesh as mesh_lib, models, optim, step as step_lib, train
 from hfl.compress import base, co3, dgc, lowrank, policy, quantize, sparse
 
 D, W, B = 2, 4, 4
@@ -176,7 +176,7 @@ def _fused_padded_bytes(wan, parts):
   for c in wan:
     for a in jax.tree.leaves(policy.payload_shape(c)):
       n, dt = int(np.prod(a.shape)), jnp.dtype(a.dtype)
-      if step_lib.reduces(c):
+      if collectives.reduces(c):
         key, entries, size = 'sum', n, dt.itemsize
       elif dt == jnp.bool_ or dt.itemsize * 8 == (
           jnp.finfo(dt).bits if jnp.issubdtype(dt, jnp.inexact) else jnp.iinfo(dt).bits):
@@ -220,7 +220,7 @@ def assert_every_collective_counted(fn, text, mesh, m, do_round):
   unpadded = lambda c: policy.static_bits(c)
   assert list(m['wan_bits']) == [sum(unpadded(c) for c in wan)] * d
   assert list(m['round_down_bits']) == [
-      w * sum(unpadded(c) * (1 if step_lib.reduces(c) else d) for c in wan)] * d
+      w * sum(unpadded(c) * (1 if collectives.reduces(c) else d) for c in wan)] * d
   # Padding is less than W entries per fused buffer.
   assert 0 <= regather * 8 - m['round_down_bits'][0] // w
 
@@ -390,9 +390,9 @@ def test_sharded_state_bytes_equal_hlo_collectives(up):
   # of the parameters.
   slice_bytes = 4 * sum(chunks)
   assert m['down_bits'][0] / 8 == W * (slice_bytes + (W - 1) * slice_bytes)
-  up_b, down_b, wan_b = step_lib.static_bits(fn.comps, params, W, shard_state=True)
+  up_b, down_b, wan_b = accounting.static_bits(fn.comps, params, W, shard_state=True)
   assert (up_b * W, down_b * W) == (m['up_bits'][0], m['down_bits'][0])
-  assert step_lib.static_bits(fn.comps, params, W)[:2] == (
+  assert accounting.static_bits(fn.comps, params, W)[:2] == (
       sum(policy.static_bits(c) for c in fn.comps.up),
       sum(policy.static_bits(c) for c in fn.comps.down))
   text, m, state = _lowered(fn, mesh, state, True)
@@ -482,7 +482,7 @@ def test_co3_as_wan_compressor_of_the_pseudo_gradient():
       close = np.isclose(np.asarray(a), b, atol=1e-5, rtol=1e-4)
       assert close.mean() > 0.995, (t, i, close.mean())
     for d in range(D):
-      got_r = jax.tree.leaves(jax.tree.map(lambda x: x[d], state.wan_residual))
+      got_r = jax.tree.leaves(jax.tree.map(lambda x: x[d], state.wan.residual))
       assert np.mean([np.isclose(np.asarray(a), b, atol=1e-5, rtol=1e-4).mean()
                       for a, b in zip(got_r, resid[d])]) > 0.995
   # The memory is non-trivial: fp4 leaves most of the pseudo-gradient behind.
