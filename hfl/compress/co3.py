@@ -390,9 +390,8 @@ def co3_ef_step(compressor: Compressor, g: jax.Array, e: jax.Array, state: CO3St
   """One CO3 "correct + convert" step with decaying error feedback (jit).
 
   ``p = g + gamma e; payload = encode(p); g_hat = decode(payload); e' = p - g_hat``
-  (the CO3 paper's "correct" step). With gamma = 1 this is plain EF (Stich et al.
-  2018), with
-  gamma = 0 there is no memory (``p = g``).
+  (the CO3 paper's "correct" step). With gamma = 1 this is plain EF (Stich et
+  al. 2018), with gamma = 0 there is no memory (``p = g``).
 
   Args:
     compressor: a CO3 (or any) :class:`Compressor`.
