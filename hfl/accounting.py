@@ -30,6 +30,9 @@ from collections import defaultdict
 
 import numpy as np
 
+from hfl import collectives
+from hfl.compress import policy
+
 _DTYPE_BITS = {'f64': 64, 'f32': 32, 'bf16': 16, 'f16': 16, 'f8E5M2': 8, 'f8E4M3FN': 8,
                'i64': 64, 'ui64': 64, 'i32': 32, 'ui32': 32, 'i16': 16, 'ui16': 16,
                'i8': 8, 'ui8': 8, 'i1': 8}
@@ -105,3 +108,49 @@ def collective_totals(hlo_text: str, mesh) -> dict:
   n = int(np.prod(mesh.devices.shape))
   return {axis: n * sum(b for _, b, _ in ops)
           for axis, ops in collective_bytes(hlo_text, mesh).items()}
+
+
+def static_bits(comps, params_shape, num_w: int,
+                shard_state: bool = False) -> tuple[int, int, int]:
+  """Bits per iteration of one worker's uplink, of what one worker receives on the
+  downlink, and of one DC's WAN payload, from payload shapes (nothing runs).
+
+  The same counting as the step (which counts the payloads it sends): exact where
+  ``wire_bits`` is static, the moved bits for variable-length codes. Used to
+  plan (semi-synchronous K_d) before anything is compiled.
+
+  Args:
+    comps: per-leaf compressors (``hfl.step.Compressors``: lists ``up``, ``down``,
+      ``wan``).
+    params_shape: pytree of the parameters (arrays or ShapeDtypeStructs).
+    num_w: W, workers per DC.
+    shard_state: ZeRO-1 sharded optimizer state (reduce-scatter of identity
+      leaves, sliced dense downlinks, the parameter all-gather).
+
+  Returns:
+    (up, down, wan) bits, Python ints.
+  """
+  chunk_bits = collectives.chunk_bits
+  up = down = 0
+  for cu, cd in zip(comps.up, comps.down):
+    if shard_state and collectives.reduce_scatters(cu, cd):
+      up += num_w * chunk_bits(policy.payload_shape(cu), num_w)
+      down += chunk_bits(policy.payload_shape(cd), num_w)
+    else:
+      up += policy.static_bits(cu)
+      down += (chunk_bits(policy.payload_shape(cd), num_w) if shard_state and cd.linear
+               else policy.static_bits(cd))
+  if shard_state and num_w > 1:
+    gather = chunk_bits(params_shape, num_w)
+    up += gather
+    down += (num_w - 1) * gather
+  return int(up), int(down), int(sum(policy.static_bits(c) for c in comps.wan))
+
+
+def round_down_bits(comps, num_w: int, num_present: int) -> int:
+  """Planning estimate of ``hfl.step.host_metrics``' ``round_down_bits`` (one DC,
+  one round, ``num_present`` DCs present), from payload shapes (nothing runs):
+  W x (the all-reduced WAN leaves' bits + num_present x the all-gathered ones)."""
+  summed = sum(policy.static_bits(c) for c in comps.wan if collectives.reduces(c))
+  gathered = sum(policy.static_bits(c) for c in comps.wan if not collectives.reduces(c))
+  return int(num_w * (summed + num_present * gathered))

@@ -15,6 +15,8 @@ moves every newer step directory and every temporary directory out of the way, t
 run then saves its next steps as usual.
 """
 
+import ast
+import json
 import os
 from typing import NamedTuple
 
@@ -156,10 +158,53 @@ def _move_aside(mngr: ocp.CheckpointManager, skipped: list) -> None:
     mngr.reload()
 
 
+# Backwards compatibility, in this one place: checkpoints written before the
+# per-link hfl.step.LinkState kept each link's residual and compressor states as
+# two TrainState fields. Old field -> (new field, LinkState attribute).
+LEGACY_LINK_FIELDS = {
+    'up_residual': ('up', 'residual'), 'up_state': ('up', 'compressor_state'),
+    'down_residual': ('down', 'residual'), 'down_state': ('down', 'compressor_state'),
+    'wan_residual': ('wan', 'residual'), 'wan_state': ('wan', 'compressor_state')}
+
+
+def saved_fields(step_dir) -> set:
+  """Top-level field names of the ``state`` item saved in ``step_dir`` (from orbax's
+  ``_METADATA``; empty when it cannot be read)."""
+  try:
+    tree = json.loads((epath.Path(step_dir) / 'state' / '_METADATA').read_text())
+    return {ast.literal_eval(k)[0] for k in tree['tree_metadata']}
+  except (OSError, ValueError, KeyError, TypeError, SyntaxError, IndexError):
+    return set()
+
+
+def to_legacy(state):
+  """A TrainState-like NamedTuple (per-link ``LinkState`` fields) as the old layout's
+  dict (``LEGACY_LINK_FIELDS``); the other fields unchanged."""
+  out = {k: v for k, v in state._asdict().items()
+         if k not in {link for link, _ in LEGACY_LINK_FIELDS.values()}}
+  for old, (link, attr) in LEGACY_LINK_FIELDS.items():
+    out[old] = getattr(getattr(state, link), attr)
+  return out
+
+
+def from_legacy(old: dict, like):
+  """Inverse of :func:`to_legacy`: ``like`` (a TrainState) gives the types."""
+  fields = {k: v for k, v in old.items() if k not in LEGACY_LINK_FIELDS}
+  for link in {link for link, _ in LEGACY_LINK_FIELDS.values()}:
+    parts = {attr: old[o] for o, (l, attr) in LEGACY_LINK_FIELDS.items() if l == link}
+    fields[link] = type(getattr(like, link))(**parts)
+  return type(like)(**fields)
+
+
 def _restore(mngr: ocp.CheckpointManager, step: int, abstract_state):
+  legacy = bool(set(LEGACY_LINK_FIELDS) & saved_fields(epath.Path(mngr.directory) / str(step)))
+  target = to_legacy(abstract_state) if legacy else abstract_state
   out = mngr.restore(step, args=ocp.args.Composite(
-      state=ocp.args.StandardRestore(abstract_state), host=ocp.args.JsonRestore()))
-  return step, out['state'], out['host']
+      state=ocp.args.StandardRestore(target), host=ocp.args.JsonRestore()))
+  state = from_legacy(out['state'], abstract_state) if legacy else out['state']
+  if legacy:
+    logging.info('Checkpoint %d has the layout before per-link LinkState; converted.', step)
+  return step, state, out['host']
 
 
 def restore_latest(mngr: ocp.CheckpointManager, abstract_state):

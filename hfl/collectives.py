@@ -217,3 +217,142 @@ def run_fused(gens: Sequence[Iterator]) -> list:
   for (i, gen, _), result in zip(pending, results):
     done[i] = _finish(gen, result)
   return [done[i] for i in range(len(gens))]
+
+
+# --------------------------------------------------------------------------------
+# Split collectives: a value identical over one mesh axis is moved over another
+# axis in 1/N slices, one per member of the first, and re-assembled afterwards.
+# --------------------------------------------------------------------------------
+
+def chunk(size: int, parts: int) -> int:
+  """Entries of one member's slice of a ``size``-entry array split in ``parts``:
+  ceil(size / parts) (Python int)."""
+  return -(-int(size) // parts)
+
+
+def pad_flat(a, parts: int):
+  """``a`` flattened and zero-padded to a multiple of ``parts`` entries (a's dtype)."""
+  flat = a.reshape(-1)
+  return jnp.pad(flat, (0, chunk(flat.size, parts) * parts - flat.size))
+
+
+def split(a, parts: int, index):
+  """Slice ``index`` (int or int32[]) of ``a`` flattened and zero-padded to a
+  multiple of ``parts``: [ceil(size / parts)], a's dtype."""
+  n = chunk(a.size, parts)
+  return jax.lax.dynamic_slice_in_dim(pad_flat(a, parts), index * n, n)
+
+
+def split_tree(tree, parts: int, index):
+  """:func:`split` of every leaf of ``tree``: leaves [ceil(size / parts)]."""
+  return jax.tree.map(lambda a: split(a, parts, index), tree)
+
+
+def chunk_bits(payload, parts: int) -> int:
+  """Bits of one member's 1/parts slice of every array of ``payload`` (static).
+
+  Args:
+    payload: pytree of arrays or ShapeDtypeStructs.
+    parts: members the arrays are split across (each flattened, zero-padded to a
+      multiple of ``parts``).
+
+  Returns:
+    Python int: sum over arrays of ceil(size / parts) * itemsize * 8.
+  """
+  return sum(chunk(np.prod(a.shape, dtype=np.int64), parts) * jnp.dtype(a.dtype).itemsize * 8
+             for a in jax.tree.leaves(payload))
+
+
+def unsplit(parts_gathered, shape):
+  """Inverse of :func:`split` after an all-gather of the slices on the last axis:
+  ``parts_gathered`` [..., parts * chunk] -> [..., *shape]."""
+  size = int(np.prod(shape, dtype=np.int64))
+  lead = parts_gathered.shape[:-1]
+  return parts_gathered[..., :size].reshape(lead + tuple(shape))
+
+
+def all_gather_split(payload, axis: str, split_axis: str, split_size: int):
+  """``all_gather(payload, axis)`` with each member of ``split_axis`` sending 1/split_size.
+
+  Used for the inter-DC exchange: a DC's payload is identical on its W workers, so
+  worker w sends only slice w over 'dc' and the slices are re-assembled inside the
+  DC over 'worker'. The WAN then carries each DC's payload once (plus < W padding
+  entries per payload array), not W times.
+
+  Returns:
+    payload pytree with a leading [axis_size] dimension, invariant over both axes.
+  """
+  idx = jax.lax.axis_index(split_axis)
+
+  def leaf(a):
+    mine = split(a, split_size, idx)
+    g = jax.lax.all_gather(mine, axis, to='invarying')                      # [n_axis, chunk]
+    g = jax.lax.all_gather(g, split_axis, axis=1, tiled=True, to='invarying')  # [n_axis, W*chunk]
+    return unsplit(g, a.shape)
+  return jax.tree.map(leaf, payload)
+
+
+def psum_split(payload, axis: str, split_axis: str, split_size: int):
+  """``psum(payload, axis)`` with each member of ``split_axis`` reducing 1/split_size
+  (then all-gathered over ``split_axis``); leaves keep their shapes and dtypes."""
+  idx = jax.lax.axis_index(split_axis)
+
+  def leaf(a):
+    s = jax.lax.psum(split(a, split_size, idx), axis)
+    s = jax.lax.all_gather(s, split_axis, tiled=True, to='invarying')
+    return unsplit(s, a.shape)
+  return jax.tree.map(leaf, payload)
+
+
+def psum_scatter_split(payload, axis: str, axis_size: int):
+  """``split(psum(payload, axis), axis_size, axis_index(axis))`` as one reduce-scatter.
+
+  Returns:
+    payload pytree, each leaf this member's slice [ceil(size / axis_size)] of the
+    leaf flattened and zero-padded (varying over ``axis``).
+  """
+  return jax.tree.map(
+      lambda a: jax.lax.psum_scatter(pad_flat(a, axis_size), axis, scatter_dimension=0,
+                                     tiled=True), payload)
+
+
+def all_gather_unsplit(slices, shapes, axis: str):
+  """Inverse of :func:`split_tree` across ``axis``: all-gathers every member's slice.
+
+  Args:
+    slices: pytree, leaves [chunk] (member i holds slice i).
+    shapes: pytree of the same structure whose leaves have the full shapes.
+    axis: the mesh axis the slices are split over.
+
+  Returns:
+    pytree of full leaves, invariant over ``axis``.
+  """
+  return jax.tree.map(
+      lambda s, like: unsplit(jax.lax.all_gather(s, axis, tiled=True, to='invarying'),
+                              like.shape), slices, shapes)
+
+
+def reduces(c) -> bool:
+  """Whether a leaf's payloads are summed by an all-reduce instead of all-gathered.
+
+  Only for a lossless linear compressor (identity: float32 values): a float32
+  all-reduce then moves exactly what each member sends and adds it in float32,
+  as a parameter server does. Every lossy payload (casts included) is
+  all-gathered in its wire dtype and each one decoded before the float32 sum, so
+  the receiver adds exactly what the sender's error feedback assumes it sent.
+
+  Args:
+    c: a ``hfl.compress.base.Compressor``.
+  """
+  return c.linear and c.lossless
+
+
+def reduce_scatters(cu, cd) -> bool:
+  """Whether a leaf's uplink is a reduce-scatter under sharded optimizer state.
+
+  Only for an uncompressed leaf: a lossless linear uplink ``cu`` and downlink
+  ``cd`` (identity; both are then elementwise casts, valid on slices), so that no
+  worker needs more than its slice of the aggregate and the PS keeps no downlink
+  residual.
+  """
+  return reduces(cu) and reduces(cd)

@@ -257,20 +257,8 @@ def maybe_initialize(coordinator_address: Optional[str] = None,
     # even a single process uses the cross-process collectives, as N would).
     return info or ProcessInfo(1, 0, None, 'single')
 
-  import jax  # pylint: disable=g-import-not-at-top
-  if timeout_s is None:
-    timeout_s = _parse_int(os.environ.get(ENV_TIMEOUT), ENV_TIMEOUT) or DEFAULT_TIMEOUT_S
-  if heartbeat_timeout_s is None:
-    heartbeat_timeout_s = _parse_int(os.environ.get(ENV_HEARTBEAT), ENV_HEARTBEAT)
-  if timeout_s < 1:
-    raise DistributedInitError(f'initialization timeout {timeout_s} s must be >= 1.')
-  # gloo is the default in current JAX; set it explicitly so an older default
-  # (no cross-process CPU collectives) cannot silently deadlock.
-  try:
-    jax.config.update('jax_cpu_collectives_implementation', 'gloo')
-  except (AttributeError, ValueError):
-    pass
-
+  timeout_s, heartbeat_timeout_s = _timeouts(timeout_s, heartbeat_timeout_s)
+  _use_gloo()
   who = (f'process {info.process_id} of {info.num_processes}'
          if info.coordinator_address else f'a {info.source} process')
   where = info.coordinator_address or 'the coordinator chosen by JAX'
@@ -280,8 +268,47 @@ def maybe_initialize(coordinator_address: Optional[str] = None,
     if not _wait_for_coordinator(info.coordinator_address, deadline):
       _fail(f'{who}: coordinator {where} unreachable for {timeout_s} s (is process 0 '
             'running, and is the address/port right and open?).')
-  # JAX aborts the process (SIGABRT, C++ stack trace) when start-up exceeds its
-  # timeout; report it ourselves, a little earlier, in words.
+  done = _start_watchdog(who, where, timeout_s, deadline)
+  try:
+    _initialize(info, who, timeout_s, heartbeat_timeout_s, initialize_fn)
+  finally:
+    done.set()
+  return info
+
+
+def _timeouts(timeout_s: Optional[int], heartbeat_timeout_s: Optional[int]):
+  """(start-up timeout, heartbeat timeout or None) in seconds, from the arguments
+  or the environment (:data:`ENV_TIMEOUT`, :data:`ENV_HEARTBEAT`).
+
+  Raises:
+    DistributedInitError: a start-up timeout below 1 s (or a malformed variable).
+  """
+  if timeout_s is None:
+    timeout_s = _parse_int(os.environ.get(ENV_TIMEOUT), ENV_TIMEOUT) or DEFAULT_TIMEOUT_S
+  if heartbeat_timeout_s is None:
+    heartbeat_timeout_s = _parse_int(os.environ.get(ENV_HEARTBEAT), ENV_HEARTBEAT)
+  if timeout_s < 1:
+    raise DistributedInitError(f'initialization timeout {timeout_s} s must be >= 1.')
+  return timeout_s, heartbeat_timeout_s
+
+
+def _use_gloo() -> None:
+  """Selects gloo CPU collectives: the default in current JAX, set explicitly so an
+  older default (no cross-process CPU collectives) cannot silently deadlock."""
+  import jax  # pylint: disable=g-import-not-at-top
+  try:
+    jax.config.update('jax_cpu_collectives_implementation', 'gloo')
+  except (AttributeError, ValueError):
+    pass
+
+
+def _start_watchdog(who: str, where: str, timeout_s: int, deadline: float) -> threading.Event:
+  """Starts a daemon thread that ends the process with one line on stderr unless the
+  returned event is set before ``deadline`` (time.monotonic seconds).
+
+  JAX aborts the process (SIGABRT, C++ stack trace) when start-up exceeds its
+  timeout; this reports it, a little earlier, in words.
+  """
   done = threading.Event()
 
   def watchdog():
@@ -291,8 +318,19 @@ def maybe_initialize(coordinator_address: Optional[str] = None,
             'coordinator is unreachable. Start all processes with the same '
             'coordinator address and process count, each with its own process id.')
 
-  thread = threading.Thread(target=watchdog, name='hfl-init-watchdog', daemon=True)
-  thread.start()
+  threading.Thread(target=watchdog, name='hfl-init-watchdog', daemon=True).start()
+  return done
+
+
+def _initialize(info: ProcessInfo, who: str, timeout_s: int,
+                heartbeat_timeout_s: Optional[int],
+                initialize_fn: Optional[Callable[..., Any]]) -> None:
+  """Calls ``initialize_fn`` (default ``jax.distributed.initialize``) for ``info``.
+
+  Raises:
+    DistributedInitError: the call raised (e.g. the backend had already started).
+  """
+  import jax  # pylint: disable=g-import-not-at-top
   kwargs = dict(initialization_timeout=int(timeout_s) + 30)
   if heartbeat_timeout_s:
     kwargs['heartbeat_timeout_seconds'] = int(heartbeat_timeout_s)
@@ -306,9 +344,6 @@ def maybe_initialize(coordinator_address: Optional[str] = None,
     raise DistributedInitError(
         f'{who}: jax.distributed.initialize failed: {e}. It must run before any JAX '
         'operation (main.py calls it first).') from e
-  finally:
-    done.set()
-  return info
 
 
 def port_in_use(port: int) -> bool:

@@ -1,4 +1,4 @@
-"""Network and time model, and the simulated clock (DESIGN 4.3, 4.5).
+"""Network and time model, and the simulated clock (the seed thesis' round time).
 
 Topology. Inside DC d, the W workers talk to the DC's parameter server (PS) over a
 LAN; the PS NIC is the bottleneck, so one intra-DC iteration of DC d takes
@@ -38,7 +38,7 @@ metrics once (2): H = 6 for an identity WAN, 4 for a compressed one, 8 for a mix
 with 2 DCs. ``bench/wan_model_check.py`` checks this against the emulated WAN at two
 latencies (docs/benchmarks.md).
 
-A round lasts T = max_d(K_d t_d + C_d) over the DCs present in it (DESIGN 4.3;
+A round lasts T = max_d(K_d t_d + C_d) over the DCs present in it (the seed thesis;
 hfl.sync.faults): every DC keeps its own clock, DCs that finish their K_d
 iterations early wait for the slowest, and that wait is recorded as idle time; an
 absent DC's work is discarded and it restarts at T with the others.

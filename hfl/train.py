@@ -19,6 +19,7 @@ import optax
 from absl import logging
 from jax.sharding import NamedSharding, PartitionSpec as P
 
+from hfl import accounting
 from hfl import checkpoint as ckpt_lib
 from hfl import config as config_lib
 from hfl import data as data_lib
@@ -180,10 +181,10 @@ def setup(config: ml_collections.ConfigDict) -> Setup:
   params_shape = jax.eval_shape(
       lambda: model.init(jax.random.PRNGKey(0), _sample_input(dataset))['params'])
   comps = build_compressors(config, params_shape)
-  up, down, wan = step_lib.static_bits(comps, params_shape, w, shard_state(config))
+  up, down, wan = accounting.static_bits(comps, params_shape, w, shard_state(config))
   t_d = network.iteration_time(net, np.full(d, up * w), np.full(d, down * w))
   c_d = (network.round_comm_time(net, np.full(d, wan))
-         + network.lan_time(net, np.full(d, step_lib.round_down_bits(comps, w, d))))
+         + network.lan_time(net, np.full(d, accounting.round_down_bits(comps, w, d))))
   schedule = schedule_lib.from_config(config.sync, d, t=t_d, c=c_d)
   sizes = np.asarray(part.dc_sizes, np.float64)
   return Setup(config, dataset, part, mesh, model, params_shape, optimizer, outer, comps, net,

@@ -198,3 +198,42 @@ def test_save_compiles_nothing_and_restores_bitwise(tmp_path):
     assert restored[k].sharding == shardings[k]
     np.testing.assert_array_equal(np.asarray(restored[k]), host[k])
   mngr.close()
+
+
+def test_checkpoint_of_the_layout_before_link_state_restores(tmp_path):
+  """A TrainState saved with the six up_/down_/wan_ x residual/state fields (the
+  layout before hfl.step.LinkState) restores into the per-link layout, every
+  array where it belongs; a new-layout checkpoint still restores as itself."""
+  import typing  # pylint: disable=g-import-not-at-top
+  import optax  # pylint: disable=g-import-not-at-top
+  from hfl import step as step_lib  # pylint: disable=g-import-not-at-top
+  from hfl.compress import base  # pylint: disable=g-import-not-at-top
+  fields = ('params', 'opt_state', 'global_params', 'outer_state', 'up_residual', 'up_state',
+            'down_residual', 'down_state', 'wan_residual', 'wan_state', 'local_steps', 'step',
+            'key', 'dgc_velocity')
+  Old = typing.NamedTuple('Old', [(f, typing.Any) for f in fields])  # the old field order
+  params = {'w': jnp.arange(6.0).reshape(2, 3), 'b': jnp.ones(3)}
+  comps = step_lib.Compressors(*[[base.identity(l.shape) for l in jax.tree.leaves(params)]] * 3)
+  new = step_lib.init_state(params, optax.adam(0.1), optax.sgd(1.0), comps, 1, 1,
+                            jax.random.PRNGKey(0))
+  legacy = ckpt_lib.to_legacy(new)
+  legacy['up_residual'] = jax.tree.map(lambda x: x + 3.0, legacy['up_residual'])
+  legacy['wan_residual'] = jax.tree.map(lambda x: x - 1.0, legacy['wan_residual'])
+  old = Old(**legacy)
+  mngr = ckpt_lib.manager(str(tmp_path))
+  ckpt_lib.save(mngr, 5, old, {'round': 1})
+  sh = jax.sharding.SingleDeviceSharding(jax.devices()[0])
+  abstract = jax.tree.map(lambda x: jax.ShapeDtypeStruct(x.shape, x.dtype, sharding=sh), new)
+  step, state, host = ckpt_lib.restore_latest(ckpt_lib.manager(str(tmp_path)), abstract)
+  assert (step, host) == (5, {'round': 1})
+  assert type(state) is step_lib.TrainState and type(state.up) is step_lib.LinkState
+  assert float(state.up.residual['w'][0, 0, 1, 2]) == 3.0
+  assert float(state.wan.residual['b'][0, 2]) == -1.0
+  assert float(state.down.residual['w'].sum()) == 0.0
+  for a, b in zip(jax.tree.leaves(ckpt_lib.to_legacy(state)), jax.tree.leaves(old._asdict())):
+    np.testing.assert_array_equal(np.asarray(a), np.asarray(b))
+  ckpt_lib.save(mngr, 6, state, {'round': 2})
+  step, again, _ = ckpt_lib.restore_latest(ckpt_lib.manager(str(tmp_path)), abstract)
+  assert step == 6
+  for a, b in zip(jax.tree.leaves(again), jax.tree.leaves(state)):
+    np.testing.assert_array_equal(np.asarray(a), np.asarray(b))

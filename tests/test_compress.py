@@ -346,9 +346,11 @@ def test_error_feedback_decay_and_tree():
   payloads, new_res, _ = jax.jit(
       lambda x, r: C.tree_ef_step(cs, x, r, [c.init() for c in cs], KEY, decay=0.5)
   )(xs, res)
-  # p = 1 + 0.5 * 2 = 2 everywhere; top-k keeps 6 of 64 of 'a', 'b' is dense
+  # p = 1 + 0.5 * 2 = 2 everywhere; top-k keeps 6 of 64 of 'a'; 'b' is dense (identity,
+  # lossless): it sends x = 1 itself and passes its residual through untouched.
   assert np.count_nonzero(np.asarray(new_res['a'])) == 64 - 6
-  np.testing.assert_allclose(np.asarray(new_res['b']), 0.0)
+  np.testing.assert_allclose(np.asarray(new_res['b']), 2.0)
+  np.testing.assert_allclose(np.asarray(cs[1].decode(payloads[1])), 1.0)
   bits = [c.wire_bits(p) for c, p in zip(cs, payloads)]
   assert all(type(b) is int for b in bits) and sum(bits) == 6 * 48 + 3 * 32
 

@@ -103,7 +103,7 @@ def test_dgc_momentum_correction_matches_numpy(momentum, clip_norm):
     for a, b in zip(got, x):
       np.testing.assert_allclose(a, b, atol=2e-5, rtol=1e-4)
     got_u = [np.asarray(l[d]) for l in jax.tree.leaves(state.dgc_velocity)]
-    got_v = [np.asarray(l[d]) for l in jax.tree.leaves(state.up_residual)]
+    got_v = [np.asarray(l[d]) for l in jax.tree.leaves(state.up.residual)]
     for i in range(len(x)):
       for w in range(W):
         np.testing.assert_allclose(got_u[i][w], u[w][i], atol=2e-5, rtol=1e-4)

@@ -84,8 +84,9 @@ def run_link(c, link, members, x, e, weights=None, split=1):
     kw = dict(weights=w, split_axis='worker', split_size=split) if link == 'wan' else {}
     # Per-member compressor state, as in the step's (varying over both axes).
     state = jax.tree.map(lambda a: jax.lax.pcast(a, ('dc', 'worker'), to='varying'), c.init())
-    out = step_lib.exchange(c, x[0, 0], e[0, 0], state, key, axis, members, **kw)
-    return out[0][None, None], out[1][None, None]
+    out = step_lib.exchange([c], x[0, 0], step_lib.LinkState(e[0, 0], [state]), key, axis,
+                            members, **kw)
+    return out.agg[None, None], out.link.residual[None, None]
 
   spec = P('dc', 'worker')
   g = jax.jit(jax.shard_map(f, mesh=mesh, in_specs=(spec, spec, P()), out_specs=(spec, spec)))
@@ -136,11 +137,11 @@ def test_ps_downlink_error_feedback_is_exact(name):
   """The PS's downlink: every worker receives D(payload), the PS keeps p - D(payload)."""
   c = compressor(name)
   x, e = inputs(1)
-  out = jax.jit(lambda q, r: step_lib.ps_downlink(c, q, r, c.init(), jax.random.PRNGKey(3)))(
-      x[0], e[0])
-  received, res = np.asarray(out.agg, np.float64), np.asarray(out.residual, np.float64)
+  out = jax.jit(lambda q, r: step_lib.downlink(
+      [c], q, step_lib.LinkState(r, [c.init()]), jax.random.PRNGKey(3)))(x[0], e[0])
+  received, res = np.asarray(out.agg, np.float64), np.asarray(out.link.residual, np.float64)
   assert conservation_ratio(c, x, e, [1.0], received, res[None]) <= 1.0
-  assert out.bits == c.wire_bits(out.payload) or int(out.bits) == int(c.wire_bits(out.payload))
+  assert int(out.bits[0]) == int(c.wire_bits(out.payloads[0]))
 
 
 def test_bf16_uplink_residual_is_what_the_ps_receives():
@@ -248,10 +249,11 @@ def test_co3_inf_is_not_saturated_and_ef_does_not_send_the_maximum_forever():
   c = co3.co3((3,), 'fp4', gamma=1.0)
   e, state = jnp.zeros(3), c.init()
   for x in ([np.inf, 0.1, 0.1], [0.0, 0.1, 0.1]):
-    out = step_lib.ps_downlink(c, jnp.array(x, jnp.float32), e, state, None)
-    e, state = out.residual, out.state
+    out = step_lib.downlink([c], jnp.array(x, jnp.float32), step_lib.LinkState(e, [state]),
+                            jax.random.PRNGKey(0))
+    e, (state,) = out.link
     assert not np.isfinite(np.asarray(out.agg)[0])
-    assert int(out.flags) & step_lib.BAD_PAYLOAD and int(out.flags) & step_lib.BAD_RESIDUAL
+    assert int(out.flags[0]) & step_lib.BAD_PAYLOAD and int(out.flags[0]) & step_lib.BAD_RESIDUAL
 
 
 def test_host_names_the_first_non_finite_leaf_and_link():

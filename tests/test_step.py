@@ -9,7 +9,7 @@ import pytest
 from jax.sharding import NamedSharding, PartitionSpec as P
 
 from configs import default as default_config
-from hfl import accounting, mesh as mesh_lib, models, optim, step as step_lib, train
+from hfl import accounting, collectives, mesh as mesh_lib, models, optim, step as step_lib, train
 from hfl.compress import base, co3, dgc, lowrank, policy, quantize, sparse
 
 D, W, B = 2, 4, 4
@@ -176,7 +176,7 @@ def _fused_padded_bytes(wan, parts):
   for c in wan:
     for a in jax.tree.leaves(policy.payload_shape(c)):
       n, dt = int(np.prod(a.shape)), jnp.dtype(a.dtype)
-      if step_lib.reduces(c):
+      if collectives.reduces(c):
         key, entries, size = 'sum', n, dt.itemsize
       elif dt == jnp.bool_ or dt.itemsize * 8 == (
           jnp.finfo(dt).bits if jnp.issubdtype(dt, jnp.inexact) else jnp.iinfo(dt).bits):
@@ -220,7 +220,7 @@ def assert_every_collective_counted(fn, text, mesh, m, do_round):
   unpadded = lambda c: policy.static_bits(c)
   assert list(m['wan_bits']) == [sum(unpadded(c) for c in wan)] * d
   assert list(m['round_down_bits']) == [
-      w * sum(unpadded(c) * (1 if step_lib.reduces(c) else d) for c in wan)] * d
+      w * sum(unpadded(c) * (1 if collectives.reduces(c) else d) for c in wan)] * d
   # Padding is less than W entries per fused buffer.
   assert 0 <= regather * 8 - m['round_down_bits'][0] // w
 
@@ -390,9 +390,9 @@ def test_sharded_state_bytes_equal_hlo_collectives(up):
   # of the parameters.
   slice_bytes = 4 * sum(chunks)
   assert m['down_bits'][0] / 8 == W * (slice_bytes + (W - 1) * slice_bytes)
-  up_b, down_b, wan_b = step_lib.static_bits(fn.comps, params, W, shard_state=True)
+  up_b, down_b, wan_b = accounting.static_bits(fn.comps, params, W, shard_state=True)
   assert (up_b * W, down_b * W) == (m['up_bits'][0], m['down_bits'][0])
-  assert step_lib.static_bits(fn.comps, params, W)[:2] == (
+  assert accounting.static_bits(fn.comps, params, W)[:2] == (
       sum(policy.static_bits(c) for c in fn.comps.up),
       sum(policy.static_bits(c) for c in fn.comps.down))
   text, m, state = _lowered(fn, mesh, state, True)
@@ -482,7 +482,7 @@ def test_co3_as_wan_compressor_of_the_pseudo_gradient():
       close = np.isclose(np.asarray(a), b, atol=1e-5, rtol=1e-4)
       assert close.mean() > 0.995, (t, i, close.mean())
     for d in range(D):
-      got_r = jax.tree.leaves(jax.tree.map(lambda x: x[d], state.wan_residual))
+      got_r = jax.tree.leaves(jax.tree.map(lambda x: x[d], state.wan.residual))
       assert np.mean([np.isclose(np.asarray(a), b, atol=1e-5, rtol=1e-4).mean()
                       for a, b in zip(got_r, resid[d])]) > 0.995
   # The memory is non-trivial: fp4 leaves most of the pseudo-gradient behind.
@@ -529,3 +529,40 @@ def test_bit_counts_are_exact_integers_beyond_2_to_24_entries():
   assert m['down_bits'].tolist() == [1_073_741_888]
   assert m['wan_bits'].tolist() == [n * 32]
   assert m['round_down_bits'].tolist() == [2 * n * 32]
+
+
+def test_inter_dc_round_alone_is_the_weighted_model_average():
+  """hfl.step.inter_dc_round on its own (shard_map over a 2 x 2 mesh, identity WAN,
+  outer SGD lr 1): the new global model is x_global - sum_d w_d (x_global - x_d),
+  every DC restarts from it, local steps are reset, and the fused WAN exchange is
+  charged one float32 payload per DC, all-reduced."""
+  d, w = 2, 2
+  mesh = mesh_lib.make_mesh(d, w, jax.devices()[:d * w])
+  params = {'a': np.arange(6, dtype=np.float32).reshape(2, 3), 'b': np.ones(3, np.float32)}
+  comps = step_lib.Compressors(*[[base.identity(l.shape) for l in jax.tree.leaves(params)]] * 3)
+  state = step_lib.init_state(params, optax.sgd(0.1), optax.sgd(1.0), comps, d, w,
+                              jax.random.PRNGKey(0))
+  x_d = {k: np.stack([v * 2.0, v - 1.0]) for k, v in params.items()}  # per-DC models
+  state = state._replace(params=x_d, local_steps=jnp.array([3, 1], jnp.int32))
+  state = jax.device_put(state, step_lib.state_shardings(mesh, state))
+  weights = np.array([0.25, 0.75], np.float32)
+  setup = step_lib.Setup(None, optax.sgd(0.1), optax.sgd(1.0), comps, d, w, False, dgc.Options())
+  specs = step_lib.state_specs(state)
+  charges = []
+
+  def f(s, wt):
+    keys = step_lib.step_keys(s.key, s.step, d)
+    new, charge = step_lib.inter_dc_round(setup, step_lib.to_local(s, specs), wt, keys.dc)
+    charges.append(charge)
+    return step_lib.from_local(new, specs)
+
+  new = jax.jit(jax.shard_map(f, mesh=mesh, in_specs=(specs, P()), out_specs=specs))(
+      state, jax.device_put(weights, NamedSharding(mesh, P())))
+  for k, x0 in params.items():
+    want = x0 - sum(weights[i] * (x0 - x_d[k][i]) for i in range(d))
+    np.testing.assert_allclose(np.asarray(new.global_params[k]), want, rtol=1e-6, atol=1e-6)
+    for i in range(d):
+      np.testing.assert_array_equal(np.asarray(new.params[k][i]), np.asarray(new.global_params[k]))
+  assert np.asarray(new.local_steps).tolist() == [0, 0]
+  (charge,) = charges
+  assert (charge.wan_sum, charge.wan_gather) == (32 * 9, 0) and charge.wan.static == 32 * 9

@@ -99,8 +99,8 @@ def test_sharded_training_equals_unsharded(name):
   tol = dict(atol=1e-6, rtol=1e-5)
   chex.assert_trees_all_close(got.params, ref.params, **tol)
   chex.assert_trees_all_close(got.global_params, ref.global_params, **tol)
-  chex.assert_trees_all_close(got.up_residual, ref.up_residual, **tol)
-  chex.assert_trees_all_close(got.down_residual, ref.down_residual, **tol)
+  chex.assert_trees_all_close(got.up.residual, ref.up.residual, **tol)
+  chex.assert_trees_all_close(got.down.residual, ref.down.residual, **tol)
   chex.assert_trees_all_close(_unshard_opt(got.opt_state, ref.opt_state),
                               jax.tree.map(np.asarray, ref.opt_state), **tol)
   np.testing.assert_allclose(m_got['loss'], m_ref['loss'], rtol=1e-6)

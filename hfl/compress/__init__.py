@@ -1,4 +1,4 @@
-"""Gradient compressors (DESIGN 2, 4.2): per-leaf pure functions, payloads, policy.
+"""Gradient compressors in the style of optax: per-leaf pure functions, payloads, policy.
 
 Re-exports the public API of the submodules; see each module for the algorithms.
 """

@@ -6,7 +6,7 @@ jit-compatible function on arrays of static shape, so a compressor can run insid
 ``jax.shard_map`` and its payload can be handed to a collective.
 
 Protocol (error feedback is NOT inside the compressor; the caller applies it,
-DESIGN 4.2: ``p = g + e; payload = encode(p); e <- p - decode(payload)``)::
+Stich et al. 2018: ``p = g + e; payload = encode(p); e <- p - decode(payload)``)::
 
     state = c.init()                          # NamedTuple, may be EmptyState()
     payload, state = c.encode(x, state, key)  # x: float32[shape]; payload: dict of arrays
@@ -33,8 +33,7 @@ optimizer state), which moves exactly what is sent and adds it as a float32
 parameter server would. Every other compressor, casts included, is aggregated by
 all-gathering the payloads in their wire dtype and decoding each one before the
 float32 (weighted) sum: the receiver then adds exactly the value each sender's
-error feedback assumed it sent (never a sum or an average of encoded values,
-DESIGN 7).
+error feedback assumed it sent (never a sum or an average of encoded values).
 """
 
 from typing import Any, Callable, NamedTuple

@@ -1,4 +1,4 @@
-"""CO3: convert, compress, correct (DESIGN 4.4).
+"""CO3: convert, compress, correct (the seed CO3 paper).
 
 Source: the seed CO3 paper, "How to Attain Communication-Efficient DNN Training?
 Convert, Compress, Correct" (fp4 [1,2,1] + GenNorm-designed Huffman code + error
@@ -390,8 +390,8 @@ def co3_ef_step(compressor: Compressor, g: jax.Array, e: jax.Array, state: CO3St
   """One CO3 "correct + convert" step with decaying error feedback (jit).
 
   ``p = g + gamma e; payload = encode(p); g_hat = decode(payload); e' = p - g_hat``
-  (DESIGN 4.4 "Correct"). With gamma = 1 this is plain EF (DESIGN 4.2), with
-  gamma = 0 there is no memory (``p = g``).
+  (the CO3 paper's "correct" step). With gamma = 1 this is plain EF (Stich et
+  al. 2018), with gamma = 0 there is no memory (``p = g``).
 
   Args:
     compressor: a CO3 (or any) :class:`Compressor`.

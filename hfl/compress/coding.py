@@ -1,11 +1,11 @@
-"""Host-side lossless coders for CO3 symbols (CO3 "compress", DESIGN 4.4).
+"""Host-side lossless coders for CO3 symbols (the CO3 paper's "compress" step).
 
 Symbol alphabet (decided here). A CO3 symbol (see :mod:`hfl.compress.floatgrid`) is
 ``sign << (e+m) | mag``. The entropy coders code the MAGNITUDE only, over the dense
 alphabet ``{0, .., M-1}`` (finite magnitudes) plus ``M`` (the NaN symbol), and every
 entry with a non-zero finite magnitude then costs exactly one raw sign bit. Zero
 and NaN carry no sign bit: the decoder knows from the magnitude whether a sign
-follows, so no ternary "sign(0)" ambiguity arises (DESIGN 7). For a symmetric
+follows, so no ternary "sign(0)" ambiguity arises. For a symmetric
 distribution with signs independent of magnitudes this loses nothing:
 ``H(symbol) = H(mag) + P(mag > 0)`` bits per entry. The unsigned grids (``s = 0``)
 have no sign bits.

@@ -15,7 +15,7 @@ Integration contract (what a training step does, per worker, per leaf):
 
   state:  one :class:`DGCState` per large leaf (``u``, ``v`` f32[shape], zeros at
           start; per-worker, so leading (dc, worker) axes like EF residuals).
-          Small leaves are not DGC'd (dense, reduced precision, DESIGN 4.2).
+          Small leaves are not DGC'd (dense, reduced precision: hfl.compress.policy).
   step:   g = clip_local(grads, max_norm, num_workers)     # whole tree, optional
           for each large leaf:
             payload, dgc_state, cstate = dgc_step(comp, g_leaf, dgc_state,

@@ -1,14 +1,14 @@
 """Error feedback and aggregation of payloads: the one implementation callers use.
 
-Error feedback (DESIGN 4.2; Seide et al. 2014 "1-bit SGD"; Stich et al. 2018;
-Karimireddy et al. 2019; decaying memory of CO3, DESIGN 4.4)::
+Error feedback (Seide et al. 2014 "1-bit SGD"; Stich et al. 2018 "Sparsified SGD
+with memory"; Karimireddy et al. 2019; the decaying memory of the CO3 paper)::
 
     p = x + decay * e;  payload = encode(p);  e <- p - decode(payload)
 
 so that, with decay = 1, sum_t decode(payload_t) + e_T = sum_t x_t exactly (up to
 float rounding): nothing is ever lost, only delayed.
 
-Aggregation over W members (DESIGN 2/7): payloads are all-gathered in their wire
+Aggregation over W members: payloads are all-gathered in their wire
 dtype and each one is DECODED before the float32 (weighted) sum
 (:func:`aggregate`); never sum or average encoded values. The receiver then adds
 exactly ``decode(payload)`` of each member, which is what that member's residual
@@ -23,9 +23,17 @@ import jax.numpy as jnp
 from hfl.compress.base import Compressor
 
 
+def _decay_of(state, decay):
+  """gamma: ``decay``, or when None the state's ``ef_gamma`` (CO3's decaying memory), else 1."""
+  return getattr(state, 'ef_gamma', 1.0) if decay is None else decay
+
+
 def ef_step(compressor: Compressor, x: jax.Array, residual: jax.Array, state,
-            key: jax.Array, decay: float = 1.0):
+            key: jax.Array, decay: float | None = None):
   """One error-feedback step for one leaf.
+
+  A lossless compressor (identity) sends ``x`` itself and passes ``residual``
+  through unchanged: it never leaves anything behind to feed back.
 
   Args:
     compressor: the leaf's compressor.
@@ -33,12 +41,17 @@ def ef_step(compressor: Compressor, x: jax.Array, residual: jax.Array, state,
     residual: f32[shape], the error memory e (zeros at the start).
     state: the compressor's state.
     key: PRNG key for stochastic compressors.
-    decay: gamma in p = x + gamma * e (1.0: classic EF; CO3 uses 0.9).
+    decay: gamma in p = x + gamma * e (1.0: classic EF; CO3 uses 0.9); None
+      (default): the compressor state's ``ef_gamma`` when it has one, else 1.
 
   Returns:
     (payload, new_residual f32[shape], new_state).
   """
-  p = x.astype(jnp.float32) + jnp.float32(decay) * residual.astype(jnp.float32)
+  if compressor.lossless:
+    payload, state = compressor.encode(x.astype(jnp.float32), state, key)
+    return payload, residual, state
+  p = (x.astype(jnp.float32)
+       + jnp.float32(_decay_of(state, decay)) * residual.astype(jnp.float32))
   payload, state = compressor.encode(p, state, key)
   return payload, p - compressor.decode(payload), state
 
@@ -67,7 +80,8 @@ def aggregate(compressor: Compressor, gathered, num_workers: int,
   return jnp.tensordot(jnp.asarray(weights, jnp.float32), decoded, axes=1)
 
 
-def tree_ef_step(compressors, xs, residuals, states, key, decay: float = 1.0):
+def tree_ef_step(compressors, xs, residuals, states, key, decay: float | None = None,
+                 key_offset: int = 0):
   """:func:`ef_step` on every leaf of a pytree (leaf order = ``jax.tree.leaves``).
 
   Args:
@@ -75,11 +89,15 @@ def tree_ef_step(compressors, xs, residuals, states, key, decay: float = 1.0):
     xs: pytree of f32 leaves.
     residuals: pytree like ``xs``.
     states: list of compressor states, one per leaf.
-    key: PRNG key; leaf i uses ``jax.random.fold_in(key, i)``.
-    decay: as in :func:`ef_step`.
+    key: PRNG key; leaf i uses ``jax.random.fold_in(key, key_offset + i)``.
+    decay: as in :func:`ef_step` (None: each state's ``ef_gamma``, else 1).
+    key_offset: added to the leaf index before folding it into ``key``.
 
   Returns:
     (list of payloads, residual pytree like ``xs``, list of states).
+
+  Raises:
+    ValueError: the number of compressors is not the number of leaves.
   """
   leaves, treedef = jax.tree.flatten(xs)
   res = treedef.flatten_up_to(residuals)
@@ -87,7 +105,7 @@ def tree_ef_step(compressors, xs, residuals, states, key, decay: float = 1.0):
     raise ValueError(f'{len(compressors)} compressors for {len(leaves)} leaves')
   out_p, out_r, out_s = [], [], []
   for i, (c, x, e, s) in enumerate(zip(compressors, leaves, res, states)):
-    p, e, s = ef_step(c, x, e, s, jax.random.fold_in(key, i), decay)
+    p, e, s = ef_step(c, x, e, s, jax.random.fold_in(key, key_offset + i), decay)
     out_p.append(p)
     out_r.append(e)
     out_s.append(s)

@@ -1,7 +1,7 @@
 """Tiny floating-point grids and a round-to-nearest quantiser onto them (CO3 "convert").
 
 A format ``fmt = (s, e, m)`` gives the bit counts of sign, exponent and mantissa
-of an IEEE-754-style binary float (DESIGN 4.4; CO3 paper's [1,2,1] fp4):
+of an IEEE-754-style binary float (the CO3 paper's [1,2,1] fp4):
 
 * exponent bias ``b = 2**(e-1) - 1``;
 * exponent field ``E = 0``: subnormals ``2**(1-b) * (f / 2**m)`` (``f`` the mantissa

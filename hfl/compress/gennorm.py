@@ -1,4 +1,4 @@
-"""Generalised normal (GenNorm) model of a layer's gradient, for CO3 (DESIGN 4.4).
+"""Generalised normal (GenNorm) model of a layer's gradient, for CO3 (the seed CO3 paper).
 
 Density of GenNorm with shape beta > 0 and scale alpha > 0 (Nadarajah 2005, "A
 generalized normal distribution", J. Appl. Stat. 32(7), eq. 1; scipy.stats.gennorm)::

@@ -9,8 +9,8 @@ Compression for Distributed Optimization", NeurIPS 2019, Algorithm 1:
     M_hat = P_hat Q^T
 
 Differences from the paper, by design of hfl (the payload of ONE worker is
-all-gathered and decoded individually, then the decoded matrices are averaged;
-DESIGN 2/7): the paper all-reduces P before orthogonalising and Q afterwards;
+all-gathered and decoded individually, then the decoded matrices are averaged,
+hfl.compress.ef.aggregate): the paper all-reduces P before orthogonalising and Q afterwards;
 here each worker orthogonalises its own P and sends both factors, so
 ``payload = {'p': P_hat f32[m, r], 'q': Q f32[n, r]}`` and the wire cost is
 ``32 * r * (m + n)`` bits. The warm start is the worker's own Q (the paper uses

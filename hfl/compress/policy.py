@@ -1,8 +1,8 @@
 """Per-leaf compression policy: which compressor each pytree leaf gets.
 
-DESIGN 4.2: large tensors (ndim >= 2 and size >= ``small_threshold``) get the
-compressor named by the spec (top-k, QSGD, ...); small tensors (biases, norms)
-are sent dense in ``small`` precision (float32 = identity, bfloat16, float16).
+Following DGC (Lin et al. 2018) and the seed thesis: large tensors (ndim >= 2 and
+size >= ``small_threshold``) get the compressor named by the spec (top-k, QSGD,
+...); small tensors (biases, norms) are sent dense in ``small`` precision (float32 = identity, bfloat16, float16).
 
 A spec is the ``compression.uplink`` / ``.downlink`` / ``.wan`` ConfigDict of
 ``configs/default.py``: ``name`` plus hyper-parameters (``density``, ``levels``,

@@ -141,7 +141,7 @@ def sign(shape, **unused) -> Compressor:
   """Scaled sign, 1 bit per entry + one float32 scale (EF-signSGD).
 
   decode = mean(|x|) * s, with s_i = +1 if x_i >= 0 else -1: sign(0) is +1, so
-  the code is strictly binary (never a third value, DESIGN 7). Biased; use with
+  the code is strictly binary (never a third value). Biased; use with
   error feedback (Karimireddy et al. 2019).
 
   Wire cost: ``32 + 8 * ceil(size / 8)`` bits.

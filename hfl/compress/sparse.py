@@ -8,8 +8,8 @@ everything). Payload (static shapes)::
    'indices': uint16[k] if size <= 65536 else int32[k]}
 
 so the wire cost is ``k * (bits(values_dtype) + bits(index))`` bits, e.g.
-64 bits per kept entry for a large float32 leaf (DESIGN 4.2: a 95% compression
-ratio is density ~2.5% with 32-bit indices). Indices within a payload are
+64 bits per kept entry for a large float32 leaf (so a 95% compression ratio is
+density ~2.5% with 32-bit indices). Indices within a payload are
 distinct, so decoding is a scatter (``set``) into zeros.
 
 References:
@@ -78,7 +78,7 @@ def _sparse_decode_sum(gathered, size, shape):
   """Sum of W sparse payloads (leading axis W) in one scatter-add into f32 zeros.
 
   Indices are distinct within a payload but may repeat across payloads, so this
-  adds (DESIGN 4.2 "gradient build-up": the union holds up to W*k non-zeros).
+  adds (sparse payloads "build up": their union holds up to W*k non-zeros).
   """
   idx = gathered['indices'].astype(jnp.int32).reshape(-1)
   vals = gathered['values'].astype(jnp.float32).reshape(-1)

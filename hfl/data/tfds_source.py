@@ -169,6 +169,29 @@ def load_tfds(name: str, data_dir: str = '', train_split: str = 'train',
   resolved = resolve_data_dir(data_dir)
   where = (f'dataset.name={name!r}, dataset.data_dir={data_dir!r} (searched '
            f'{resolved!r})')
+  builder = _prepared_builder(tfds, name, resolved, where)
+  image_shape, num_classes, dtype = _image_features(builder, where)
+  splits = builder.info.splits
+  for split in (train_split, test_split):
+    if split.split('[')[0] not in splits:
+      raise ValueError(f'TFDS dataset {where} has no split {split!r}; it has '
+                       f'{sorted(splits.keys())}.')
+  out = []
+  for split in (train_split, test_split):
+    source, label_source = _data_sources(tfds, builder, split, name, resolved, where)
+    labels = _read_labels(label_source, name, split)
+    out.append((TfdsImages(source, image_shape, dtype, f'{name!r} split {split!r}'), labels))
+  (train_x, train_y), (test_x, test_y) = out
+  return TfdsSplits(train_x, train_y, test_x, test_y, int(num_classes))
+
+
+def _prepared_builder(tfds, name: str, resolved: str, where: str):
+  """The TFDS builder of ``name`` under ``resolved``, which must be prepared.
+
+  Raises:
+    ValueError: TFDS knows no dataset ``name``.
+    FileNotFoundError: it is not prepared under ``resolved``.
+  """
   try:
     builder = tfds.builder(name, data_dir=resolved)
   except tfds.core.registered.DatasetNotFoundError as e:
@@ -188,6 +211,16 @@ def load_tfds(name: str, data_dir: str = '', train_split: str = 'train',
         f'TFDS dataset not prepared: {where}; expected its files under '
         f'{os.fspath(builder.data_dir)!r} and this machine cannot download.'
         f'{idx_note} {prepare_hint(name, resolved)}')
+  return builder
+
+
+def _image_features(builder, where: str):
+  """(image shape (H, W, C), number of classes, image numpy dtype) of a builder.
+
+  Raises:
+    ValueError: no 'image' and 'label' features, variable-size images, or a
+      label that is not a ClassLabel with a known number of classes.
+  """
   features = builder.info.features
   keys = set(features.keys()) if hasattr(features, 'keys') else set()
   if not {'image', 'label'} <= keys:
@@ -202,26 +235,23 @@ def load_tfds(name: str, data_dir: str = '', train_split: str = 'train',
   if not num_classes:
     raise ValueError(f"TFDS dataset {where}: 'label' is not a ClassLabel "
                      'feature with a known number of classes.')
-  splits = builder.info.splits
-  for split in (train_split, test_split):
-    if split.split('[')[0] not in splits:
-      raise ValueError(f'TFDS dataset {where} has no split {split!r}; it has '
-                       f'{sorted(splits.keys())}.')
-  file_format = str(getattr(builder.info, 'file_format', ''))
-  dtype = np.dtype(getattr(features['image'], 'np_dtype', np.uint8))
-  out = []
-  for split in (train_split, test_split):
-    try:
-      source = builder.as_data_source(split=split)
-      label_source = builder.as_data_source(
-          split=split, decoders={'image': tfds.decode.SkipDecoding()})
-    except NotImplementedError as e:
-      raise ValueError(
-          f'TFDS dataset {where} is prepared in a format without random '
-          f'access ({file_format or "unknown"}); hfl reads array_record '
-          f'without TensorFlow. Rebuild it with --file_format=array_record. '
-          f'{prepare_hint(name, resolved)}') from e
-    labels = _read_labels(label_source, name, split)
-    out.append((TfdsImages(source, image_shape, dtype, f'{name!r} split {split!r}'), labels))
-  (train_x, train_y), (test_x, test_y) = out
-  return TfdsSplits(train_x, train_y, test_x, test_y, int(num_classes))
+  return image_shape, num_classes, np.dtype(getattr(features['image'], 'np_dtype', np.uint8))
+
+
+def _data_sources(tfds, builder, split: str, name: str, resolved: str, where: str):
+  """(image source, label source with the image left undecoded) of one split.
+
+  Raises:
+    ValueError: the files are in a format without random access (TFRecord).
+  """
+  try:
+    return (builder.as_data_source(split=split),
+            builder.as_data_source(split=split,
+                                   decoders={'image': tfds.decode.SkipDecoding()}))
+  except NotImplementedError as e:
+    file_format = str(getattr(builder.info, 'file_format', ''))
+    raise ValueError(
+        f'TFDS dataset {where} is prepared in a format without random '
+        f'access ({file_format or "unknown"}); hfl reads array_record '
+        f'without TensorFlow. Rebuild it with --file_format=array_record. '
+        f'{prepare_hint(name, resolved)}') from e

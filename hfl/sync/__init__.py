@@ -1,4 +1,4 @@
-"""Synchronisation strategies across datacenters (DESIGN 4.1, 4.3).
+"""Synchronisation strategies across datacenters (FedAvg, DiLoCo, FedNova, semi-sync K_d).
 
 Modules:
   frequency:   K_d frequency optimisation (closed form + exact search), round time.

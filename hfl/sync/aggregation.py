@@ -1,4 +1,4 @@
-"""Inter-DC aggregation weights: FedAvg and FedNova (DESIGN 4.1, 4.3). JAX.
+"""Inter-DC aggregation weights: FedAvg (McMahan et al. 2017) and FedNova (Wang et al. 2020).
 
 At the end of a round each DC d holds ``x_d`` and has a pseudo-gradient
 ``Delta_d = x_prev - x_d`` (``x_prev`` = the global model at the start of the
@@ -9,7 +9,7 @@ round). The aggregate pseudo-gradient handed to the outer optimizer
 
 - FedAvg (McMahan et al. 2017): ``scale_d = p_d`` with data weights
   ``p_d = n_d / sum_{present} n_e`` over the DCs present in the round, so
-  ``x_prev - Delta = sum_d p_d x_d`` (DESIGN 4.1).
+  ``x_prev - Delta = sum_d p_d x_d`` (the FedAvg model average).
 - FedNova (Wang, Liu, Liang, Joshi & Poor, "Tackling the Objective
   Inconsistency Problem in Heterogeneous Federated Optimization", NeurIPS
   2020): with unequal local step counts K_d, FedAvg converges to the optimum of

@@ -1,4 +1,4 @@
-"""Frequency optimisation for heterogeneity-aware semi-synchronous sync (DESIGN 4.3).
+"""Frequency optimisation for heterogeneity-aware semi-synchronous sync (the seed thesis).
 
 Setting. DC ``d`` needs ``t_d`` seconds per intra-DC iteration (compute + intra-DC
 communication, from the network model) and ``C_d`` seconds for its share of one
@@ -117,7 +117,7 @@ def check_times(t, c) -> tuple[np.ndarray, np.ndarray]:
 
 
 def round_time(k_d, t, c) -> float:
-  """Length of one inter-DC round, ``max_d (K_d t_d + C_d)`` (DESIGN 4.3).
+  """Length of one inter-DC round, ``max_d (K_d t_d + C_d)`` (the seed thesis).
 
   Args:
     k_d: int [D], intra-DC iterations of each DC in the round.
@@ -160,7 +160,7 @@ def target_round_time(t, c, k_base: int) -> float:
 def optimal_k(t, c, k_base: int, k_max: int) -> np.ndarray:
   """Closed-form K_d that equalise finish times around the slowest DC.
 
-  Source: the seed thesis' frequency optimisation (DESIGN 4.3)::
+  Source: the seed thesis' frequency optimisation::
 
       T* = K_base t_slow + C_slow,  slow = argmax_d (K_base t_d + C_d)
       K_d = min(K_max, max(1, floor((T* - C_d) / t_d)))

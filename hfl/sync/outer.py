@@ -1,4 +1,4 @@
-"""Outer optimizers on the inter-DC pseudo-gradient (DESIGN 4.1).
+"""Outer optimizers on the inter-DC pseudo-gradient (FedAvg, FedAvgM, DiLoCo).
 
 The inter-DC step treats the aggregate pseudo-gradient
 ``Delta = sum_d scale_d (x_prev - x_d)`` (:mod:`hfl.sync.aggregation`) as a

@@ -1,4 +1,4 @@
-"""Per-round K schedules of the sync strategies (DESIGN 4.1, 4.3).
+"""Per-round K schedules of the sync strategies (periodic local SGD, semi-sync, AdaComm).
 
 A :class:`Schedule` is a NamedTuple of pure functions over a small, JSON-
 serialisable :class:`ScheduleState`, in the style of optax. It decides, for each
@@ -24,7 +24,7 @@ Strategies (``sync.strategy``):
   re-evaluated after every round. Requires positive losses.
 
 Progress-aware adjustment (``sync.progress_aware``, for 'sync', 'periodic' and
-'semi_sync'; DESIGN 4.3, the seed thesis): raise K_base as training plateaus.
+'semi_sync'; the seed thesis' progress-aware rule): raise K_base as training plateaus.
 The schedule keeps the train losses observed since K_base last changed. Once it
 holds ``W + 1`` of them (``W = sync.progress_window``), with ``L_old`` the oldest
 of the last ``W + 1`` and ``L_new`` the latest, the relative improvement is::
@@ -59,6 +59,7 @@ schedule; the schedule depends only on its state and the observed losses)::
 Host-side Python/numpy; no JAX.
 """
 
+import functools
 import json
 import math
 from typing import Callable, NamedTuple, Optional, Sequence
@@ -207,89 +208,122 @@ def make_schedule(strategy: str,
   if strategy not in STRATEGIES:
     raise ValueError(
         f'sync.strategy must be one of {STRATEGIES}, got {strategy!r}.')
+  num_dcs = _check_num_dcs(num_dcs)
+  k0, k_max = frequency.check_k(1 if strategy == 'sync' else k, k_max)
+  t_arr, c_arr = _check_semi_sync(strategy, num_dcs, t, c)
+  progress_aware = bool(progress_aware)
+  if progress_aware:
+    _check_progress(strategy, progress_window, progress_threshold, progress_factor)
+  p = _Spec(strategy, num_dcs, k0, k_max, t_arr, c_arr, progress_aware,
+            int(progress_window), float(progress_threshold), float(progress_factor))
+  return Schedule(strategy=strategy, init=functools.partial(_init, p),
+                  plan=functools.partial(_plan, p),
+                  next_round=functools.partial(_next_round, p))
+
+
+def _check_num_dcs(num_dcs) -> int:
+  """``num_dcs`` as an int >= 1; else ValueError naming ``mesh.num_dcs``."""
   if isinstance(num_dcs, bool) or not isinstance(num_dcs, (int, np.integer)):
     raise ValueError(f'mesh.num_dcs must be an integer, got {num_dcs!r}.')
   num_dcs = int(num_dcs)
   if num_dcs < 1:
     raise ValueError(f'mesh.num_dcs must be >= 1, got {num_dcs}.')
-  k0, k_max = frequency.check_k(1 if strategy == 'sync' else k, k_max)
-  if strategy == 'semi_sync':
-    if t is None or c is None:
-      raise ValueError(
-          'sync.strategy="semi_sync" needs per-DC iteration times t and '
-          'inter-DC times c from the network model (network.*).')
-    t_arr, c_arr = frequency.check_times(t, c)
-    if t_arr.shape != (num_dcs,):
-      raise ValueError(
-          f't and c must have one entry per DC (mesh.num_dcs = {num_dcs}; '
-          f'check network.dc_speed), got {t_arr.shape[0]}.')
-  progress_aware = bool(progress_aware)
-  if progress_aware:
-    if strategy == 'adacomm':
-      raise ValueError(
-          'sync.progress_aware must be False with sync.strategy="adacomm" '
-          '(AdaComm sets K itself, in the opposite direction).')
-    if (isinstance(progress_window, bool)
-        or not isinstance(progress_window, (int, np.integer))
-        or progress_window < 1):
-      raise ValueError(
-          f'sync.progress_window must be an integer >= 1, got '
-          f'{progress_window!r}.')
-    if not math.isfinite(float(progress_threshold)):
-      raise ValueError(
-          f'sync.progress_threshold must be finite, got {progress_threshold!r}.')
-    if not math.isfinite(float(progress_factor)) or progress_factor <= 1.0:
-      raise ValueError(
-          f'sync.progress_factor must be finite and > 1, got '
-          f'{progress_factor!r}.')
-  window = int(progress_window)
-  threshold = float(progress_threshold)
-  factor = float(progress_factor)
+  return num_dcs
 
-  def init() -> ScheduleState:
-    return ScheduleState(round=0, k_base=k0, history=(), loss0=None)
 
-  def plan(state: ScheduleState) -> RoundPlan:
-    kb = int(state.k_base)
-    if not 1 <= kb <= k_max:
-      raise ValueError(
-          f'Schedule state has K_base = {kb} outside [1, sync.k_max = {k_max}] '
-          '(restored from a run with another sync.k_max?).')
-    if strategy == 'semi_sync':
-      k_d = frequency.optimal_k(t_arr, c_arr, kb, k_max)
-    else:
-      k_d = np.full((num_dcs,), kb, dtype=np.int64)
-    return RoundPlan(k_d=k_d, k_base=kb)
+def _check_semi_sync(strategy: str, num_dcs: int, t, c):
+  """(t, c) as float arrays [D] for 'semi_sync', (None, None) otherwise.
 
-  def next_round(state: ScheduleState, train_loss: Optional[float]
-                 ) -> tuple[RoundPlan, ScheduleState]:
-    loss = None if train_loss is None else float(train_loss)
-    if loss is not None and not math.isfinite(loss):
-      loss = None
-    kb, history, loss0 = int(state.k_base), tuple(state.history), state.loss0
-    if strategy == 'adacomm' and loss is not None:
-      if loss0 is None:
-        if loss <= 0:
-          raise ValueError(
-              'sync.strategy="adacomm" needs a positive train loss for '
-              f'F(x_0), got {loss}.')
-        loss0 = loss
-      tau = math.ceil(math.sqrt(max(loss, 0.0) / loss0) * k0 - 1e-9)
-      kb = min(k_max, max(1, tau))
-    elif progress_aware and loss is not None:
-      history = (history + (loss,))[-(window + 1):]
-      if len(history) == window + 1 and kb < k_max:
-        old, new = history[0], history[-1]
-        rel = (old - new) / max(abs(old), 1e-12)
-        if rel < threshold:
-          kb = _raise_k(kb, factor, k_max)
-          history = ()
-    new_state = ScheduleState(round=int(state.round) + 1, k_base=kb,
-                              history=history, loss0=loss0)
-    return plan(new_state), new_state
+  Raises:
+    ValueError: 'semi_sync' without t or c, or with a length other than D.
+  """
+  if strategy != 'semi_sync':
+    return None, None
+  if t is None or c is None:
+    raise ValueError(
+        'sync.strategy="semi_sync" needs per-DC iteration times t and '
+        'inter-DC times c from the network model (network.*).')
+  t_arr, c_arr = frequency.check_times(t, c)
+  if t_arr.shape != (num_dcs,):
+    raise ValueError(
+        f't and c must have one entry per DC (mesh.num_dcs = {num_dcs}; '
+        f'check network.dc_speed), got {t_arr.shape[0]}.')
+  return t_arr, c_arr
 
-  return Schedule(strategy=strategy, init=init, plan=plan,
-                  next_round=next_round)
+
+def _check_progress(strategy: str, window, threshold, factor) -> None:
+  """Raises ValueError naming the ``sync.progress_*`` field that is invalid."""
+  if strategy == 'adacomm':
+    raise ValueError(
+        'sync.progress_aware must be False with sync.strategy="adacomm" '
+        '(AdaComm sets K itself, in the opposite direction).')
+  if (isinstance(window, bool) or not isinstance(window, (int, np.integer))
+      or window < 1):
+    raise ValueError(
+        f'sync.progress_window must be an integer >= 1, got {window!r}.')
+  if not math.isfinite(float(threshold)):
+    raise ValueError(f'sync.progress_threshold must be finite, got {threshold!r}.')
+  if not math.isfinite(float(factor)) or factor <= 1.0:
+    raise ValueError(f'sync.progress_factor must be finite and > 1, got {factor!r}.')
+
+
+class _Spec(NamedTuple):
+  """A schedule's validated settings (see :func:`make_schedule`)."""
+  strategy: str
+  num_dcs: int
+  k0: int
+  k_max: int
+  t: Optional[np.ndarray]  # float [D] seconds, semi_sync only
+  c: Optional[np.ndarray]  # float [D] seconds, semi_sync only
+  progress_aware: bool
+  window: int
+  threshold: float
+  factor: float
+
+
+def _init(p: _Spec) -> ScheduleState:
+  return ScheduleState(round=0, k_base=p.k0, history=(), loss0=None)
+
+
+def _plan(p: _Spec, state: ScheduleState) -> RoundPlan:
+  kb = int(state.k_base)
+  if not 1 <= kb <= p.k_max:
+    raise ValueError(
+        f'Schedule state has K_base = {kb} outside [1, sync.k_max = {p.k_max}] '
+        '(restored from a run with another sync.k_max?).')
+  if p.strategy == 'semi_sync':
+    k_d = frequency.optimal_k(p.t, p.c, kb, p.k_max)
+  else:
+    k_d = np.full((p.num_dcs,), kb, dtype=np.int64)
+  return RoundPlan(k_d=k_d, k_base=kb)
+
+
+def _next_round(p: _Spec, state: ScheduleState, train_loss: Optional[float]
+                ) -> tuple[RoundPlan, ScheduleState]:
+  loss = None if train_loss is None else float(train_loss)
+  if loss is not None and not math.isfinite(loss):
+    loss = None
+  kb, history, loss0 = int(state.k_base), tuple(state.history), state.loss0
+  if p.strategy == 'adacomm' and loss is not None:
+    if loss0 is None:
+      if loss <= 0:
+        raise ValueError(
+            'sync.strategy="adacomm" needs a positive train loss for '
+            f'F(x_0), got {loss}.')
+      loss0 = loss
+    tau = math.ceil(math.sqrt(max(loss, 0.0) / loss0) * p.k0 - 1e-9)
+    kb = min(p.k_max, max(1, tau))
+  elif p.progress_aware and loss is not None:
+    history = (history + (loss,))[-(p.window + 1):]
+    if len(history) == p.window + 1 and kb < p.k_max:
+      old, new = history[0], history[-1]
+      rel = (old - new) / max(abs(old), 1e-12)
+      if rel < p.threshold:
+        kb = _raise_k(kb, p.factor, p.k_max)
+        history = ()
+  new_state = ScheduleState(round=int(state.round) + 1, k_base=kb,
+                            history=history, loss0=loss0)
+  return _plan(p, new_state), new_state
 
 
 def from_config(sync_config, num_dcs: int,
