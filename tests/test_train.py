@@ -9,58 +9,14 @@ import subprocess
 import sys
 
 import numpy as np
-import orbax.checkpoint as ocp
 import pytest
 
-from configs import smoke
 from hfl import config as config_lib
 from hfl import data as data_lib
 from hfl import train
+from tests.helpers import final_state, smoke_config
 
 REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
-
-
-def write_idx(path, arr):
-  """Writes an IDX file (gzip) for a uint8 array."""
-  header = bytes([0, 0, 0x08, arr.ndim]) + b''.join(
-      int(n).to_bytes(4, 'big') for n in arr.shape)
-  with gzip.open(path, 'wb') as f:
-    f.write(header + arr.astype(np.uint8).tobytes())
-
-
-def make_fake_fashion_mnist(root, n_train=640, n_test=160, seed=0):
-  """A learnable 10-class stand-in in Fashion-MNIST's IDX layout (28x28 grey)."""
-  rng = np.random.default_rng(seed)
-  protos = rng.integers(0, 255, size=(10, 28, 28))
-  for split, n in (('train', n_train), ('t10k', n_test)):
-    labels = rng.integers(0, 10, size=n)
-    images = np.clip(protos[labels] * 0.6 + rng.normal(0, 40, size=(n, 28, 28)), 0, 255)
-    write_idx(os.path.join(root, f'{split}-images-idx3-ubyte.gz'), images)
-    write_idx(os.path.join(root, f'{split}-labels-idx1-ubyte.gz'), labels)
-  return str(root)
-
-
-@pytest.fixture(scope='module')
-def fake_data(tmp_path_factory):
-  return make_fake_fashion_mnist(tmp_path_factory.mktemp('fmnist'))
-
-
-def smoke_config(data_dir, **overrides):
-  c = smoke.get_config()
-  c.dataset.data_dir = data_dir
-  for key, value in overrides.items():
-    obj = c
-    *parents, leaf = key.split('.')
-    for p in parents:
-      obj = obj[p]
-    obj[leaf] = value
-  return c
-
-
-def final_state(workdir):
-  ckpts = os.path.join(workdir, 'checkpoints')
-  last = max(int(x) for x in os.listdir(ckpts) if x.isdigit())
-  return last, ocp.PyTreeCheckpointer().restore(os.path.join(ckpts, str(last), 'state'))
 
 
 @pytest.fixture(scope='module')
@@ -70,6 +26,7 @@ def smoke_run(fake_data, tmp_path_factory):
   return workdir, train.train_and_evaluate(smoke_config(fake_data), workdir)
 
 
+@pytest.mark.slow
 def test_smoke_run_writes_outputs(smoke_run):
   workdir, summary = smoke_run
   with open(os.path.join(workdir, 'summary.json')) as f:
@@ -104,6 +61,7 @@ def test_smoke_run_writes_outputs(smoke_run):
   assert 0 < wall['round_median'] < on_disk['wall_time_s']
 
 
+@pytest.mark.slow
 def test_memory_mapped_idx_files_train_like_gzipped_ones(fake_data, smoke_run, tmp_path):
   # The same files uncompressed are memory-mapped (rows read from disk on
   # demand) instead of decompressed into memory: the run must not change.
@@ -127,6 +85,7 @@ def test_memory_mapped_idx_files_train_like_gzipped_ones(fake_data, smoke_run, t
     np.testing.assert_array_equal(np.asarray(x), np.asarray(y))
 
 
+@pytest.mark.slow
 def test_interrupted_run_resumes_bitwise(fake_data, tmp_path, monkeypatch):
   ref_dir, cut_dir = str(tmp_path / 'ref'), str(tmp_path / 'cut')
   cfg = dict(**{'optimizer.name': 'momentum', 'sync.k': 3, 'train.num_steps': 12})
@@ -158,6 +117,7 @@ def test_interrupted_run_resumes_bitwise(fake_data, tmp_path, monkeypatch):
   assert steps == sorted(set(steps))  # each evaluation exactly once
 
 
+@pytest.mark.slow
 def test_extending_a_run_past_unusable_newest_checkpoints(fake_data, smoke_run, tmp_path):
   """Fault: a finished run plus an empty newer step directory failed to resume with
   KeyError 'Item "host" was not found' until someone deleted it. Here the finished
@@ -249,6 +209,7 @@ def test_corrupt_data_file_names_the_file(fake_data, tmp_path):
   assert 'train-images' in str(e.value) and 'dataset.data_dir' in str(e.value)
 
 
+@pytest.mark.slow
 def test_failing_rerun_leaves_existing_workdir_intact(fake_data, tmp_path):
   workdir = str(tmp_path / 'run')
   train.train_and_evaluate(smoke_config(fake_data, **{'train.num_steps': 4}), workdir)
@@ -268,6 +229,7 @@ def test_failing_rerun_leaves_existing_workdir_intact(fake_data, tmp_path):
   assert snapshot() == before
 
 
+@pytest.mark.slow
 def test_main_cli_runs_and_rejects_bad_flags(fake_data, tmp_path):
   env = dict(os.environ, JAX_PLATFORMS='cpu')
   base = [sys.executable, os.path.join(REPO, 'main.py'),
@@ -299,6 +261,7 @@ def test_main_cli_runs_and_rejects_bad_flags(fake_data, tmp_path):
   assert not os.path.exists(tmp_path / 'typo')
 
 
+@pytest.mark.slow
 def test_semi_sync_with_equal_speeds_equals_periodic(fake_data, tmp_path):
   cfg = {'train.num_steps': 6, 'train.checkpoint_every': 0}
   train.train_and_evaluate(smoke_config(fake_data, **cfg), str(tmp_path / 'p'))
@@ -311,6 +274,7 @@ def test_semi_sync_with_equal_speeds_equals_periodic(fake_data, tmp_path):
     np.testing.assert_array_equal(np.asarray(x), np.asarray(y))
 
 
+@pytest.mark.slow
 def test_dc_outage_leaves_the_other_training_and_the_run_finishing(fake_data, tmp_path):
   cfg = {'train.num_steps': 8, 'sync.faults': '1:1-2', 'train.checkpoint_every': 0}
   summary = train.train_and_evaluate(smoke_config(fake_data, **cfg), str(tmp_path / 'f'))
@@ -322,6 +286,7 @@ def test_dc_outage_leaves_the_other_training_and_the_run_finishing(fake_data, tm
   assert summary['final_test_accuracy'] > 0.3
 
 
+@pytest.mark.slow
 def test_heterogeneous_semi_sync_fednova_nesterov_runs(fake_data, tmp_path):
   cfg = {'train.num_steps': 9, 'sync.strategy': 'semi_sync', 'sync.aggregation': 'fednova',
          'network.dc_speed': (3.0, 1.0), 'sync.outer.name': 'nesterov',
@@ -336,6 +301,7 @@ def test_heterogeneous_semi_sync_fednova_nesterov_runs(fake_data, tmp_path):
   assert np.isfinite(summary['final_test_loss'])
 
 
+@pytest.mark.slow
 def test_divergence_stops_before_anything_non_finite_is_written(fake_data, tmp_path):
   workdir = str(tmp_path / 'div')
   cfg = smoke_config(fake_data, **{'optimizer.learning_rate': 1e6})
@@ -355,6 +321,7 @@ def test_divergence_stops_before_anything_non_finite_is_written(fake_data, tmp_p
       assert np.all(np.isfinite(np.asarray(x)))
 
 
+@pytest.mark.slow
 def test_divergence_message_is_true_of_the_run(fake_data, tmp_path):
   # Diverges before its only checkpoint (at the end), uncompressed: no checkpoint to
   # speak of, no compression to make milder.
@@ -395,6 +362,7 @@ def _nan_from_third_call(shape, **unused):
                          lambda p: p['values'])
 
 
+@pytest.mark.slow
 def test_non_finite_payload_stops_the_run_naming_leaf_and_link(fake_data, tmp_path):
   """Issue 12, fault 3: a non-finite payload stops the run like a non-finite loss
   (FloatingPointError, exit status 3 in main.py), naming the leaf and the link,
@@ -417,6 +385,7 @@ def test_non_finite_payload_stops_the_run_naming_leaf_and_link(fake_data, tmp_pa
     assert np.all(np.isfinite(np.asarray(x)))
 
 
+@pytest.mark.slow
 def test_dc_outage_discards_the_absent_dcs_round(fake_data, tmp_path):
   """Issue 12, fault 7: smoke config, momentum, top-k uplink, K = 4, 4 steps, DC 1
   absent in round 0. DC 1's optimizer state, residuals and compressor states are

@@ -22,7 +22,7 @@ from hfl import data as data_lib
 from hfl import mesh as mesh_lib, models, step as step_lib, train
 from hfl.compress import base, dgc, sparse
 from test_step import B, D, W, _batches, _put, _run
-from test_train import final_state, make_fake_fashion_mnist, smoke_config
+from tests.helpers import final_state, smoke_config
 
 assert D == 2 and W == 4 and B
 
@@ -194,11 +194,7 @@ def test_older_run_without_the_field_resumes(tmp_path):
     train._check_workdir_config(str(tmp_path), c)
 
 
-@pytest.fixture(scope='module')
-def fake_data(tmp_path_factory):
-  return make_fake_fashion_mnist(tmp_path_factory.mktemp('fmnist'))
-
-
+@pytest.mark.slow
 def test_sharded_run_matches_unsharded_and_resumes_bitwise(fake_data, tmp_path, monkeypatch):
   cfg = {'optimizer.name': 'adam', 'optimizer.learning_rate': 0.01, 'sync.k': 3,
          'train.num_steps': 9}
