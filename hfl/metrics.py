@@ -1,6 +1,6 @@
 """Run outputs: metrics.jsonl, summary.json, config.json and TensorBoard events.
 
-Files (DESIGN 3) in the workdir:
+Files in the workdir:
   config.json     the resolved config, written once when the run starts.
   metrics.jsonl   one JSON object per evaluation: step, round, test_accuracy,
                   test_loss, train_loss, cumulative bytes by link, sim_time_s,

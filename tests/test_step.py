@@ -436,7 +436,7 @@ def test_compressed_wan_bytes_equal_hlo_collectives(name):
 
 
 def test_co3_as_wan_compressor_of_the_pseudo_gradient():
-  """CO3 on the WAN (DESIGN 4.4): each DC sends Q(p_d) with p_d = Δ_d + γ e_d, Δ_d the
+  """CO3 on the WAN (hfl.compress.co3): each DC sends Q(p_d) with p_d = Δ_d + γ e_d, Δ_d the
   pseudo-gradient (global − local model), keeps e_d ← p_d − Q(p_d), and the global
   model takes the outer SGD(1) step on Σ_d w_d Q(p_d). Two rounds of K = 1 against a
   reference that applies the same compressor eagerly per DC (so the second round
