@@ -184,16 +184,21 @@ def build_compressors(config, params_shape, step: int | None = None
   return step_lib.Compressors(up, down, wan)
 
 
-def make_warmup(config, params_shape) -> Warmup:
-  """The warm-up's stage boundaries and every stage's compressors (empty when off).
+def warmup_starts(warmup_steps: int, num_stages: int) -> tuple[int, ...]:
+  """First step of each warm-up stage 0..S-1, then the warm-up's end (S + 1 ints).
 
   Stage ``s`` of :func:`hfl.compress.dgc.warmup_stage` starts at the first step
   with ``step * S // warmup_steps >= s``, i.e. ``ceil(s * warmup_steps / S)``.
   """
+  return tuple(-(-s * warmup_steps // num_stages) for s in range(num_stages + 1))
+
+
+def make_warmup(config, params_shape) -> Warmup:
+  """The warm-up's stage boundaries and every stage's compressors (empty when off)."""
   steps, stages = warmup(config)
   if not steps:
     return Warmup()
-  starts = tuple(-(-s * steps // stages) for s in range(stages + 1))
+  starts = warmup_starts(steps, stages)
   return Warmup(starts, tuple(build_compressors(config, params_shape, starts[s])
                               for s in range(stages)))
 

@@ -52,3 +52,35 @@ def fake_data(tmp_path_factory):
   (640 train, 160 test images; :func:`tests.helpers.make_fake_fashion_mnist`)."""
   from tests.helpers import make_fake_fashion_mnist  # pylint: disable=g-import-not-at-top
   return make_fake_fashion_mnist(tmp_path_factory.mktemp('fmnist'))
+
+
+# Persistent XLA compilation cache for the session (jax.config, in this process
+# only: subprocesses of main.py or the launchers compile for themselves).
+# HFL_TEST_JAX_CACHE=DIR picks the directory; HFL_TEST_JAX_CACHE= (empty) turns it off.
+JAX_CACHE_DIR = os.path.expanduser(
+    os.environ.get('HFL_TEST_JAX_CACHE', os.path.join('~', '.cache', 'hfl', 'jax_tests')))
+# Programs that took >= 0.2 s to compile, of any size (tiny op-by-op programs load
+# about as slowly as they compile).
+JAX_CACHE_SETTINGS = {'jax_persistent_cache_min_compile_time_secs': 0.2,
+                      'jax_persistent_cache_min_entry_size_bytes': -1}
+
+
+@pytest.fixture(scope='session', autouse=True)
+def jax_compilation_cache():
+  """Compiled programs persist across test sessions: a second run of the same tests
+  loads the step, evaluation and init programs instead of compiling them."""
+  if not JAX_CACHE_DIR:
+    yield None
+    return
+  import jax  # pylint: disable=g-import-not-at-top,redefined-outer-name
+  from jax.experimental.compilation_cache import compilation_cache  # pylint: disable=g-import-not-at-top
+  os.makedirs(JAX_CACHE_DIR, exist_ok=True)
+  settings = dict(JAX_CACHE_SETTINGS, jax_compilation_cache_dir=JAX_CACHE_DIR)
+  old = {k: getattr(jax.config, k) for k in settings}
+  for k, v in settings.items():
+    jax.config.update(k, v)
+  compilation_cache.reset_cache()  # JAX decides on its first compilation: decide again
+  yield JAX_CACHE_DIR
+  for k, v in old.items():
+    jax.config.update(k, v)
+  compilation_cache.reset_cache()

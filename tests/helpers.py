@@ -9,11 +9,14 @@ import io
 import os
 import tarfile
 
+import jax
 import numpy as np
 import orbax.checkpoint as ocp
+from jax.sharding import NamedSharding, PartitionSpec as P
 from PIL import Image
 
 from configs import smoke
+from hfl import step as step_lib
 
 
 # ------------------------------------------------------------------------------
@@ -105,3 +108,39 @@ def final_state(workdir):
   ckpts = os.path.join(workdir, 'checkpoints')
   last = max(int(x) for x in os.listdir(ckpts) if x.isdigit())
   return last, ocp.PyTreeCheckpointer().restore(os.path.join(ckpts, str(last), 'state'))
+
+
+# ------------------------------------------------------------------------------
+# The step on a (D=2, W=4) mesh, B examples of 8x8x1 per worker.
+# ------------------------------------------------------------------------------
+
+D, W, B = 2, 4, 4
+
+
+def step_batches(n, seed=0):
+  """``n`` iterations of random batches: (float32 [n, D, W, B, 8, 8, 1], int32 [n, D, W, B])."""
+  rng = np.random.default_rng(seed)
+  x = rng.normal(size=(n, D, W, B, 8, 8, 1)).astype(np.float32)
+  y = rng.integers(0, 10, size=(n, D, W, B)).astype(np.int32)
+  return x, y
+
+
+def put(mesh, x, *spec):
+  """``x`` on ``mesh``, sharded as ``PartitionSpec(*spec)``."""
+  return jax.device_put(x, NamedSharding(mesh, P(*spec)))
+
+
+def run_steps(mesh, fn, state, xs, ys, active, weights, rounds):
+  """Runs len(xs) iterations; returns the state and the last one's host metrics."""
+  for t in range(len(xs)):
+    state, m = fn(state, (put(mesh, xs[t], 'dc', 'worker'), put(mesh, ys[t], 'dc', 'worker')),
+                  put(mesh, np.asarray(active[t]), 'dc'),
+                  put(mesh, np.asarray(weights, np.float32)), rounds[t])
+    jax.block_until_ready(state)
+  return state, host_metrics(fn, m, rounds[-1], active[-1], weights)
+
+
+def host_metrics(fn, m, do_round, active=(True, True), weights=(.5, .5)):
+  """hfl.step.host_metrics of one iteration's device metrics."""
+  return step_lib.host_metrics(fn.info[bool(do_round)], np.asarray(m), np.asarray(active),
+                               np.asarray(weights, np.float32))

@@ -8,12 +8,16 @@ import shutil
 import subprocess
 import sys
 
+import chex
 import numpy as np
 import pytest
 
 from hfl import config as config_lib
 from hfl import data as data_lib
-from hfl import train
+from hfl import step as step_lib
+from hfl import network, tasks, train
+from hfl.compress import dgc
+from hfl.sync import schedule as schedule_lib
 from tests.helpers import final_state, smoke_config
 
 REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
@@ -21,9 +25,18 @@ REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 
 @pytest.fixture(scope='module')
 def smoke_run(fake_data, tmp_path_factory):
-  """(workdir, summary) of the smoke config on the gzip'd fake data."""
+  """(workdir, summary) of the smoke config on the gzip'd fake data.
+
+  The step is traced once per program (local iteration, round): the model's apply
+  function, traced inside the step, may be traced at most twice in the whole run
+  (``chex.assert_max_traces``), so a silent recompilation of the step fails here.
+  """
   workdir = str(tmp_path_factory.mktemp('smoke') / 'run')
-  return workdir, train.train_and_evaluate(smoke_config(fake_data), workdir)
+  make_step = step_lib.make_step
+  counted = lambda apply_fn, *a, **k: make_step(chex.assert_max_traces(apply_fn, n=2), *a, **k)
+  with pytest.MonkeyPatch.context() as mp:
+    mp.setattr(step_lib, 'make_step', counted)
+    return workdir, train.train_and_evaluate(smoke_config(fake_data), workdir)
 
 
 @pytest.mark.slow
@@ -80,9 +93,7 @@ def test_memory_mapped_idx_files_train_like_gzipped_ones(fake_data, smoke_run, t
   records = lambda w: [{k: v for k, v in json.loads(l).items() if k != 'wall_time_s'}
                        for l in open(os.path.join(w, 'metrics.jsonl'))]
   assert records(workdir) == records(ref_dir)
-  import jax  # pylint: disable=g-import-not-at-top
-  for x, y in zip(jax.tree.leaves(final_state(workdir)[1]), jax.tree.leaves(final_state(ref_dir)[1])):
-    np.testing.assert_array_equal(np.asarray(x), np.asarray(y))
+  chex.assert_trees_all_equal(final_state(workdir)[1], final_state(ref_dir)[1])
 
 
 @pytest.mark.slow
@@ -107,9 +118,7 @@ def test_interrupted_run_resumes_bitwise(fake_data, tmp_path, monkeypatch):
   step_a, a = final_state(ref_dir)
   step_b, b = final_state(cut_dir)
   assert step_a == step_b == 12
-  import jax  # pylint: disable=g-import-not-at-top
-  for x, y in zip(jax.tree.leaves(a), jax.tree.leaves(b)):
-    np.testing.assert_array_equal(np.asarray(x), np.asarray(y))
+  chex.assert_trees_all_equal(a, b)
   ref = json.load(open(os.path.join(ref_dir, 'summary.json')))
   for key in ('final_test_accuracy', 'bytes', 'sim_time_s', 'inter_dc_rounds'):
     assert summary[key] == ref[key], key
@@ -148,9 +157,7 @@ def test_extending_a_run_past_unusable_newest_checkpoints(fake_data, smoke_run, 
   assert sorted(os.listdir(ckpts)) == ['14', '16']
   for key in ('final_test_accuracy', 'bytes', 'sim_time_s', 'inter_dc_rounds'):
     assert summary[key] == ref[key], key
-  for x, y in zip(jax.tree.leaves(final_state(broken_dir)[1]),
-                  jax.tree.leaves(final_state(clean_dir)[1])):
-    np.testing.assert_array_equal(np.asarray(x), np.asarray(y))
+  chex.assert_trees_all_equal(final_state(broken_dir)[1], final_state(clean_dir)[1])
 
 
 BAD = [
@@ -269,9 +276,7 @@ def test_semi_sync_with_equal_speeds_equals_periodic(fake_data, tmp_path):
                            str(tmp_path / 's'))
   _, a = final_state(str(tmp_path / 'p'))
   _, b = final_state(str(tmp_path / 's'))
-  import jax  # pylint: disable=g-import-not-at-top
-  for x, y in zip(jax.tree.leaves(a), jax.tree.leaves(b)):
-    np.testing.assert_array_equal(np.asarray(x), np.asarray(y))
+  chex.assert_trees_all_equal(a, b)
 
 
 @pytest.mark.slow
@@ -414,3 +419,57 @@ def test_dc_outage_discards_the_absent_dcs_round(fake_data, tmp_path):
   # Every DC restarts from the new global model.
   for g, x in zip(jax.tree.leaves(got['global_params']), jax.tree.leaves(got['params'])):
     np.testing.assert_array_equal(np.asarray(x)[1], np.asarray(g))
+
+
+# ------------------------------------------------------------------------------
+# The loop state and the resolved warm-up, without a run.
+# ------------------------------------------------------------------------------
+
+def test_warmup_stage_of_every_step_matches_dgc_warmup_stage():
+  """Setup precomputes the stage boundaries; the loop looks the stage up by step."""
+  for steps in range(1, 14):
+    for stages in range(1, 7):
+      w = train.Warmup(train.warmup_starts(steps, stages), (None,) * stages)
+      for step in range(steps + 3):
+        ref = dgc.warmup_stage(step, steps, stages)
+        assert w.stage(step) == (ref if ref < stages else None), (steps, stages, step)
+  assert train.Warmup().stage(0) is None  # warm-up off
+
+
+def _loop_state(schedule):
+  ls = train.new_loop_state(schedule, 2)
+  ls = train.account_iteration(ls, network.from_config(smoke_config('').network, 2), dict(
+      up_bits=np.array([8 * 3, 8 * 5 + 4]), down_bits=np.array([16, 16])), [True, True])
+  return ls._replace(best_test_accuracy=0.5, last_eval=dict(test_accuracy=0.5, round=1,
+                                                           sim_time_s=2.5), round_loss=(1.25,))
+
+
+def test_loop_state_round_trips_through_the_checkpoint_dict_and_reads_old_ones():
+  schedule = schedule_lib.make_schedule('periodic', 2, 3, 3)
+  ls = _loop_state(schedule)
+  assert ls.bits == dict(intra_up=68, intra_down=32, inter_dc=0)
+  host = json.loads(json.dumps(train.to_host(ls, 7.5)))  # what a checkpoint holds
+  assert host['bytes'] == dict(intra_up=8.5, intra_down=4, inter_dc=0)
+  back = train.from_host(host, schedule)
+  assert back._replace(clock=None, wall_time_s=None) == ls._replace(clock=None, wall_time_s=None)
+  chex.assert_trees_all_equal(tuple(back.clock), tuple(ls.clock))
+  assert back.wall_time_s == 7.5
+  # Checkpoints of older versions: bytes only (exact bits derived), no best_test_loss.
+  old = {k: v for k, v in host.items() if k not in ('bits', 'best_test_loss')}
+  assert train.from_host(old, schedule).bits == ls.bits
+  assert train.from_host(old, schedule).best_test_loss is None
+
+
+def test_record_eval_keeps_the_best_and_the_first_crossing():
+  schedule = schedule_lib.make_schedule('periodic', 2, 3, 3)
+  task = tasks.Task('classification', 'test_accuracy', True, 0.6)
+  ls = _loop_state(schedule)  # last evaluation: accuracy 0.5 at round 1, 2.5 s
+  rec = dict(test_accuracy=0.7, test_loss=0.9, round=3, sim_time_s=4.5)
+  ls = train.record_eval(ls, task, rec)
+  # Crossed 0.6 halfway between the evaluations: round 2, 3.5 s (hand-computed).
+  assert ls.rounds_to_target == pytest.approx(2.0) and ls.time_to_target_s == pytest.approx(3.5)
+  assert (ls.best_test_accuracy, ls.best_test_loss, ls.round_loss) == (0.7, 0.9, ())
+  ls = train.record_eval(ls, task, dict(rec, test_accuracy=0.65, test_loss=1.0, round=5))
+  assert ls.rounds_to_target == pytest.approx(2.0)  # the first crossing is kept
+  assert (ls.best_test_accuracy, ls.best_test_loss) == (0.7, 0.9)
+  assert ls.last_eval == dict(test_accuracy=0.65, sim_time_s=4.5, round=5)

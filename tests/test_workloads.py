@@ -8,6 +8,7 @@ import os
 import jax
 import jax.numpy as jnp
 import ml_collections
+import chex
 import numpy as np
 import optax
 import pytest
@@ -59,8 +60,7 @@ def _assert_same_state(a_dir, b_dir):
   step_a, a = final_state(a_dir)
   step_b, b = final_state(b_dir)
   assert step_a == step_b
-  for x, y in zip(jax.tree.leaves(a), jax.tree.leaves(b)):
-    np.testing.assert_array_equal(np.asarray(x), np.asarray(y))
+  chex.assert_trees_all_equal(a, b)
   return a
 
 
