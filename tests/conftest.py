@@ -60,10 +60,11 @@ def fake_data(tmp_path_factory):
 JAX_CACHE_DIR = os.path.expanduser(
     os.environ.get('HFL_TEST_JAX_CACHE', os.path.join('~', '.cache', 'hfl', 'jax_tests')))
 # Programs that took >= 0.2 s to compile, of any size (tiny op-by-op programs load
-# about as slowly as they compile); at most 1 GiB, least recently used evicted first.
+# about as slowly as they compile). No jax_compilation_cache_max_size: JAX needs the
+# filelock package for it, and without it every cache read fails (a warning, then a
+# compilation). The test programs take ~1.5 MB.
 JAX_CACHE_SETTINGS = {'jax_persistent_cache_min_compile_time_secs': 0.2,
-                      'jax_persistent_cache_min_entry_size_bytes': -1,
-                      'jax_compilation_cache_max_size': 2**30}
+                      'jax_persistent_cache_min_entry_size_bytes': -1}
 
 
 @pytest.fixture(scope='session', autouse=True)
