@@ -3,7 +3,7 @@
 Three local intra-DC steps (hfl.step, do_round=False: gradient, uplink with error
 feedback, PS aggregation, downlink with error feedback, SGD) on the same model,
 batch and ('dc', 'worker') mesh, built from the same per-leaf policy as the
-training loop (hfl.compress.policy, DESIGN 4.2):
+training loop (hfl.compress.policy):
   * none:     identity everywhere (float32 all-reduce);
   * topk_thr: bidirectional top-k, threshold-estimate variant, at ``--density``
               on leaves >= ``--small_threshold`` entries, bf16 for the others;

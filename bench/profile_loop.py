@@ -105,6 +105,7 @@ def instrument():
       LAST[:] = [(out[0], batch, active, weights)]  # the input state was donated
       return out
     stepped.jitted = fn.jitted
+    stepped.info = fn.info
     return stepped
   step.__dict__.setdefault('_orig_make_step', step.make_step)
   step.make_step = make_step

@@ -1,4 +1,4 @@
-"""Heterogeneous DCs for the semi-synchronous comparison (DESIGN 4.3, issue 4).
+"""Heterogeneous DCs for the semi-synchronous comparison (hfl.sync.frequency, issue 4).
 
 4 DCs x 2 workers whose compute speeds are spread 3x apart, a 100 Mbit/s WAN with
 20 ms latency, non-IID Fashion-MNIST (Dirichlet 0.5). Pick the strategy with

@@ -1,6 +1,6 @@
 """The ('dc', 'worker') device mesh.
 
-Datacenters and workers are mesh axes (DESIGN 2): intra-DC aggregation is a
+Datacenters and workers are mesh axes: intra-DC aggregation is a
 collective over ``'worker'``, inter-DC aggregation a collective over ``'dc'``.
 On CPU the devices are simulated; their number must be set before JAX starts its
 backend, which :func:`configure_cpu_devices` does.

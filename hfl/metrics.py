@@ -1,6 +1,6 @@
 """Run outputs: metrics.jsonl, summary.json, config.json and TensorBoard events.
 
-Files (DESIGN 3) in the workdir:
+Files in the workdir:
   config.json     the resolved config, written once when the run starts.
   metrics.jsonl   one JSON object per evaluation: step, round, test_accuracy,
                   test_loss, train_loss, cumulative bytes by link, sim_time_s,
@@ -237,29 +237,36 @@ def finite(x: Any) -> bool:
 
 
 def crossing(prev: Mapping[str, Any] | None, cur: Mapping[str, Any], target: float,
-             key: str) -> float:
-  """Where test accuracy reaches ``target`` between two evaluations, by linear interpolation.
+             key: str, metric: str = 'test_accuracy', higher_is_better: bool = True) -> float:
+  """Where ``metric`` reaches ``target`` between two evaluations, by linear interpolation.
 
-  ``cur`` is the first evaluation at or above ``target``, ``prev`` the one
-  before it (None if ``cur`` is the first):
-  x = x_prev + (target − acc_prev) / (acc_cur − acc_prev) · (x_cur − x_prev),
-  the fraction clipped to [0, 1]; ``x_cur`` when there is no ``prev`` or the
-  accuracy did not rise.
+  ``cur`` is the first evaluation that reached ``target`` (at or above it for
+  accuracy, at or below for a loss), ``prev`` the one before it (None if ``cur``
+  is the first): x = x_prev + (target − m_prev) / (m_cur − m_prev) · (x_cur − x_prev),
+  the fraction clipped to [0, 1]; ``x_cur`` when there is no ``prev``, ``prev``
+  lacks ``metric`` (records of runs older than the metric), or the metric did not
+  improve between them.
 
   Args:
-    prev, cur: evaluation records (``test_accuracy`` and ``key``).
-    target: accuracy (fraction).
+    prev, cur: evaluation records (``metric`` and ``key``).
+    target: the metric's target, e.g. accuracy (fraction) or loss (nats).
     key: dotted key of x (see :func:`value`), e.g. ``'sim_time_s'`` (seconds)
       or ``'round'``.
+    metric: the record's key of the metric, e.g. ``'test_accuracy'`` or
+      ``'test_loss'``.
+    higher_is_better: True for an accuracy, False for a loss.
 
   Returns:
-    The interpolated x.
+    The interpolated x (float).
   """
-  x1, a1 = float(value(cur, key)), float(cur['test_accuracy'])
-  if prev is None or a1 <= float(prev['test_accuracy']):
+  x1, m1 = float(value(cur, key)), float(cur[metric])
+  if prev is None or metric not in prev:
     return x1
-  x0, a0 = float(value(prev, key)), float(prev['test_accuracy'])
-  frac = min(max((target - a0) / (a1 - a0), 0.0), 1.0)
+  m0 = float(prev[metric])
+  if (m1 <= m0) if higher_is_better else (m1 >= m0):
+    return x1
+  x0 = float(value(prev, key))
+  frac = min(max((target - m0) / (m1 - m0), 0.0), 1.0)
   return x0 + frac * (x1 - x0)
 
 

@@ -1,4 +1,5 @@
-"""Inner optimizers (run on the workers, DESIGN 4.1) and their learning-rate schedules,
+"""Inner optimizers (run on the workers between inter-DC rounds: the local steps of
+FedAvg, McMahan et al. 2017, and the inner optimizer of DiLoCo, Douillard et al. 2023) and their learning-rate schedules,
 built with optax."""
 
 import optax

@@ -25,7 +25,7 @@ For text "test" is the validation split (the last 10% of the file).
 """
 
 import math
-from typing import Any, NamedTuple
+from typing import NamedTuple
 
 import jax.numpy as jnp
 import optax
@@ -119,30 +119,14 @@ def eval_record(task: Task, accuracy: float, loss: float) -> dict:
   return rec
 
 
-def interpolate_crossing(task: Task, prev: dict | None, cur: dict, key: str) -> float:
-  """``key`` where the headline metric crosses the target, linearly interpolated
-  between the previous evaluation ``prev`` and the current one ``cur`` (which
-  reached it); ``cur[key]`` when there is no earlier evaluation or the metric
-  did not improve between them.
-
-  Records from runs that predate this module hold only ``test_accuracy``; a
-  ``prev`` without the headline metric counts as absent.
-  """
-  m = task.metric
-  if prev is None or m not in prev or not task.better(cur[m], prev[m]):
-    return float(cur[key])
-  frac = (task.target - prev[m]) / (cur[m] - prev[m])
-  frac = min(max(frac, 0.0), 1.0)
-  return float(prev[key] + frac * (cur[key] - prev[key]))
-
-
 def summary_fields(task: Task, final: dict, host: dict) -> dict:
   """The task's entries of summary.json.
 
   Args:
     task: the Task.
     final: the last evaluation record.
-    host: the loop state (``best_test_accuracy``, ``best_test_loss``).
+    host: the loop state as a dict (``hfl.train.LoopState._asdict()`` or a
+      checkpoint's host dict: ``best_test_accuracy``, ``best_test_loss``).
 
   Returns:
     ``final_test_accuracy``, ``best_test_accuracy``, ``final_test_loss``,
@@ -185,7 +169,3 @@ def progress(task: Task, last_eval: dict | None) -> str:
     return f'{label} -'
   return f'{label} {last_eval[task.metric]:.4f}'
 
-
-def host_init() -> dict[str, Any]:
-  """The task-related entries of a new run's loop state."""
-  return dict(best_test_accuracy=None, best_test_loss=None)

@@ -1,15 +1,25 @@
-"""The training loop: indicator, rounds, evaluation, logging, checkpoints.
+"""The training loop: rounds, evaluation, logging, checkpoints.
 
 ``train_and_evaluate(config, workdir)`` runs one experiment end to end and returns
-its summary (the dict written to WORKDIR/summary.json, DESIGN 3).
+its summary (the dict written to WORKDIR/summary.json, :mod:`hfl.metrics`).
+
+The loop follows the layout of flax's ``examples/imagenet/train.py``: the config
+is validated and resolved once into a frozen :class:`Setup` (data, mesh, model,
+compressors of every DGC warm-up stage, the K schedule, the loop's own fields);
+the host-side loop state is a :class:`LoopState` NamedTuple updated by small pure
+functions (:func:`account_iteration`, :func:`account_round`, :func:`record_eval`);
+the device work is the jitted step of :func:`hfl.step.make_step`. A checkpoint
+holds the TrainState and ``to_host(LoopState)`` (JSON); :func:`from_host` reads
+it back, also from workdirs written by older versions.
 """
 
+import bisect
 import copy
 import dataclasses
 import json
 import os
 import time
-from typing import Any
+from typing import Any, Callable, Mapping, NamedTuple
 
 import jax
 import jax.numpy as jnp
@@ -42,23 +52,56 @@ RESUMABLE_FIELDS = ('train.num_steps', 'train.eval_every', 'train.checkpoint_eve
                     'dataset.cache_dir')
 # Compressor names that send float32 unchanged.
 UNCOMPRESSED = ('identity', 'float32')
-# Sections and fields added after runs may have started: absent from an older run's
-# config.json, they count as these values (their "off" defaults), so such runs still
-# resume.
-ADDED_SECTIONS = {('compression', 'dgc'): dict(momentum=0.0, clip_norm=0.0, warmup_steps=0,
-                                               initial_density=0.25, num_stages=4),
-                  ('optimizer', 'shard_state'): False,
-                  ('network', 'wan_latencies_per_round'): 2.0,
-                  ('dataset', 'cache_dir'): '', ('dataset', 'augment'): 'none',
-                  ('optimizer', 'schedule'): 'constant', ('optimizer', 'warmup_steps'): 0,
-                  ('optimizer', 'decay_steps'): 0, ('optimizer', 'final_lr_ratio'): 0.0,
-                  ('train', 'target_loss'): tasks.TARGET_FIELDS['language_model'][1]}
+LINKS = metrics_lib.LINKS  # ('intra_up', 'intra_down', 'inter_dc')
 
 
-@dataclasses.dataclass
+# ------------------------------------------------------------------------------
+# Setup: the config validated and resolved once, before anything is compiled or
+# written.
+# ------------------------------------------------------------------------------
+
+class LoopConfig(NamedTuple):
+  """The loop's own fields of ``config.train`` (and the few others it needs)."""
+  num_steps: int         # intra-DC iterations in all
+  batch_size: int        # per worker
+  eval_every: int        # rounds between evaluations
+  checkpoint_every: int  # rounds between checkpoints (0: only at the end)
+  log_every: int         # iterations between progress lines
+  eval_batch_size: int
+  seed: int
+  augment: str           # dataset.augment
+  aggregation: str       # sync.aggregation: 'fedavg' | 'fednova'
+
+
+class Warmup(NamedTuple):
+  """The DGC density warm-up (Lin et al. 2018, Sec. 3.3), resolved.
+
+  Attributes:
+    starts: first step of each stage 0..S-1, then the warm-up's end (S + 1
+      ints, non-decreasing); empty when the warm-up is off.
+    comps: the compressors of each stage 0..S-1 (their top-k / random-k
+      densities from :func:`hfl.compress.dgc.warmup_density`).
+  """
+  starts: tuple[int, ...] = ()
+  comps: tuple[step_lib.Compressors, ...] = ()
+
+  def stage(self, step: int) -> int | None:
+    """The warm-up stage of ``step``; None when off or finished (the configured
+    compressors apply). Equals :func:`hfl.compress.dgc.warmup_stage` below S."""
+    if not self.comps:
+      return None
+    s = bisect.bisect_right(self.starts, step) - 1
+    return s if s < len(self.comps) else None
+
+
+@dataclasses.dataclass(frozen=True)
 class Setup:
   """Everything built from the config before compilation."""
   config: ml_collections.ConfigDict
+  num_dcs: int
+  workers_per_dc: int
+  loop: LoopConfig
+  task: tasks.Task
   dataset: data_lib.Dataset
   partition: data_lib.Partition
   mesh: Any
@@ -67,16 +110,14 @@ class Setup:
   optimizer: optax.GradientTransformation
   outer: optax.GradientTransformation
   comps: step_lib.Compressors
+  warmup: Warmup
+  dgc: dgc.Options
+  shard_state: bool
   net: network.NetworkModel
   schedule: schedule_lib.Schedule
   present_fn: Any
   dc_weights: np.ndarray  # float64 [D], n_d / n
 
-
-# ------------------------------------------------------------------------------
-# Setup: everything that can fail on bad input, before anything is compiled or
-# written.
-# ------------------------------------------------------------------------------
 
 def dgc_options(config) -> dgc.Options:
   """The step's DGC options from ``compression.dgc`` (absent: off)."""
@@ -100,14 +141,6 @@ def warmup(config) -> tuple[int, int]:
   return int(g.warmup_steps), int(g.num_stages)
 
 
-def warmup_stage(config, step: int) -> int | None:
-  """The DGC warm-up stage of ``step`` (hfl.compress.dgc.warmup_stage), None when
-  the warm-up is off or finished (then the configured densities apply)."""
-  steps, stages = warmup(config)
-  stage = dgc.warmup_stage(step, steps, stages)
-  return None if stage >= stages else stage
-
-
 def _link_spec(config, link: str, step: int | None):
   """A link's compressor spec, its density replaced by the warm-up's at ``step``.
 
@@ -117,10 +150,10 @@ def _link_spec(config, link: str, step: int | None):
   links, ``step=None`` and steps after the warm-up keep the config's spec.
   """
   spec = config.compression[link]
-  if (step is None or warmup_stage(config, step) is None
+  steps, stages = warmup(config)
+  if (step is None or dgc.warmup_stage(step, steps, stages) >= stages
       or spec.name not in config_lib.SPARSIFIERS):
     return spec
-  steps, stages = warmup(config)
   spec = ml_collections.ConfigDict(spec.to_dict())
   spec.density = dgc.warmup_density(step, float(spec.density), steps,
                                     float(config.compression.dgc.initial_density), stages)
@@ -129,7 +162,7 @@ def _link_spec(config, link: str, step: int | None):
 
 def build_compressors(config, params_shape, step: int | None = None
                       ) -> step_lib.Compressors:
-  """Per-leaf uplink, downlink and WAN compressors (policy of DESIGN 4.2).
+  """Per-leaf uplink, downlink and inter-DC compressors (:mod:`hfl.compress.policy`).
 
   Args:
     config: the experiment config.
@@ -138,6 +171,9 @@ def build_compressors(config, params_shape, step: int | None = None
       densities). Only the top-k/random-k uplink and downlink densities change, so
       payload shapes change but no state shape does (dense residuals, stateless
       sparsifiers): one state serves every stage.
+
+  Raises:
+    ValueError: what :func:`hfl.compress.policy.build` refuses, naming the field.
   """
   c = config.compression
   up = policy.build(_link_spec(config, 'uplink', step), params_shape, c.small_threshold,
@@ -149,6 +185,34 @@ def build_compressors(config, params_shape, step: int | None = None
   return step_lib.Compressors(up, down, wan)
 
 
+def warmup_starts(warmup_steps: int, num_stages: int) -> tuple[int, ...]:
+  """First step of each warm-up stage 0..S-1, then the warm-up's end (S + 1 ints).
+
+  Stage ``s`` of :func:`hfl.compress.dgc.warmup_stage` starts at the first step
+  with ``step * S // warmup_steps >= s``, i.e. ``ceil(s * warmup_steps / S)``.
+  """
+  return tuple(-(-s * warmup_steps // num_stages) for s in range(num_stages + 1))
+
+
+def make_warmup(config, params_shape) -> Warmup:
+  """The warm-up's stage boundaries and every stage's compressors (empty when off)."""
+  steps, stages = warmup(config)
+  if not steps:
+    return Warmup()
+  starts = warmup_starts(steps, stages)
+  return Warmup(starts, tuple(build_compressors(config, params_shape, starts[s])
+                              for s in range(stages)))
+
+
+def loop_config(config) -> LoopConfig:
+  """The :class:`LoopConfig` of a validated config."""
+  t = config.train
+  return LoopConfig(int(t.num_steps), int(t.batch_size), int(t.eval_every),
+                    int(t.checkpoint_every), int(t.log_every), int(t.eval_batch_size),
+                    int(config.seed), config.dataset.get('augment', 'none'),
+                    config.sync.aggregation)
+
+
 def _min_shard(config, n: int) -> int | None:
   """Smallest worker shard to ask of the partitioner: one full batch, when possible."""
   b = config.train.batch_size
@@ -156,7 +220,8 @@ def _min_shard(config, n: int) -> int | None:
 
 
 def setup(config: ml_collections.ConfigDict) -> Setup:
-  """Validates the config and builds data, mesh, model, compressors and schedule.
+  """Validates the config (:func:`hfl.config.validate`, the one place every field
+  is checked) and builds data, mesh, model, compressors and schedule.
 
   Raises:
     ValueError / FileNotFoundError: bad config or data, naming the field.
@@ -187,13 +252,108 @@ def setup(config: ml_collections.ConfigDict) -> Setup:
          + network.lan_time(net, np.full(d, accounting.round_down_bits(comps, w, d))))
   schedule = schedule_lib.from_config(config.sync, d, t=t_d, c=c_d)
   sizes = np.asarray(part.dc_sizes, np.float64)
-  return Setup(config, dataset, part, mesh, model, params_shape, optimizer, outer, comps, net,
-               schedule, present_fn, sizes / sizes.sum())
+  return Setup(config, d, w, loop_config(config), tasks.from_config(config), dataset, part,
+               mesh, model, params_shape, optimizer, outer, comps,
+               make_warmup(config, params_shape), dgc_options(config), shard_state(config),
+               net, schedule, present_fn, sizes / sizes.sum())
 
 
 def _sample_input(dataset):
   """One zero input of the dataset's row shape and dtype (float32 images, int32 tokens)."""
   return jnp.zeros((1,) + tuple(dataset.train_images.shape[1:]), dataset.train_images.dtype)
+
+
+# ------------------------------------------------------------------------------
+# The host-side loop state, and the one place that reads old workdirs.
+# ------------------------------------------------------------------------------
+
+class LoopState(NamedTuple):
+  """What the host loop carries from round to round (checkpointed as JSON).
+
+  Attributes:
+    step: intra-DC iterations done.
+    round: inter-DC rounds done.
+    clock: the simulated clock (:class:`hfl.network.Clock`, seconds per DC).
+    bits: exact bit totals per link of :data:`LINKS` (Python ints).
+    schedule: the K schedule's state.
+    plan: the plan of the next round (``schedule.plan(schedule)`` when restored).
+    best_test_accuracy, best_test_loss: best evaluations so far (None: none yet).
+    time_to_target_s, rounds_to_target: where the headline metric first reached
+      its target (:func:`hfl.metrics.crossing`), None until it has.
+    last_eval: the last evaluation's headline metric, ``sim_time_s`` and ``round``.
+    round_loss: mean train loss of each round since the last evaluation.
+    wall_time_s: wall-clock seconds spent by earlier sessions of the run.
+  """
+  step: int
+  round: int
+  clock: network.Clock
+  bits: Mapping[str, int]
+  schedule: schedule_lib.ScheduleState
+  plan: schedule_lib.RoundPlan
+  best_test_accuracy: float | None = None
+  best_test_loss: float | None = None
+  time_to_target_s: float | None = None
+  rounds_to_target: float | None = None
+  last_eval: Mapping[str, Any] | None = None
+  round_loss: tuple[float, ...] = ()
+  wall_time_s: float = 0.0
+
+
+def new_loop_state(schedule: schedule_lib.Schedule, num_dcs: int) -> LoopState:
+  """The loop state of a run that has not started."""
+  sched = schedule.init()
+  return LoopState(0, 0, network.new_clock(num_dcs), {link: 0 for link in LINKS}, sched,
+                   schedule.plan(sched))
+
+
+def to_host(ls: LoopState, wall_time_s: float) -> dict:
+  """``ls`` as the JSON-able dict a checkpoint holds (``wall_time_s``: the run's
+  wall-clock so far, seconds)."""
+  return dict(step=ls.step, round=ls.round, clock_s=ls.clock.time_s.tolist(),
+              idle_s=ls.clock.idle_s.tolist(), bytes=byte_totals(ls.bits), bits=dict(ls.bits),
+              schedule=schedule_lib.state_to_json(ls.schedule),
+              best_test_accuracy=ls.best_test_accuracy, best_test_loss=ls.best_test_loss,
+              time_to_target_s=ls.time_to_target_s, rounds_to_target=ls.rounds_to_target,
+              wall_time_s=wall_time_s, last_eval=ls.last_eval, round_loss=list(ls.round_loss))
+
+
+# Config fields added after runs may have started: absent from an older run's
+# config.json, they count as these values (their "off" defaults), so such runs
+# still resume.
+ADDED_SECTIONS = {('compression', 'dgc'): dict(momentum=0.0, clip_norm=0.0, warmup_steps=0,
+                                               initial_density=0.25, num_stages=4),
+                  ('optimizer', 'shard_state'): False,
+                  ('network', 'wan_latencies_per_round'): 2.0,
+                  ('dataset', 'cache_dir'): '', ('dataset', 'augment'): 'none',
+                  ('optimizer', 'schedule'): 'constant', ('optimizer', 'warmup_steps'): 0,
+                  ('optimizer', 'decay_steps'): 0, ('optimizer', 'final_lr_ratio'): 0.0,
+                  ('train', 'target_loss'): tasks.TARGET_FIELDS['language_model'][1]}
+
+
+def upgrade_config(old: dict) -> dict:
+  """An older run's config.json with the :data:`ADDED_SECTIONS` it lacks filled in."""
+  old = copy.deepcopy(old)
+  for (*parents, leaf), default in ADDED_SECTIONS.items():
+    sub = old
+    for p in parents:
+      sub = sub.get(p, {}) if isinstance(sub, dict) else {}
+    if isinstance(sub, dict) and parents and leaf not in sub:
+      sub[leaf] = copy.deepcopy(default)
+  return old
+
+
+def from_host(host: Mapping[str, Any], schedule: schedule_lib.Schedule) -> LoopState:
+  """Inverse of :func:`to_host`, also for checkpoints of older versions: those
+  without ``bits`` (exact totals are derived from ``bytes``) or ``best_test_loss``."""
+  bits = ({k: int(v) for k, v in host['bits'].items()} if 'bits' in host else
+          {k: int(round(float(v) * 8)) for k, v in host['bytes'].items()})
+  sched = schedule_lib.state_from_json(host['schedule'])
+  return LoopState(
+      int(host['step']), int(host['round']),
+      network.Clock(np.asarray(host['clock_s']), np.asarray(host['idle_s'])), bits, sched,
+      schedule.plan(sched), host['best_test_accuracy'], host.get('best_test_loss'),
+      host['time_to_target_s'], host['rounds_to_target'], host['last_eval'],
+      tuple(host['round_loss']), float(host['wall_time_s']))
 
 
 def _check_workdir_config(workdir: str, config) -> list[str]:
@@ -209,15 +369,8 @@ def _check_workdir_config(workdir: str, config) -> list[str]:
   if not os.path.exists(path):
     return []
   with open(path) as f:
-    old = json.load(f)
-  new = json.loads(config.to_json())
-  for (*parents, leaf), default in ADDED_SECTIONS.items():
-    sub = old
-    for p in parents:
-      sub = sub.get(p, {}) if isinstance(sub, dict) else {}
-    if isinstance(sub, dict) and parents and leaf not in sub:
-      sub[leaf] = copy.deepcopy(default)
-  diffs = []
+    old = upgrade_config(json.load(f))
+  diffs, resumable = [], []
 
   def walk(a, b, prefix):
     for key in sorted(set(a) | set(b)):
@@ -227,13 +380,103 @@ def _check_workdir_config(workdir: str, config) -> list[str]:
         walk(va, vb, name + '.')
       elif va != vb:
         (resumable if name in RESUMABLE_FIELDS else diffs).append(f'{name}: {va!r} -> {vb!r}')
-  resumable = []
-  walk(old, new, '')
+  walk(old, json.loads(config.to_json()), '')
   if diffs:
     raise ValueError(
         f'--workdir={workdir} holds a run with a different config ({"; ".join(diffs)}); '
         'use a new workdir, or the same config to resume.')
   return resumable
+
+
+# ------------------------------------------------------------------------------
+# Pure updates of the loop state.
+# ------------------------------------------------------------------------------
+
+def _bytes(bits: int):
+  """Bytes of an exact bit count: an int when whole, else a float."""
+  return bits // 8 if bits % 8 == 0 else bits / 8
+
+
+def byte_totals(bits: Mapping[str, int]) -> dict:
+  """Bytes per link (an int when whole, else a float) of exact bit totals."""
+  return {link: _bytes(b) for link, b in bits.items()}
+
+
+def _add_bits(bits: Mapping[str, int], **more) -> dict:
+  return {link: b + int(more.get(link, 0)) for link, b in bits.items()}
+
+
+def account_iteration(ls: LoopState, net: network.NetworkModel, m: Mapping[str, np.ndarray],
+                      active: np.ndarray) -> LoopState:
+  """Charges one intra-DC iteration: its uplink and downlink bits and its simulated
+  time (:func:`hfl.network.iteration_time`) on the active DCs' clocks.
+
+  Args:
+    ls: the loop state.
+    net: the network model.
+    m: :func:`hfl.step.host_metrics` of the iteration (``up_bits``,
+      ``down_bits``: int64 [D]).
+    active: bool [D], the DCs that ran it.
+  """
+  bits = _add_bits(ls.bits, intra_up=m['up_bits'].sum(), intra_down=m['down_bits'].sum())
+  clock = network.advance_iteration(
+      ls.clock, network.iteration_time(net, m['up_bits'], m['down_bits']), active)
+  return ls._replace(bits=bits, clock=clock)
+
+
+def account_round(ls: LoopState, net: network.NetworkModel, schedule: schedule_lib.Schedule,
+                  m: Mapping[str, np.ndarray], present: np.ndarray, steps: int,
+                  train_loss: float) -> LoopState:
+  """Ends a round: the inter-DC exchange, its result reaching the workers over the
+  LAN (bits and :func:`hfl.network.advance_round`), and the next round's plan.
+
+  Args:
+    ls: the loop state after the round's iterations (:func:`account_iteration`).
+    net: the network model.
+    schedule: the K schedule (gets the round's mean train loss).
+    m: :func:`hfl.step.host_metrics` of the round's last iteration (``wan_bits``,
+      ``round_down_bits``: int64 [D]).
+    present: bool [D], the DCs that took part.
+    steps: iterations the round ran.
+    train_loss: the round's mean train loss.
+  """
+  wan_bits = m['wan_bits']
+  bits = _add_bits(ls.bits, inter_dc=network.link_bits(wan_bits, present),
+                   intra_down=m['round_down_bits'].sum())
+  clock = network.advance_round(
+      ls.clock, network.round_comm_time(net, wan_bits, present)
+      + network.lan_time(net, m['round_down_bits']), present)
+  plan, sched = schedule.next_round(ls.schedule, train_loss)
+  return ls._replace(step=ls.step + steps, round=ls.round + 1, bits=bits, clock=clock,
+                     schedule=sched, plan=plan, round_loss=ls.round_loss + (train_loss,))
+
+
+def eval_record(ls: LoopState, task: tasks.Task, accuracy: float, loss: float,
+                wall_time_s: float) -> dict:
+  """The metrics.jsonl record of an evaluation of the global model at ``ls``."""
+  return dict(step=ls.step, round=ls.round, **tasks.eval_record(task, accuracy, loss),
+              train_loss=(float(np.mean(ls.round_loss)) if ls.round_loss else None),
+              bytes=byte_totals(ls.bits), sim_time_s=ls.clock.now, wall_time_s=wall_time_s,
+              k=int(ls.plan.k_base), k_d=[int(k) for k in ls.plan.k_d],
+              idle_s=[float(x) for x in ls.clock.idle_s])
+
+
+def record_eval(ls: LoopState, task: tasks.Task, rec: Mapping[str, Any]) -> LoopState:
+  """The loop state after evaluation ``rec``: best values, the first crossing of
+  the target (interpolated from the previous evaluation), a new round-loss window."""
+  acc, loss = rec['test_accuracy'], rec['test_loss']
+  best_acc = ls.best_test_accuracy
+  best_loss = ls.best_test_loss
+  ttt, rtt = ls.time_to_target_s, ls.rounds_to_target
+  if ttt is None and task.reached(rec[task.metric]):
+    cross = lambda key: metrics_lib.crossing(ls.last_eval, rec, task.target, key,
+                                             task.metric, task.higher_is_better)
+    ttt, rtt = cross('sim_time_s'), cross('round')
+  return ls._replace(
+      best_test_accuracy=acc if best_acc is None or acc > best_acc else best_acc,
+      best_test_loss=loss if best_loss is None or loss < best_loss else best_loss,
+      time_to_target_s=ttt, rounds_to_target=rtt, round_loss=(),
+      last_eval={k: rec[k] for k in (task.metric, 'sim_time_s', 'round')})
 
 
 # ------------------------------------------------------------------------------
@@ -287,20 +530,215 @@ def make_eval(model, mesh, images, labels: np.ndarray, batch_size: int):
 
 
 # ------------------------------------------------------------------------------
-# The loop.
+# The loop's resources: programs, shardings, outputs and timers (not checkpointed).
 # ------------------------------------------------------------------------------
 
-def _bytes(bits: int):
-  """Bytes of an exact bit count: an int when whole, else a float."""
-  return bits // 8 if bits % 8 == 0 else bits / 8
+class StepTimer:
+  """Measured wall-clock of each iteration (dispatch to results on the host),
+  split into round iterations (with the inter-DC exchange and the round's metrics
+  gather) and local ones; a program's first call, which compiles it, is left out."""
+
+  def __init__(self):
+    self.step_wall = dict(round=[], local=[], excess=[])  # seconds, see wall_stats
+    self._round_local = []  # this round's timed local iterations
+    self._compiled = set()
+    self._last = (0.0, False)  # (start, timed) of the last iteration
+
+  def iteration(self, program, t_start: float) -> None:
+    """After an iteration of ``program`` = (warm-up stage, do_round) started at
+    ``t_start`` (time.perf_counter) has finished."""
+    timed = program in self._compiled
+    if timed and not program[1]:
+      self._round_local.append(time.perf_counter() - t_start)
+      self.step_wall['local'].append(self._round_local[-1])
+    self._compiled.add(program)
+    self._last = (t_start, timed)
+
+  def round_gathered(self) -> None:
+    """After the round's metrics reached the host (ends the round iteration)."""
+    t_start, timed = self._last
+    if timed:
+      self.step_wall['round'].append(time.perf_counter() - t_start)
+      if self._round_local:  # against this round's own local iterations, moments before
+        self.step_wall['excess'].append(
+            self.step_wall['round'][-1] - float(np.median(self._round_local)))
+    self._round_local = []
 
 
-def _fmt_bytes(b: float) -> str:
-  for unit in ('B', 'KB', 'MB', 'GB', 'TB'):
-    if abs(b) < 1000:
-      return f'{b:.1f}{unit}'
-    b /= 1000
-  return f'{b:.1f}PB'
+@dataclasses.dataclass
+class Runtime:
+  """What the loop uses besides its state."""
+  s: Setup
+  workdir: str
+  wall0: float            # time.time() when this session started
+  state_shape: Any        # TrainState of jax.ShapeDtypeStruct
+  shardings: Any          # TrainState of NamedSharding
+  init_fn: Callable       # () -> TrainState
+  make_step: Callable     # Compressors -> step function
+  step_fns: dict          # warm-up stage (None: the configured compressors) -> step
+  evaluate: Callable      # global params -> (accuracy, loss)
+  mngr: Any               # orbax CheckpointManager
+  leaf_names: list
+  timer: StepTimer
+  jitted: dict            # round_start, discard_absent, all_finite
+  mw: Any = None          # metrics_lib.MetricsWriter, once the start step is known
+  log_at: tuple = (0.0, 0)  # (time, step) of the last progress line
+
+  def wall_s(self, ls: LoopState) -> float:
+    """The run's wall-clock so far (earlier sessions included), seconds."""
+    return ls.wall_time_s + time.time() - self.wall0
+
+  def put(self, x, spec=P()):
+    return distributed.put_global(x, NamedSharding(self.s.mesh, spec))
+
+
+def _init_fn(s: Setup) -> Callable:
+  """``() -> TrainState``: the model's initial parameters and every state around them."""
+  key = jax.random.PRNGKey(s.loop.seed)
+  sample = _sample_input(s.dataset)
+
+  def init():
+    params = s.model.init(key, sample)['params']
+    return step_lib.init_state(params, s.optimizer, s.outer, s.comps, s.num_dcs,
+                               s.workers_per_dc, jax.random.fold_in(key, 1),
+                               dgc_momentum=s.dgc.momentum > 0, shard_state=s.shard_state)
+  return init
+
+
+def make_runtime(s: Setup, workdir: str, wall0: float) -> Runtime:
+  """Builds the step of the configured compressors (compiled on its first call),
+  the evaluation, and the checkpoint manager (creating ``workdir`` on process 0)."""
+  apply_fn = lambda p, x: s.model.apply({'params': p}, x)
+  init_fn = _init_fn(s)
+  state_shape = jax.eval_shape(init_fn)
+  make = lambda comps: step_lib.make_step(apply_fn, s.optimizer, s.outer, comps, s.mesh,
+                                          state_shape, s.dgc)
+  step_fns = {None: make(s.comps)}
+  evaluate = make_eval(s.model, s.mesh, s.dataset.test_images, s.dataset.test_labels,
+                       s.loop.eval_batch_size)
+  if metrics_lib.is_writer():
+    os.makedirs(workdir, exist_ok=True)
+  shardings = step_lib.state_shardings(s.mesh, state_shape)
+  leaf_names = [jax.tree_util.keystr(path) for path, _ in
+                jax.tree_util.tree_flatten_with_path(s.params_shape)[0]]
+  # An absent DC's work in a round is discarded (hfl.sync.faults): its per-DC
+  # state is copied at the round's start and restored after the round.
+  jitted = dict(
+      round_start=jax.jit(step_lib.round_start),
+      discard_absent=jax.jit(step_lib.discard_absent, donate_argnums=(0,),
+                             out_shardings=shardings),
+      all_finite=jax.jit(lambda t: jnp.all(jnp.stack(
+          [jnp.all(jnp.isfinite(x)) for x in jax.tree.leaves(t)]))))
+  return Runtime(s, workdir, wall0, state_shape, shardings, init_fn, make, step_fns, evaluate,
+                 ckpt_lib.manager(workdir), leaf_names, StepTimer(), jitted)
+
+
+def _step_fn(rt: Runtime, stage: int | None, step: int) -> Callable:
+  """The step of a warm-up stage, built (from its precomputed compressors) when the
+  stage is first reached."""
+  if stage not in rt.step_fns:
+    comps = rt.s.warmup.comps[stage]
+    logging.info('DGC warm-up stage %d from step %d, uplink policy:\n%s', stage, step,
+                 policy.describe(comps.up, rt.s.params_shape))
+    rt.step_fns[stage] = rt.make_step(comps)
+  return rt.step_fns[stage]
+
+
+def restore_or_init(rt: Runtime):
+  """``(state, loop_state, restored)``: the newest checkpoint that restores, or a
+  new run's state initialised directly sharded."""
+  restored = ckpt_lib.restore_latest(rt.mngr, ckpt_lib.abstract(rt.state_shape, rt.shardings))
+  if restored is None:
+    state = jax.jit(rt.init_fn, out_shardings=rt.shardings)()
+    return state, new_loop_state(rt.s.schedule, rt.s.num_dcs), False
+  _, state, host = restored
+  return state, from_host(host, rt.s.schedule), True
+
+
+# ------------------------------------------------------------------------------
+# One round: its iterations on the devices, then their accounting on the host.
+# ------------------------------------------------------------------------------
+
+def _round_weights(s: Setup, plan, it: int, active, present) -> np.ndarray:
+  """float32 [D]: the round's aggregation scales (:mod:`hfl.sync.aggregation`) of
+  the present DCs, with the local steps each ran (``it + 1`` iterations so far)."""
+  local = np.where(active, np.minimum(plan.k_d, it + 1), plan.k_d)
+  p = jnp.asarray(s.dc_weights * present, jnp.float32)
+  p = p / jnp.sum(p)
+  return np.asarray(aggregation.aggregation_scale(s.loop.aggregation, p,
+                                                  jnp.asarray(local, jnp.float32)))
+
+
+def _run_iteration(rt: Runtime, state, step: int, active, weights, do_round: bool):
+  """One step on the devices: ``(state, device metrics, ProgramInfo)``."""
+  s, loop = rt.s, rt.s.loop
+  idx = data_lib.batch_indices(s.partition, loop.batch_size, step, loop.seed)
+  # Each process gathers only the rows of its own (dc, worker) devices.
+  batch_sh = NamedSharding(s.mesh, P(mesh_lib.DC, mesh_lib.WORKER))
+  batch = tuple(distributed.put_rows(src, rows, batch_sh) for src, rows in data_lib.batch_rows(
+      s.dataset, idx, step, loop.seed, loop.augment))
+  stage = s.warmup.stage(step)
+  t_start = time.perf_counter()
+  step_fn = _step_fn(rt, stage, step)
+  state, m = step_fn(state, batch, rt.put(active, P(mesh_lib.DC)), rt.put(weights), do_round)
+  jax.block_until_ready(m)
+  rt.timer.iteration((stage, do_round), t_start)
+  return state, m, step_fn.info[do_round]
+
+
+def run_round(rt: Runtime, state, ls: LoopState):
+  """Runs one round's iterations (K_d per DC, at most ``num_steps`` in all).
+
+  The metrics stay on the devices until the round ends: with DCs on different
+  hosts, fetching every DC's metrics is an inter-DC collective, which local
+  iterations must not pay.
+
+  Returns:
+    ``(state, pending, weights, present)``: ``pending`` lists (device metrics,
+    active [D], ProgramInfo) per iteration; ``weights`` the round's aggregation
+    scales; ``present`` bool [D].
+  """
+  s, plan = rt.s, ls.plan
+  kmax = int(np.max(plan.k_d))
+  present = s.present_fn(ls.round)
+  start = None if np.all(present) else rt.jitted['round_start'](state)
+  pending, weights = [], np.zeros(s.num_dcs, np.float32)
+  for it in range(kmax):
+    active = it < plan.k_d
+    do_round = it + 1 >= kmax or ls.step + it + 1 == s.loop.num_steps
+    if do_round:
+      weights = _round_weights(s, plan, it, active, present)
+    state, m, info = _run_iteration(rt, state, ls.step + it, active, weights, do_round)
+    pending.append((m, active, info))
+    if do_round:
+      break
+  if start is not None:
+    state = rt.jitted['discard_absent'](state, start, rt.put(present))
+  return state, pending, weights, present
+
+
+def account(rt: Runtime, ls: LoopState, pending, weights, present):
+  """Gathers a round's metrics (one inter-DC transfer) and charges its iterations
+  and its inter-DC exchange to ``ls``; checks every value was finite.
+
+  Returns:
+    ``(loop state after the round, the last iteration's weighted train loss)``.
+  """
+  s = rt.s
+  round_ms = distributed.to_host_stacked([pm for pm, _, _ in pending])
+  rt.timer.round_gathered()
+  first, end = ls.step + 1, ls.step + len(pending)
+  losses = []
+  for at, raw, (_, act, info) in zip(range(first, end + 1), round_ms, pending):
+    # ``at``: this iteration's step number (1-based).
+    m = step_lib.host_metrics(info, raw, act, weights if info.do_round else None)
+    _check_finite(rt, m, at, end, ls.round)
+    ls = account_iteration(ls, s.net, m, act)
+    losses.append(float(np.dot(s.dc_weights, m['loss'])))
+    if at < end and at % s.loop.log_every == 0:
+      _log_progress(rt, ls, at, losses[-1])
+  return account_round(ls, s.net, s.schedule, m, present, len(pending),
+                       sum(losses) / len(losses)), losses[-1]
 
 
 def divergence_advice(config, workdir: str, last_checkpoint: int | None) -> str:
@@ -326,6 +764,131 @@ def divergence_advice(config, workdir: str, last_checkpoint: int | None) -> str:
           'in a new --workdir (a workdir keeps its config).')
 
 
+def _diverged(rt: Runtime, step: int, rnd: int, what: str) -> FloatingPointError:
+  return FloatingPointError(f'{what} at step {step}, round {rnd}: training diverged. '
+                            + divergence_advice(rt.s.config, rt.workdir, rt.mngr.latest_step()))
+
+
+def _check_finite(rt: Runtime, m, at: int, step: int, rnd: int) -> None:
+  """Stops the run on a non-finite train loss, gradient, payload or residual of
+  iteration ``at`` (the round ends at ``step``)."""
+  where = step_lib.first_nonfinite(m['flags'], rt.leaf_names)
+  where = f'the first non-finite value is the {where}' if where else ''
+  if not np.all(np.isfinite(m['loss'])):
+    raise _diverged(rt, step, rnd, f'the train loss is {m["loss"].tolist()} (per DC) at '
+                    f'iteration {at}' + (f'; {where}' if where else ''))
+  if where:
+    raise _diverged(rt, step, rnd, f'at iteration {at} {where}')
+
+
+def evaluate(rt: Runtime, state, ls: LoopState):
+  """Evaluates the global model, writes the record: ``(loop state, record)``.
+
+  Raises:
+    FloatingPointError: the test loss is not finite (nothing is written).
+  """
+  acc, loss = rt.evaluate(state.global_params)
+  if not np.isfinite(loss):  # nothing non-finite is written or checkpointed
+    raise _diverged(rt, ls.step, ls.round, f'the test loss of the global model is {loss}')
+  rec = eval_record(ls, rt.s.task, acc, loss, rt.wall_s(ls))
+  rt.mw.write(rec)
+  return record_eval(ls, rt.s.task, rec), rec
+
+
+def _log_progress(rt: Runtime, ls: LoopState, at: int, loss: float) -> None:
+  """The progress line of iteration ``at`` (``loss``: its train loss)."""
+  now = time.time()
+  rate = (at - rt.log_at[1]) / max(now - rt.log_at[0], 1e-9)
+  rt.log_at = (now, at)
+  total = rt.s.loop.num_steps
+  fmt = lambda link: metrics_lib.format_bytes(_bytes(ls.bits[link]), digits=1)
+  logging.info(
+      'step %d/%d round %d K=%s loss %.4f %s sim %.1fs bytes intra_up %s intra_down %s '
+      'inter_dc %s | %.1f steps/s ETA %.0fs', at, total, ls.round, ls.plan.k_base, loss,
+      tasks.progress(rt.s.task, ls.last_eval), ls.clock.now, fmt('intra_up'),
+      fmt('intra_down'), fmt('inter_dc'), rate, (total - at) / max(rate, 1e-9))
+
+
+def end_round(rt: Runtime, state, ls: LoopState, loss: float) -> LoopState:
+  """After a round: checks the global model, then evaluates, checkpoints and logs
+  when due (``loss``: the round's last train loss, for the progress line)."""
+  loop = rt.s.loop
+  # Every DC restarts from the global model: checked before it is evaluated or saved.
+  if not bool(distributed.to_host(rt.jitted['all_finite'](state.global_params))):
+    raise _diverged(rt, ls.step, ls.round, 'the global model has non-finite parameters')
+  last = ls.step == loop.num_steps
+  if ls.round % loop.eval_every == 0 or last:
+    ls, rec = evaluate(rt, state, ls)
+    logging.info('eval step %d round %d: %s', ls.step, ls.round, ' '.join(
+        f'{k} {v:.4f}' for k, v in rec.items() if k.startswith('test_')))
+  if last or (loop.checkpoint_every and ls.round % loop.checkpoint_every == 0):
+    ckpt_lib.save(rt.mngr, ls.step, state, to_host(ls, rt.wall_s(ls)))
+  if ls.step % loop.log_every == 0 or last:
+    _log_progress(rt, ls, ls.step, loss)
+  return ls
+
+
+# ------------------------------------------------------------------------------
+# The experiment.
+# ------------------------------------------------------------------------------
+
+def _log_policies(s: Setup) -> None:
+  """Logs the per-leaf compression policy of each link that compresses."""
+  c = s.config.compression
+  logging.info('Compression policy (uplink):\n%s', policy.describe(s.comps.up, s.params_shape))
+  if c.downlink.name != 'identity' or c.small != 'float32':
+    logging.info('Compression policy (downlink):\n%s',
+                 policy.describe(s.comps.down, s.params_shape))
+  if c.wan.name != 'identity':
+    logging.info('Compression policy (inter-DC):\n%s',
+                 policy.describe(s.comps.wan, s.params_shape))
+
+
+def _write_config(rt: Runtime) -> None:
+  if metrics_lib.is_writer():
+    metrics_lib.write_json(os.path.join(rt.workdir, 'config.json'),
+                           json.loads(rt.s.config.to_json()))
+
+
+def _resumed(rt: Runtime, ls: LoopState, changed: list[str]) -> dict | None:
+  """Checks a restored run against ``train.num_steps``; its summary when it
+  already finished (printed again), else None."""
+  workdir, num_steps = rt.workdir, rt.s.loop.num_steps
+  if ls.step > num_steps:
+    raise ValueError(
+        f'train.num_steps={num_steps} is below the {ls.step} iterations '
+        f'--workdir={workdir} has already done; use a new workdir for a shorter run.')
+  summary_path = os.path.join(workdir, 'summary.json')
+  if ls.step == num_steps and os.path.exists(summary_path):
+    logging.info('%s already finished %d iterations; nothing to do.', workdir, ls.step)
+    with open(summary_path) as f:
+      summary = json.load(f)
+    if metrics_lib.is_writer():
+      print_results(summary)
+    return summary
+  logging.info('Resumed from %s at step %d (round %d).', workdir, ls.step, ls.round)
+  if changed:
+    logging.info('Continuing with changed %s.', '; '.join(changed))
+    _write_config(rt)
+  return None
+
+
+def summarize(rt: Runtime, state, ls: LoopState) -> dict:
+  """The summary.json of a finished run (the last evaluation's metrics)."""
+  records = metrics_lib.read_jsonl(rt.mw.path)
+  if records:
+    final = records[-1]
+  else:
+    ls, final = evaluate(rt, state, ls)
+  return dict(
+      **tasks.summary_fields(rt.s.task, final, ls._asdict()),
+      inter_dc_rounds=ls.round, intra_dc_iterations=ls.step, bytes=byte_totals(ls.bits),
+      sim_time_s=ls.clock.now, idle_s=[float(x) for x in ls.clock.idle_s],
+      wall_time_s=rt.wall_s(ls), time_to_target_s=ls.time_to_target_s,
+      rounds_to_target=ls.rounds_to_target, step_wall_s=wall_stats(rt.timer.step_wall),
+      config=json.loads(rt.s.config.to_json()))
+
+
 def train_and_evaluate(config: ml_collections.ConfigDict, workdir: str) -> dict:
   """Runs (or resumes) one experiment and returns its summary.
 
@@ -336,7 +899,7 @@ def train_and_evaluate(config: ml_collections.ConfigDict, workdir: str) -> dict:
       unusable newer step directories are moved aside, hfl.checkpoint).
 
   Returns:
-    The summary dict (DESIGN 3), also written to WORKDIR/summary.json.
+    The summary dict (:mod:`hfl.metrics`), also written to WORKDIR/summary.json.
 
   Raises:
     ValueError / FileNotFoundError: bad config or data, before anything is compiled
@@ -348,289 +911,25 @@ def train_and_evaluate(config: ml_collections.ConfigDict, workdir: str) -> dict:
   wall0 = time.time()
   s = setup(config)
   changed = _check_workdir_config(workdir, config)
-  cfg = s.config
-  d, w = cfg.mesh.num_dcs, cfg.mesh.workers_per_dc
-  mesh = s.mesh
-  writer = metrics_lib.is_writer()
-  logging.info('Compression policy (uplink):\n%s', policy.describe(s.comps.up, s.params_shape))
-  if cfg.compression.downlink.name != 'identity' or cfg.compression.small != 'float32':
-    logging.info('Compression policy (downlink):\n%s',
-                 policy.describe(s.comps.down, s.params_shape))
-  if cfg.compression.wan.name != 'identity':
-    logging.info('Compression policy (WAN):\n%s', policy.describe(s.comps.wan, s.params_shape))
-
-  # --- State: shapes first, then restore or initialise directly sharded. -------
-  apply_fn = lambda p, x: s.model.apply({'params': p}, x)
-  key = jax.random.PRNGKey(cfg.seed)
-  sample = _sample_input(s.dataset)
-  task = tasks.from_config(cfg)
-
-  dgc_opts = dgc_options(cfg)
-
-  def init_fn():
-    params = s.model.init(key, sample)['params']
-    return step_lib.init_state(params, s.optimizer, s.outer, s.comps, d, w,
-                               jax.random.fold_in(key, 1),
-                               dgc_momentum=dgc_opts.momentum > 0,
-                               shard_state=shard_state(cfg))
-  state_shape = jax.eval_shape(init_fn)
-  shardings = step_lib.state_shardings(mesh, state_shape)
-  # One step function per DGC warm-up stage (None: the configured compressors);
-  # built when a stage is first reached, compiled on its first call.
-  step_fns = {None: step_lib.make_step(apply_fn, s.optimizer, s.outer, s.comps, mesh,
-                                       state_shape, dgc_opts)}
-
-  def step_fn_at(step):
-    stage = warmup_stage(cfg, step)
-    if stage not in step_fns:
-      comps = build_compressors(cfg, s.params_shape, step)
-      logging.info('DGC warm-up stage %d from step %d, uplink policy:\n%s', stage, step,
-                   policy.describe(comps.up, s.params_shape))
-      step_fns[stage] = step_lib.make_step(apply_fn, s.optimizer, s.outer, comps, mesh,
-                                           state_shape, dgc_opts)
-    return step_fns[stage]
-  evaluate = make_eval(s.model, mesh, s.dataset.test_images, s.dataset.test_labels,
-                       cfg.train.eval_batch_size)
-
-  if writer:
-    os.makedirs(workdir, exist_ok=True)
-  mngr = ckpt_lib.manager(workdir)
-  restored = ckpt_lib.restore_latest(mngr, ckpt_lib.abstract(state_shape, shardings))
-  if restored is None:
-    state = jax.jit(init_fn, out_shardings=shardings)()
-    host = dict(step=0, round=0, clock_s=[0.0] * d, idle_s=[0.0] * d,
-                bytes=dict(intra_up=0, intra_down=0, inter_dc=0),
-                bits=dict(intra_up=0, intra_down=0, inter_dc=0),
-                schedule=schedule_lib.state_to_json(s.schedule.init()),
-                **tasks.host_init(), time_to_target_s=None, rounds_to_target=None,
-                wall_time_s=0.0, last_eval=None, round_loss=[])
-    if writer:
-      metrics_lib.write_json(os.path.join(workdir, 'config.json'), json.loads(cfg.to_json()))
+  _log_policies(s)
+  rt = make_runtime(s, workdir, wall0)
+  state, ls, restored = restore_or_init(rt)
+  if not restored:
+    _write_config(rt)
   else:
-    _, state, host = restored
-    if host['step'] > cfg.train.num_steps:
-      raise ValueError(
-          f'train.num_steps={cfg.train.num_steps} is below the {host["step"]} iterations '
-          f'--workdir={workdir} has already done; use a new workdir for a shorter run.')
-    summary_path = os.path.join(workdir, 'summary.json')
-    if host['step'] == cfg.train.num_steps and os.path.exists(summary_path):
-      logging.info('%s already finished %d iterations; nothing to do.', workdir, host['step'])
-      with open(summary_path) as f:
-        summary = json.load(f)
-      if writer:
-        print_results(summary)
+    summary = _resumed(rt, ls, changed)
+    if summary is not None:
       return summary
-    logging.info('Resumed from %s at step %d (round %d).', workdir, host['step'], host['round'])
-    if changed:
-      logging.info('Continuing with changed %s.', '; '.join(changed))
-      if writer:
-        metrics_lib.write_json(os.path.join(workdir, 'config.json'), json.loads(cfg.to_json()))
-  wall_offset = float(host['wall_time_s'])
-  leaf_names = [jax.tree_util.keystr(path) for path, _ in
-                jax.tree_util.tree_flatten_with_path(s.params_shape)[0]]
-  mw = metrics_lib.MetricsWriter(workdir, resume_step=host['step'])
-
-  sched_state = schedule_lib.state_from_json(host['schedule'])
-  plan = s.schedule.plan(sched_state)
-  clock = network.Clock(np.asarray(host['clock_s']), np.asarray(host['idle_s']))
-  # Exact bit totals per link (Python ints); checkpoints written before they were
-  # kept hold only bytes.
-  totals_bits = {k: int(v) for k, v in host['bits'].items()} if 'bits' in host else {
-      k: int(round(float(v) * 8)) for k, v in host['bytes'].items()}
-  totals = {}
-
-  def count(link, bits):
-    totals_bits[link] += int(bits)
-    totals[link] = _bytes(totals_bits[link])
-  for link in totals_bits:
-    count(link, 0)
-  step = int(host['step'])
-  rnd = int(host['round'])
-  num_steps = cfg.train.num_steps
-  round_loss = list(host['round_loss'])
-  last_eval = host['last_eval']
-  dc_sh = NamedSharding(mesh, P(mesh_lib.DC))
-  batch_sh = NamedSharding(mesh, P(mesh_lib.DC, mesh_lib.WORKER))
-  rep_sh = NamedSharding(mesh, P())
-  it_in_round = 0
-  loss_sum, loss_n = 0.0, 0
-  # Measured wall-clock of each iteration (dispatch to results on the host), split
-  # into round iterations (with the inter-DC exchange) and local ones.
-  step_wall = dict(round=[], local=[], excess=[])
-  round_local = []  # this round's timed local iterations (seconds)
-  compiled = set()
-  t_log = time.time()
-  step_log = step
-
-  all_finite = jax.jit(lambda t: jnp.all(jnp.stack(
-      [jnp.all(jnp.isfinite(x)) for x in jax.tree.leaves(t)])))
-
-  def diverged(what):
-    return FloatingPointError(f'{what} at step {step}, round {rnd}: training diverged. '
-                              + divergence_advice(cfg, workdir, mngr.latest_step()))
-
-  def check_finite(m, at):
-    """Stops the run on a non-finite train loss, gradient, payload or residual."""
-    where = step_lib.first_nonfinite(m['flags'], leaf_names)
-    where = f'the first non-finite value is the {where}' if where else ''
-    if not np.all(np.isfinite(m['loss'])):
-      raise diverged(f'the train loss is {m["loss"].tolist()} (per DC) at iteration {at}'
-                     + (f'; {where}' if where else ''))
-    if where:
-      raise diverged(f'at iteration {at} {where}')
-
-  def do_eval():
-    nonlocal last_eval
-    acc, tloss = evaluate(state.global_params)
-    if not np.isfinite(tloss):  # nothing non-finite is written or checkpointed
-      raise diverged(f'the test loss of the global model is {tloss}')
-    rec = dict(step=step, round=rnd, **tasks.eval_record(task, acc, tloss),
-               train_loss=(float(np.mean(round_loss)) if round_loss else None),
-               bytes=dict(totals), sim_time_s=clock.now,
-               wall_time_s=wall_offset + time.time() - wall0, k=int(plan.k_base),
-               k_d=[int(k) for k in plan.k_d], idle_s=[float(x) for x in clock.idle_s])
-    if host['best_test_accuracy'] is None or acc > host['best_test_accuracy']:
-      host['best_test_accuracy'] = acc
-    if host.get('best_test_loss') is None or tloss < host['best_test_loss']:
-      host['best_test_loss'] = tloss
-    if host['time_to_target_s'] is None and task.reached(rec[task.metric]):
-      host['time_to_target_s'] = tasks.interpolate_crossing(task, last_eval, rec, 'sim_time_s')
-      host['rounds_to_target'] = tasks.interpolate_crossing(task, last_eval, rec, 'round')
-    mw.write(rec)
-    last_eval = {k: rec[k] for k in (task.metric, 'sim_time_s', 'round')}
-    round_loss.clear()
-    return rec
-
-  def save_host():
-    host.update(step=step, round=rnd, clock_s=clock.time_s.tolist(),
-                idle_s=clock.idle_s.tolist(), bytes=dict(totals), bits=dict(totals_bits),
-                schedule=schedule_lib.state_to_json(sched_state),
-                wall_time_s=wall_offset + time.time() - wall0, last_eval=last_eval,
-                round_loss=list(round_loss))
-    return host
-
-  def log_progress(at, m):
-    nonlocal t_log, step_log
-    now = time.time()
-    rate = (at - step_log) / max(now - t_log, 1e-9)
-    t_log, step_log = now, at
-    logging.info(
-        'step %d/%d round %d K=%s loss %.4f %s sim %.1fs bytes up %s down %s wan %s '
-        '| %.1f steps/s ETA %.0fs', at, num_steps, rnd, plan.k_base,
-        float(np.dot(s.dc_weights, m['loss'])), tasks.progress(task, last_eval), clock.now,
-        _fmt_bytes(totals['intra_up']), _fmt_bytes(totals['intra_down']),
-        _fmt_bytes(totals['inter_dc']), rate, (num_steps - at) / max(rate, 1e-9))
-
-  # An absent DC's work in a round is discarded (hfl.sync.faults): its per-DC
-  # state is copied at the round's start and restored after the round.
-  round_start = jax.jit(step_lib.round_start)
-  discard_absent = jax.jit(step_lib.discard_absent, donate_argnums=(0,),
-                           out_shardings=shardings)
-  start = None
-  pending = []  # (device metrics, active, program info) of this round's iterations so far
-  while step < num_steps:
-    # ---- Indicator: where in the round are we, and does this iteration end it?
-    kmax = int(np.max(plan.k_d))
-    active = it_in_round < plan.k_d
-    last = step + 1 == num_steps
-    do_round = it_in_round + 1 >= kmax or last
-    present = s.present_fn(rnd)
-    if it_in_round == 0 and not np.all(present):
-      start = round_start(state)
-    weights = np.zeros(d, np.float32)
-    if do_round:
-      local = np.where(active, np.minimum(plan.k_d, it_in_round + 1), plan.k_d)
-      p = jnp.asarray(s.dc_weights * present, jnp.float32)
-      p = p / jnp.sum(p)
-      weights = np.asarray(aggregation.aggregation_scale(cfg.sync.aggregation, p,
-                                                         jnp.asarray(local, jnp.float32)))
-    idx = data_lib.batch_indices(s.partition, cfg.train.batch_size, step, cfg.seed)
-    # Each process gathers only the rows of its own (dc, worker) devices.
-    batch = tuple(distributed.put_rows(src, rows, batch_sh) for src, rows in data_lib.batch_rows(
-        s.dataset, idx, step, cfg.seed, cfg.dataset.get('augment', 'none')))
-    program = (warmup_stage(cfg, step), do_round)
-    t_step = time.perf_counter()
-    step_fn = step_fn_at(step)
-    state, m = step_fn(state, batch, distributed.put_global(active, dc_sh),
-                       distributed.put_global(weights, rep_sh), do_round)
-    jax.block_until_ready(m)
-    timed = program in compiled  # a program's first call includes its compilation
-    if timed and not do_round:
-      round_local.append(time.perf_counter() - t_step)
-      step_wall['local'].append(round_local[-1])
-    compiled.add(program)
-    # The metrics stay on the devices until the round ends: with DCs on different
-    # hosts, fetching every DC's metrics is an inter-DC collective, which local
-    # iterations must not pay. The round's metrics then cross in one gather.
-    pending.append((m, active, step_fn.info[do_round]))
-    step += 1
-    it_in_round += 1
-    if not do_round:
-      continue
-    if start is not None:
-      state = discard_absent(state, start, distributed.put_global(present, rep_sh))
-      start = None
-
-    # ---- Accounting and the simulated clock, iteration by iteration.
-    round_ms = distributed.to_host_stacked([pm for pm, _, _ in pending])
-    if timed:  # a round iteration: the step with the exchange, and the metrics gather
-      step_wall['round'].append(time.perf_counter() - t_step)
-      if round_local:  # against this round's own local iterations, moments before
-        step_wall['excess'].append(step_wall['round'][-1] - float(np.median(round_local)))
-    round_local = []
-    for i, (raw, (_, act, info)) in enumerate(zip(round_ms, pending)):
-      at = step - len(pending) + i + 1  # this iteration's step number (1-based)
-      m = step_lib.host_metrics(info, raw, act, weights if info.do_round else None)
-      check_finite(m, at)
-      count('intra_up', m['up_bits'].sum())
-      count('intra_down', m['down_bits'].sum())
-      clock = network.advance_iteration(
-          clock, network.iteration_time(s.net, m['up_bits'], m['down_bits']), act)
-      loss_sum += float(np.dot(s.dc_weights, m['loss']))
-      loss_n += 1
-      if at < step and at % cfg.train.log_every == 0:
-        log_progress(at, m)
-    pending.clear()
-
-    # ---- The inter-DC round, and its result reaching the workers over the LAN.
-    wan_bits = m['wan_bits']
-    count('inter_dc', network.link_bits(wan_bits, present))
-    count('intra_down', m['round_down_bits'].sum())
-    clock = network.advance_round(
-        clock, network.round_comm_time(s.net, wan_bits, present)
-        + network.lan_time(s.net, m['round_down_bits']), present)
-    rnd += 1
-    it_in_round = 0
-    round_loss.append(loss_sum / loss_n)
-    plan, sched_state = s.schedule.next_round(sched_state, loss_sum / loss_n)
-    loss_sum, loss_n = 0.0, 0
-    # Every DC restarts from the global model: checked before it is evaluated or saved.
-    if not bool(distributed.to_host(all_finite(state.global_params))):
-      raise diverged('the global model has non-finite parameters')
-    if rnd % cfg.train.eval_every == 0 or step == num_steps:
-      rec = do_eval()
-      logging.info('eval step %d round %d: %s', step, rnd, ' '.join(
-          f'{k} {v:.4f}' for k, v in rec.items() if k.startswith('test_')))
-    every = cfg.train.checkpoint_every
-    if step == num_steps or (every and rnd % every == 0):
-      ckpt_lib.save(mngr, step, state, save_host())
-    if step % cfg.train.log_every == 0 or step == num_steps:
-      log_progress(step, m)
-
-  # ---- Summary. ---------------------------------------------------------------
-  records = metrics_lib.read_jsonl(mw.path)
-  final = records[-1] if records else do_eval()
-  summary = dict(
-      **tasks.summary_fields(task, final, host),
-      inter_dc_rounds=rnd, intra_dc_iterations=step, bytes=dict(totals),
-      sim_time_s=clock.now, idle_s=[float(x) for x in clock.idle_s],
-      wall_time_s=wall_offset + time.time() - wall0,
-      time_to_target_s=host['time_to_target_s'], rounds_to_target=host['rounds_to_target'],
-      step_wall_s=wall_stats(step_wall),
-      config=json.loads(cfg.to_json()))
-  mw.close()
-  mngr.close()
-  if writer:
+  rt.mw = metrics_lib.MetricsWriter(workdir, resume_step=ls.step)
+  rt.log_at = (time.time(), ls.step)
+  while ls.step < s.loop.num_steps:
+    state, pending, weights, present = run_round(rt, state, ls)
+    ls, loss = account(rt, ls, pending, weights, present)
+    ls = end_round(rt, state, ls, loss)
+  summary = summarize(rt, state, ls)
+  rt.mw.close()
+  rt.mngr.close()
+  if metrics_lib.is_writer():
     metrics_lib.write_json(os.path.join(workdir, 'summary.json'), summary)
     print_results(summary)
   return summary
@@ -669,13 +968,14 @@ def wall_stats(step_wall: dict) -> dict:
 def print_results(summary: dict) -> None:
   """Prints the short results table at the end of a run."""
   b = summary['bytes']
+  fmt = lambda n: metrics_lib.format_bytes(n, digits=1)
   metric_rows, target = tasks.result_rows(summary)
   rows = metric_rows + [
       ('inter-DC rounds', str(summary['inter_dc_rounds'])),
       ('intra-DC iterations', str(summary['intra_dc_iterations'])),
-      ('bytes intra-DC up', _fmt_bytes(b['intra_up'])),
-      ('bytes intra-DC down', _fmt_bytes(b['intra_down'])),
-      ('bytes inter-DC', _fmt_bytes(b['inter_dc'])),
+      ('bytes intra-DC up', fmt(b['intra_up'])),
+      ('bytes intra-DC down', fmt(b['intra_down'])),
+      ('bytes inter-DC', fmt(b['inter_dc'])),
       ('simulated time', f'{summary["sim_time_s"]:.1f} s'),
       ('wall time', f'{summary["wall_time_s"]:.1f} s'),
       (f'time to {target}',

@@ -12,6 +12,7 @@ import pytest
 from hfl import data
 from hfl.data import idx as idx_lib
 from hfl.data import sampler as sampler_lib
+from tests.helpers import idx_bytes
 
 FASHION_DIR = '/usr/share/datasets/fashion-mnist'
 # sha256 of Debian's Fashion-MNIST normalised by the eager pipeline (float32).
@@ -22,13 +23,6 @@ _FMNIST_TEST_SHA256 = ('72e0a49e46ed60aa4fc501851ca21e78'
 
 
 # ----------------------------------------------------------------- IDX files
-
-
-def _idx_bytes(arr: np.ndarray) -> bytes:
-  """Encodes a uint8 array as an IDX file."""
-  header = bytes([0, 0, 0x08, arr.ndim])
-  header += b''.join(int(d).to_bytes(4, 'big') for d in arr.shape)
-  return header + arr.astype('>u1').tobytes()
 
 
 def _write_idx_dir(path, n_train=12, n_test=5, hw=(4, 3), gz=True, seed=0):
@@ -44,7 +38,7 @@ def _write_idx_dir(path, n_train=12, n_test=5, hw=(4, 3), gz=True, seed=0):
   }
   os.makedirs(path, exist_ok=True)
   for stem, arr in arrays.items():
-    payload = _idx_bytes(arr)
+    payload = idx_bytes(arr)
     if gz:
       with open(os.path.join(path, stem + '.gz'), 'wb') as f:
         f.write(gzip.compress(payload))
@@ -118,7 +112,7 @@ def test_idx_bad_magic(tmp_path, gz):
   _write_idx_dir(str(tmp_path), gz=gz)
   stem = 'train-images-idx3-ubyte'
   path = tmp_path / (stem + ('.gz' if gz else ''))
-  payload = b'\x12\x34\x08\x03' + _idx_bytes(np.zeros((1, 2, 2), np.uint8))[4:]
+  payload = b'\x12\x34\x08\x03' + idx_bytes(np.zeros((1, 2, 2), np.uint8))[4:]
   path.write_bytes(gzip.compress(payload) if gz else payload)
   with pytest.raises(ValueError) as e:
     data.load('fashion_mnist', str(tmp_path))
@@ -128,7 +122,7 @@ def test_idx_bad_magic(tmp_path, gz):
 def test_idx_wrong_ndim(tmp_path):
   _write_idx_dir(str(tmp_path), gz=False)
   path = tmp_path / 'train-labels-idx1-ubyte'
-  path.write_bytes(_idx_bytes(np.zeros((12, 2, 2), np.uint8)))
+  path.write_bytes(idx_bytes(np.zeros((12, 2, 2), np.uint8)))
   with pytest.raises(ValueError) as e:
     data.load('fashion_mnist', str(tmp_path))
   _assert_clear(str(e.value), path, '3 dimensions', 'expected 1')
@@ -161,10 +155,10 @@ def test_idx_truncated_gzip_stream(tmp_path):
 def test_idx_count_mismatch_and_bad_label(tmp_path):
   _write_idx_dir(str(tmp_path), gz=False)
   path = tmp_path / 'train-labels-idx1-ubyte'
-  path.write_bytes(_idx_bytes(np.zeros(11, np.uint8)))
+  path.write_bytes(idx_bytes(np.zeros(11, np.uint8)))
   with pytest.raises(ValueError, match='count mismatch'):
     data.load('fashion_mnist', str(tmp_path))
-  path.write_bytes(_idx_bytes(np.full(12, 10, np.uint8)))
+  path.write_bytes(idx_bytes(np.full(12, 10, np.uint8)))
   with pytest.raises(ValueError, match='label 10'):
     data.load('fashion_mnist', str(tmp_path))
 
@@ -318,9 +312,9 @@ def test_open_idx_memory_maps_raw_and_validates_eagerly(tmp_path):
     idx_lib.open_idx(path, expected_ndim=3)
   # No rows: an empty array (mmap refuses empty mappings), then a clear error.
   (tmp_path / 'train-images-idx3-ubyte').write_bytes(
-      _idx_bytes(np.zeros((0, 4, 3), np.uint8)))
+      idx_bytes(np.zeros((0, 4, 3), np.uint8)))
   (tmp_path / 'train-labels-idx1-ubyte').write_bytes(
-      _idx_bytes(np.zeros(0, np.uint8)))
+      idx_bytes(np.zeros(0, np.uint8)))
   assert idx_lib.open_idx(path).shape == (0, 4, 3)
   with pytest.raises(ValueError, match='holds no images'):
     data.load('fashion_mnist', str(tmp_path))

@@ -14,7 +14,7 @@ from configs import default
 from hfl import config as config_lib
 from hfl import mesh as mesh_lib, models, step as step_lib, train
 from hfl.compress import base, dgc, policy, sparse
-from test_train import make_fake_fashion_mnist, smoke_config
+from tests.helpers import smoke_config
 
 D, W, B = 2, 4, 4
 LR = 0.1
@@ -163,11 +163,7 @@ def test_dgc_config_validation():
   assert train.dgc_options(c) == dgc.Options()
 
 
-@pytest.fixture(scope='module')
-def fake_data(tmp_path_factory):
-  return make_fake_fashion_mnist(tmp_path_factory.mktemp('fmnist_dgc'))
-
-
+@pytest.mark.slow
 def test_warmup_switches_stages_and_wire_bits_follow_schedule(fake_data, tmp_path):
   steps, warm, stages = 10, 8, 4
   cfg = smoke_config(fake_data, **{

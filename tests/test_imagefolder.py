@@ -1,6 +1,5 @@
 """Image-folder source (hfl.data.imagefolder): layout, labels, order, cache, errors."""
 
-import io
 import os
 import tarfile
 
@@ -10,40 +9,11 @@ from PIL import Image
 
 from hfl import data
 from hfl.data import imagefolder
+from tests.helpers import CLASSES, make_tree, png as _png, write_archive
 
 SHARED = os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(__file__))), '..',
                       'shared', 'data')
 CIFAR = os.path.join(SHARED, 'cifar10-jpeg.tar.gz')
-
-# class -> number of (train, test) images; names deliberately not in creation order.
-CLASSES = {'zebra': (3, 2), 'ant': (2, 1), 'moth': (4, 2)}
-
-
-def _png(arr: np.ndarray) -> bytes:
-  buf = io.BytesIO()
-  Image.fromarray(arr).save(buf, format='PNG')  # lossless: decoded pixels are exact
-  return buf.getvalue()
-
-
-def make_tree(seed=0, classes=CLASSES, size=(5, 4)):
-  """{relpath: uint8 [H, W, 3]} of a small image folder (files named out of order)."""
-  rng = np.random.default_rng(seed)
-  tree = {}
-  for cls, counts in classes.items():
-    for split, n in zip(('train', 'test'), counts):
-      for i in reversed(range(n)):
-        tree[f'{split}/{cls}/img{i:02d}.png'] = rng.integers(0, 256, size + (3,), np.uint8)
-  return tree
-
-
-def write_archive(path, tree, prefix='', extra=()):
-  """A .tar.gz of ``tree`` (PNG-encoded) plus ``extra`` (relpath, raw bytes) members."""
-  with tarfile.open(path, 'w:gz') as tar:
-    for rel, payload in [(r, _png(a)) for r, a in tree.items()] + list(extra):
-      info = tarfile.TarInfo(prefix + rel)
-      info.size = len(payload)
-      tar.addfile(info, io.BytesIO(payload))
-  return str(path)
 
 
 def write_dir(root, tree):

@@ -196,6 +196,7 @@ def w64_results() -> dict:
   return out
 
 
+@pytest.mark.slow
 def test_64_members_every_compressor_and_the_fp16_uplink_regression():
   """Issue 12, fault 2 on the uplink: 64 workers, one at 65504, the others at 0,
   fp16: the mean is 1023.5 (it was 992.5: the payload was clipped to

@@ -27,11 +27,9 @@ status hfl.distributed.INIT_FAILED_EXIT_CODE and a one-line error within a
 bounded time.
 """
 
-import gzip
 import json
 import os
 import socket
-import struct
 import subprocess
 import sys
 import time
@@ -44,6 +42,7 @@ from jax.sharding import NamedSharding, PartitionSpec as P
 from hfl import data as data_lib
 from hfl import distributed
 from hfl import mesh as mesh_lib
+from tests.helpers import write_idx
 
 REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 LAUNCHER = os.path.join(REPO, 'launch', 'local_multiprocess.py')
@@ -53,14 +52,6 @@ RUN_TIMEOUT_S = 170
 # ------------------------------------------------------------------------------
 # Helpers.
 # ------------------------------------------------------------------------------
-
-def write_idx(path: str, arr: np.ndarray) -> None:
-  """Writes a gzip'd IDX file of uint8 data (magic 0x0000 08 NDIM)."""
-  arr = np.ascontiguousarray(arr, np.uint8)
-  header = bytes([0, 0, 0x08, arr.ndim]) + b''.join(struct.pack('>I', d) for d in arr.shape)
-  with gzip.open(path, 'wb') as f:
-    f.write(header + arr.tobytes())
-
 
 def make_dataset(directory: str, n_train: int = 256, n_test: int = 64, seed: int = 0) -> str:
   """Tiny learnable 10-class dataset in the Fashion-MNIST IDX layout."""
@@ -169,6 +160,7 @@ def runs(tmp_path_factory):
   return out
 
 
+@pytest.mark.multiprocess
 def test_two_processes_equal_one_process_bitwise(runs):
   step_a, mp = load_state(runs['mp'])
   step_b, single = load_state(runs['single'])
@@ -180,6 +172,7 @@ def test_two_processes_equal_one_process_bitwise(runs):
   assert read_outputs(runs['mp']) == read_outputs(runs['single'])
 
 
+@pytest.mark.multiprocess
 def test_two_processes_match_plain_single_process(runs):
   (s_mp, r_mp), (s_plain, r_plain) = read_outputs(runs['mp']), read_outputs(runs['plain'])
   for key in ('final_test_accuracy', 'best_test_accuracy', 'inter_dc_rounds',
@@ -196,6 +189,7 @@ def test_two_processes_match_plain_single_process(runs):
       np.testing.assert_array_equal(a, b, err_msg=path)
 
 
+@pytest.mark.multiprocess
 def test_only_process_zero_writes_logs(runs):
   logs = os.path.join(runs['mp'], 'logs')
   with open(os.path.join(logs, 'process_1.log')) as f:
@@ -210,6 +204,7 @@ def test_only_process_zero_writes_logs(runs):
 # Failures are bounded and clear.
 # ------------------------------------------------------------------------------
 
+@pytest.mark.multiprocess
 def test_missing_process_fails_clearly(tmp_path):
   data = make_dataset(str(tmp_path / 'data'))
   cmd = [sys.executable, LAUNCHER, '--num_processes=2', '--skip_process=1', '--quiet',
@@ -221,6 +216,7 @@ def test_missing_process_fails_clearly(tmp_path):
   assert 'did not complete within 8 s' in proc.stderr
 
 
+@pytest.mark.multiprocess
 def test_unreachable_coordinator_fails_clearly(tmp_path):
   cmd = [sys.executable, 'main.py', '--config=configs/smoke.py',
          f'--workdir={tmp_path / "w"}', '--init_timeout_s=5']
@@ -231,6 +227,7 @@ def test_unreachable_coordinator_fails_clearly(tmp_path):
   assert 'unreachable for 5 s' in proc.stderr
 
 
+@pytest.mark.multiprocess
 def test_incomplete_settings_fail_before_start(tmp_path):
   cmd = [sys.executable, 'main.py', '--config=configs/smoke.py',
          f'--workdir={tmp_path / "w"}', '--num_processes=2']
@@ -387,6 +384,7 @@ json.dump(dict(positions=positions, train_rows=train_src.rows, test_rows=test_sr
 """
 
 
+@pytest.mark.multiprocess
 def test_two_processes_read_only_their_own_rows(tmp_path):
   script = tmp_path / 'locality.py'
   script.write_text(_LOCALITY_SCRIPT.format(repo=REPO, address=f'127.0.0.1:{free_port()}'))
@@ -445,6 +443,7 @@ def _checkout_files():
 @pytest.mark.parametrize('flags', [['--wan_latency_ms=inf'], ['--wan_latency_ms=nan'],
                                    ['--wan_mbps=inf'], ['--timeout_s=nan'],
                                    ['--', '--config.network.wan_latency_s=inf']])
+@pytest.mark.multiprocess
 def test_emulated_wan_refuses_non_finite_settings_before_anything(tmp_path, flags):
   """Fault 1: an infinite delay used to kill the delay line mid-run (traffic then
   bypassed it) and write "Infinity" into wan_info.json; now it is refused first,
@@ -458,6 +457,7 @@ def test_emulated_wan_refuses_non_finite_settings_before_anything(tmp_path, flag
 
 
 @pytest.mark.parametrize('flag', ['--timeout_s=nan', '--grace_s=inf', '--timeout_s=-1'])
+@pytest.mark.multiprocess
 def test_local_launcher_refuses_non_finite_settings(tmp_path, flag):
   proc = run_in(tmp_path, [sys.executable, LAUNCHER, flag, '--',
                            f'--config={REPO}/configs/smoke.py', '--workdir=w'], timeout=60)
@@ -520,6 +520,7 @@ def _emulated_first_failure():
   return emulated_wan.first_failure
 
 
+@pytest.mark.multiprocess
 def test_emulated_wan_watch_names_a_dead_helper_or_process(tmp_path):
   """Fault 1: the launcher watches its helpers, not only the training processes."""
   first_failure = _emulated_first_failure()
@@ -542,6 +543,7 @@ def test_emulated_wan_watch_names_a_dead_helper_or_process(tmp_path):
       q.wait()
 
 
+@pytest.mark.multiprocess
 def test_launcher_port_in_use_is_named_before_anything_starts(tmp_path):
   """Fault 3: a taken --port said "Failed to start RPC server ... before any JAX
   operation"; now the launcher names the port and starts nothing."""
@@ -562,6 +564,7 @@ def test_launcher_port_in_use_is_named_before_anything_starts(tmp_path):
     assert not (tmp_path / 'w').exists()
 
 
+@pytest.mark.multiprocess
 def test_launcher_missing_workdir_or_config_starts_nothing(tmp_path):
   """Fault 3: a missing --workdir was caught only after both processes had started,
   leaving ./hfl_logs/ behind."""
@@ -577,6 +580,7 @@ def test_launcher_missing_workdir_or_config_starts_nothing(tmp_path):
   assert os.listdir(tmp_path) == []
 
 
+@pytest.mark.multiprocess
 def test_emulated_wan_without_root_is_one_line_and_creates_nothing(tmp_path):
   """Fault 3: without root it printed a traceback after creating WORKDIR/logs."""
   script = ('import os, runpy, sys; os.geteuid = lambda: 1000; '
@@ -588,6 +592,7 @@ def test_emulated_wan_without_root_is_one_line_and_creates_nothing(tmp_path):
   assert os.listdir(tmp_path) == []
 
 
+@pytest.mark.multiprocess
 def test_relative_paths_are_the_callers(tmp_path):
   """Fault 2: from outside the checkout, a relative --workdir and --config mean the
   caller's directory for the launcher, every process and main.py; nothing is
@@ -630,6 +635,7 @@ def test_dc_placement_problem_names_straddling_dcs():
   assert 'mesh.num_dcs=4 processes (one per DC)' in msg
 
 
+@pytest.mark.multiprocess
 def test_dc_straddling_processes_warns_or_is_refused(tmp_path):
   """Fault 4: 2 processes, 3 DCs x 2 workers: DC 1 spans both processes. The local
   launcher warns (process 0's log) and runs; with the emulated WAN's
@@ -666,6 +672,7 @@ needs_netns = pytest.mark.skipif(bool(_netns_unavailable()), reason=_netns_unava
 
 
 @needs_netns
+@pytest.mark.multiprocess
 def test_emulated_wan_run_in_callers_directory(tmp_path):
   """Fault 2 for the emulated WAN: relative --workdir/--config are the caller's;
   wan_info.json is strict JSON."""
@@ -687,6 +694,7 @@ def test_emulated_wan_run_in_callers_directory(tmp_path):
 
 
 @needs_netns
+@pytest.mark.multiprocess
 def test_emulated_wan_fails_when_its_delay_line_dies(tmp_path):
   """Fault 1: the delay line dying mid-run used to go unnoticed (exit 0, no delay).
   Only where the kernel lacks netem is there a delay line to kill."""

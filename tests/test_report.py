@@ -124,8 +124,8 @@ def test_time_to_target_interpolates_between_bracketing_evals():
   assert metrics.time_to_target(records, 0.88, 'round') == pytest.approx(2.8)
   assert metrics.time_to_target(records, 0.88, 'bytes.total') == pytest.approx(84)
   assert metrics.time_to_target(records, 0.9, 'sim_time_s') == pytest.approx(30)
-  # The one rule the training loop applies to each crossing (hfl.train's
-  # interpolate_crossing): same numbers on the bracketing pair.
+  # The one rule the training loop applies to each crossing (hfl.train.record_eval
+  # calls metrics.crossing): same numbers on the bracketing pair.
   assert metrics.crossing(records[1], records[2], 0.88, 'sim_time_s') == pytest.approx(28)
   assert metrics.crossing(None, records[2], 0.88, 'round') == 3
 

@@ -10,7 +10,7 @@ import numpy as np
 import pytest
 
 from hfl import runtime
-from test_train import make_fake_fashion_mnist
+from tests.helpers import make_fake_fashion_mnist
 
 REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 sys.path.insert(0, os.path.join(REPO, 'bench'))
@@ -134,6 +134,7 @@ def test_this_session_runs_with_the_allocator_it_announces():
 
 
 @needs_tcmalloc
+@pytest.mark.slow
 def test_pytest_session_reexecs_before_collection(tmp_path):
   """`python3 -m pytest` from the repo root re-executes once; output is not doubled."""
   out = subprocess.run(
@@ -145,6 +146,7 @@ def test_pytest_session_reexecs_before_collection(tmp_path):
 
 
 @needs_tcmalloc
+@pytest.mark.slow
 def test_allocator_changes_no_result(tmp_path):
   """The default CNN trained with glibc malloc and with tcmalloc: bitwise the same
   summary.json and metrics.jsonl apart from wall-clock fields."""

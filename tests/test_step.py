@@ -11,8 +11,9 @@ from jax.sharding import NamedSharding, PartitionSpec as P
 from configs import default as default_config
 from hfl import accounting, collectives, mesh as mesh_lib, models, optim, step as step_lib, train
 from hfl.compress import base, co3, dgc, lowrank, policy, quantize, sparse
+from tests.helpers import B, D, W, step_batches as _batches, host_metrics as _host
+from tests.helpers import put as _put, run_steps as _run
 
-D, W, B = 2, 4, 4
 LR = 0.1
 
 
@@ -39,33 +40,6 @@ def _setup(comp_up=None, comp_wan=None, optimizer=None, outer=None, model='mlp',
   fn.comps = comps
   # The step donates its state: keep a host copy of the initial parameters.
   return mesh, jax.tree.map(np.array, params), apply_fn, state, fn
-
-
-def _batches(n, seed=0):
-  rng = np.random.default_rng(seed)
-  x = rng.normal(size=(n, D, W, B, 8, 8, 1)).astype(np.float32)
-  y = rng.integers(0, 10, size=(n, D, W, B)).astype(np.int32)
-  return x, y
-
-
-def _put(mesh, x, *spec):
-  return jax.device_put(x, NamedSharding(mesh, P(*spec)))
-
-
-def _run(mesh, fn, state, xs, ys, active, weights, rounds):
-  """Runs len(xs) iterations; returns the state and the last one's host metrics."""
-  for t in range(len(xs)):
-    state, m = fn(state, (_put(mesh, xs[t], 'dc', 'worker'), _put(mesh, ys[t], 'dc', 'worker')),
-                  _put(mesh, np.asarray(active[t]), 'dc'),
-                  _put(mesh, np.asarray(weights, np.float32)), rounds[t])
-    jax.block_until_ready(state)
-  return state, _host(fn, m, rounds[-1], active[-1], weights)
-
-
-def _host(fn, m, do_round, active=(True, True), weights=(.5, .5)):
-  """hfl.step.host_metrics of one iteration's device metrics."""
-  return step_lib.host_metrics(fn.info[bool(do_round)], np.asarray(m), np.asarray(active),
-                               np.asarray(weights, np.float32))
 
 
 def _loss(apply_fn, p, x, y):
@@ -436,7 +410,7 @@ def test_compressed_wan_bytes_equal_hlo_collectives(name):
 
 
 def test_co3_as_wan_compressor_of_the_pseudo_gradient():
-  """CO3 on the WAN (DESIGN 4.4): each DC sends Q(p_d) with p_d = Δ_d + γ e_d, Δ_d the
+  """CO3 on the WAN (hfl.compress.co3): each DC sends Q(p_d) with p_d = Δ_d + γ e_d, Δ_d the
   pseudo-gradient (global − local model), keeps e_d ← p_d − Q(p_d), and the global
   model takes the outer SGD(1) step on Σ_d w_d Q(p_d). Two rounds of K = 1 against a
   reference that applies the same compressor eagerly per DC (so the second round

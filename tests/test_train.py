@@ -8,68 +8,38 @@ import shutil
 import subprocess
 import sys
 
+import chex
 import numpy as np
-import orbax.checkpoint as ocp
 import pytest
 
-from configs import smoke
 from hfl import config as config_lib
 from hfl import data as data_lib
-from hfl import train
+from hfl import step as step_lib
+from hfl import network, tasks, train
+from hfl.compress import dgc
+from hfl.sync import schedule as schedule_lib
+from tests.helpers import final_state, smoke_config
 
 REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 
 
-def write_idx(path, arr):
-  """Writes an IDX file (gzip) for a uint8 array."""
-  header = bytes([0, 0, 0x08, arr.ndim]) + b''.join(
-      int(n).to_bytes(4, 'big') for n in arr.shape)
-  with gzip.open(path, 'wb') as f:
-    f.write(header + arr.astype(np.uint8).tobytes())
-
-
-def make_fake_fashion_mnist(root, n_train=640, n_test=160, seed=0):
-  """A learnable 10-class stand-in in Fashion-MNIST's IDX layout (28x28 grey)."""
-  rng = np.random.default_rng(seed)
-  protos = rng.integers(0, 255, size=(10, 28, 28))
-  for split, n in (('train', n_train), ('t10k', n_test)):
-    labels = rng.integers(0, 10, size=n)
-    images = np.clip(protos[labels] * 0.6 + rng.normal(0, 40, size=(n, 28, 28)), 0, 255)
-    write_idx(os.path.join(root, f'{split}-images-idx3-ubyte.gz'), images)
-    write_idx(os.path.join(root, f'{split}-labels-idx1-ubyte.gz'), labels)
-  return str(root)
-
-
-@pytest.fixture(scope='module')
-def fake_data(tmp_path_factory):
-  return make_fake_fashion_mnist(tmp_path_factory.mktemp('fmnist'))
-
-
-def smoke_config(data_dir, **overrides):
-  c = smoke.get_config()
-  c.dataset.data_dir = data_dir
-  for key, value in overrides.items():
-    obj = c
-    *parents, leaf = key.split('.')
-    for p in parents:
-      obj = obj[p]
-    obj[leaf] = value
-  return c
-
-
-def final_state(workdir):
-  ckpts = os.path.join(workdir, 'checkpoints')
-  last = max(int(x) for x in os.listdir(ckpts) if x.isdigit())
-  return last, ocp.PyTreeCheckpointer().restore(os.path.join(ckpts, str(last), 'state'))
-
-
 @pytest.fixture(scope='module')
 def smoke_run(fake_data, tmp_path_factory):
-  """(workdir, summary) of the smoke config on the gzip'd fake data."""
+  """(workdir, summary) of the smoke config on the gzip'd fake data.
+
+  The step is traced once per program (local iteration, round): the model's apply
+  function, traced inside the step, may be traced at most twice in the whole run
+  (``chex.assert_max_traces``), so a silent recompilation of the step fails here.
+  """
   workdir = str(tmp_path_factory.mktemp('smoke') / 'run')
-  return workdir, train.train_and_evaluate(smoke_config(fake_data), workdir)
+  make_step = step_lib.make_step
+  counted = lambda apply_fn, *a, **k: make_step(chex.assert_max_traces(apply_fn, n=2), *a, **k)
+  with pytest.MonkeyPatch.context() as mp:
+    mp.setattr(step_lib, 'make_step', counted)
+    return workdir, train.train_and_evaluate(smoke_config(fake_data), workdir)
 
 
+@pytest.mark.slow
 def test_smoke_run_writes_outputs(smoke_run):
   workdir, summary = smoke_run
   with open(os.path.join(workdir, 'summary.json')) as f:
@@ -104,6 +74,7 @@ def test_smoke_run_writes_outputs(smoke_run):
   assert 0 < wall['round_median'] < on_disk['wall_time_s']
 
 
+@pytest.mark.slow
 def test_memory_mapped_idx_files_train_like_gzipped_ones(fake_data, smoke_run, tmp_path):
   # The same files uncompressed are memory-mapped (rows read from disk on
   # demand) instead of decompressed into memory: the run must not change.
@@ -122,11 +93,10 @@ def test_memory_mapped_idx_files_train_like_gzipped_ones(fake_data, smoke_run, t
   records = lambda w: [{k: v for k, v in json.loads(l).items() if k != 'wall_time_s'}
                        for l in open(os.path.join(w, 'metrics.jsonl'))]
   assert records(workdir) == records(ref_dir)
-  import jax  # pylint: disable=g-import-not-at-top
-  for x, y in zip(jax.tree.leaves(final_state(workdir)[1]), jax.tree.leaves(final_state(ref_dir)[1])):
-    np.testing.assert_array_equal(np.asarray(x), np.asarray(y))
+  chex.assert_trees_all_equal(final_state(workdir)[1], final_state(ref_dir)[1])
 
 
+@pytest.mark.slow
 def test_interrupted_run_resumes_bitwise(fake_data, tmp_path, monkeypatch):
   ref_dir, cut_dir = str(tmp_path / 'ref'), str(tmp_path / 'cut')
   cfg = dict(**{'optimizer.name': 'momentum', 'sync.k': 3, 'train.num_steps': 12})
@@ -148,9 +118,7 @@ def test_interrupted_run_resumes_bitwise(fake_data, tmp_path, monkeypatch):
   step_a, a = final_state(ref_dir)
   step_b, b = final_state(cut_dir)
   assert step_a == step_b == 12
-  import jax  # pylint: disable=g-import-not-at-top
-  for x, y in zip(jax.tree.leaves(a), jax.tree.leaves(b)):
-    np.testing.assert_array_equal(np.asarray(x), np.asarray(y))
+  chex.assert_trees_all_equal(a, b)
   ref = json.load(open(os.path.join(ref_dir, 'summary.json')))
   for key in ('final_test_accuracy', 'bytes', 'sim_time_s', 'inter_dc_rounds'):
     assert summary[key] == ref[key], key
@@ -158,6 +126,7 @@ def test_interrupted_run_resumes_bitwise(fake_data, tmp_path, monkeypatch):
   assert steps == sorted(set(steps))  # each evaluation exactly once
 
 
+@pytest.mark.slow
 def test_extending_a_run_past_unusable_newest_checkpoints(fake_data, smoke_run, tmp_path):
   """Fault: a finished run plus an empty newer step directory failed to resume with
   KeyError 'Item "host" was not found' until someone deleted it. Here the finished
@@ -188,9 +157,7 @@ def test_extending_a_run_past_unusable_newest_checkpoints(fake_data, smoke_run, 
   assert sorted(os.listdir(ckpts)) == ['14', '16']
   for key in ('final_test_accuracy', 'bytes', 'sim_time_s', 'inter_dc_rounds'):
     assert summary[key] == ref[key], key
-  for x, y in zip(jax.tree.leaves(final_state(broken_dir)[1]),
-                  jax.tree.leaves(final_state(clean_dir)[1])):
-    np.testing.assert_array_equal(np.asarray(x), np.asarray(y))
+  chex.assert_trees_all_equal(final_state(broken_dir)[1], final_state(clean_dir)[1])
 
 
 BAD = [
@@ -249,6 +216,7 @@ def test_corrupt_data_file_names_the_file(fake_data, tmp_path):
   assert 'train-images' in str(e.value) and 'dataset.data_dir' in str(e.value)
 
 
+@pytest.mark.slow
 def test_failing_rerun_leaves_existing_workdir_intact(fake_data, tmp_path):
   workdir = str(tmp_path / 'run')
   train.train_and_evaluate(smoke_config(fake_data, **{'train.num_steps': 4}), workdir)
@@ -268,6 +236,7 @@ def test_failing_rerun_leaves_existing_workdir_intact(fake_data, tmp_path):
   assert snapshot() == before
 
 
+@pytest.mark.slow
 def test_main_cli_runs_and_rejects_bad_flags(fake_data, tmp_path):
   env = dict(os.environ, JAX_PLATFORMS='cpu')
   base = [sys.executable, os.path.join(REPO, 'main.py'),
@@ -299,6 +268,7 @@ def test_main_cli_runs_and_rejects_bad_flags(fake_data, tmp_path):
   assert not os.path.exists(tmp_path / 'typo')
 
 
+@pytest.mark.slow
 def test_semi_sync_with_equal_speeds_equals_periodic(fake_data, tmp_path):
   cfg = {'train.num_steps': 6, 'train.checkpoint_every': 0}
   train.train_and_evaluate(smoke_config(fake_data, **cfg), str(tmp_path / 'p'))
@@ -306,11 +276,10 @@ def test_semi_sync_with_equal_speeds_equals_periodic(fake_data, tmp_path):
                            str(tmp_path / 's'))
   _, a = final_state(str(tmp_path / 'p'))
   _, b = final_state(str(tmp_path / 's'))
-  import jax  # pylint: disable=g-import-not-at-top
-  for x, y in zip(jax.tree.leaves(a), jax.tree.leaves(b)):
-    np.testing.assert_array_equal(np.asarray(x), np.asarray(y))
+  chex.assert_trees_all_equal(a, b)
 
 
+@pytest.mark.slow
 def test_dc_outage_leaves_the_other_training_and_the_run_finishing(fake_data, tmp_path):
   cfg = {'train.num_steps': 8, 'sync.faults': '1:1-2', 'train.checkpoint_every': 0}
   summary = train.train_and_evaluate(smoke_config(fake_data, **cfg), str(tmp_path / 'f'))
@@ -322,6 +291,7 @@ def test_dc_outage_leaves_the_other_training_and_the_run_finishing(fake_data, tm
   assert summary['final_test_accuracy'] > 0.3
 
 
+@pytest.mark.slow
 def test_heterogeneous_semi_sync_fednova_nesterov_runs(fake_data, tmp_path):
   cfg = {'train.num_steps': 9, 'sync.strategy': 'semi_sync', 'sync.aggregation': 'fednova',
          'network.dc_speed': (3.0, 1.0), 'sync.outer.name': 'nesterov',
@@ -336,6 +306,7 @@ def test_heterogeneous_semi_sync_fednova_nesterov_runs(fake_data, tmp_path):
   assert np.isfinite(summary['final_test_loss'])
 
 
+@pytest.mark.slow
 def test_divergence_stops_before_anything_non_finite_is_written(fake_data, tmp_path):
   workdir = str(tmp_path / 'div')
   cfg = smoke_config(fake_data, **{'optimizer.learning_rate': 1e6})
@@ -355,6 +326,7 @@ def test_divergence_stops_before_anything_non_finite_is_written(fake_data, tmp_p
       assert np.all(np.isfinite(np.asarray(x)))
 
 
+@pytest.mark.slow
 def test_divergence_message_is_true_of_the_run(fake_data, tmp_path):
   # Diverges before its only checkpoint (at the end), uncompressed: no checkpoint to
   # speak of, no compression to make milder.
@@ -395,6 +367,7 @@ def _nan_from_third_call(shape, **unused):
                          lambda p: p['values'])
 
 
+@pytest.mark.slow
 def test_non_finite_payload_stops_the_run_naming_leaf_and_link(fake_data, tmp_path):
   """Issue 12, fault 3: a non-finite payload stops the run like a non-finite loss
   (FloatingPointError, exit status 3 in main.py), naming the leaf and the link,
@@ -417,6 +390,7 @@ def test_non_finite_payload_stops_the_run_naming_leaf_and_link(fake_data, tmp_pa
     assert np.all(np.isfinite(np.asarray(x)))
 
 
+@pytest.mark.slow
 def test_dc_outage_discards_the_absent_dcs_round(fake_data, tmp_path):
   """Issue 12, fault 7: smoke config, momentum, top-k uplink, K = 4, 4 steps, DC 1
   absent in round 0. DC 1's optimizer state, residuals and compressor states are
@@ -448,3 +422,57 @@ def test_dc_outage_discards_the_absent_dcs_round(fake_data, tmp_path):
   # Every DC restarts from the new global model.
   for g, x in zip(jax.tree.leaves(got['global_params']), jax.tree.leaves(got['params'])):
     np.testing.assert_array_equal(np.asarray(x)[1], np.asarray(g))
+
+
+# ------------------------------------------------------------------------------
+# The loop state and the resolved warm-up, without a run.
+# ------------------------------------------------------------------------------
+
+def test_warmup_stage_of_every_step_matches_dgc_warmup_stage():
+  """Setup precomputes the stage boundaries; the loop looks the stage up by step."""
+  for steps in range(1, 14):
+    for stages in range(1, 7):
+      w = train.Warmup(train.warmup_starts(steps, stages), (None,) * stages)
+      for step in range(steps + 3):
+        ref = dgc.warmup_stage(step, steps, stages)
+        assert w.stage(step) == (ref if ref < stages else None), (steps, stages, step)
+  assert train.Warmup().stage(0) is None  # warm-up off
+
+
+def _loop_state(schedule):
+  ls = train.new_loop_state(schedule, 2)
+  ls = train.account_iteration(ls, network.from_config(smoke_config('').network, 2), dict(
+      up_bits=np.array([8 * 3, 8 * 5 + 4]), down_bits=np.array([16, 16])), [True, True])
+  return ls._replace(best_test_accuracy=0.5, last_eval=dict(test_accuracy=0.5, round=1,
+                                                           sim_time_s=2.5), round_loss=(1.25,))
+
+
+def test_loop_state_round_trips_through_the_checkpoint_dict_and_reads_old_ones():
+  schedule = schedule_lib.make_schedule('periodic', 2, 3, 3)
+  ls = _loop_state(schedule)
+  assert ls.bits == dict(intra_up=68, intra_down=32, inter_dc=0)
+  host = json.loads(json.dumps(train.to_host(ls, 7.5)))  # what a checkpoint holds
+  assert host['bytes'] == dict(intra_up=8.5, intra_down=4, inter_dc=0)
+  back = train.from_host(host, schedule)
+  assert back.wall_time_s == 7.5
+  chex.assert_trees_all_equal(back._replace(wall_time_s=0.0), ls)  # clock, plan, schedule, ...
+  assert back.last_eval == ls.last_eval and back.schedule == ls.schedule
+  # Checkpoints of older versions: bytes only (exact bits derived), no best_test_loss.
+  old = {k: v for k, v in host.items() if k not in ('bits', 'best_test_loss')}
+  assert train.from_host(old, schedule).bits == ls.bits
+  assert train.from_host(old, schedule).best_test_loss is None
+
+
+def test_record_eval_keeps_the_best_and_the_first_crossing():
+  schedule = schedule_lib.make_schedule('periodic', 2, 3, 3)
+  task = tasks.Task('classification', 'test_accuracy', True, 0.6)
+  ls = _loop_state(schedule)  # last evaluation: accuracy 0.5 at round 1, 2.5 s
+  rec = dict(test_accuracy=0.7, test_loss=0.9, round=3, sim_time_s=4.5)
+  ls = train.record_eval(ls, task, rec)
+  # Crossed 0.6 halfway between the evaluations: round 2, 3.5 s (hand-computed).
+  assert ls.rounds_to_target == pytest.approx(2.0) and ls.time_to_target_s == pytest.approx(3.5)
+  assert (ls.best_test_accuracy, ls.best_test_loss, ls.round_loss) == (0.7, 0.9, ())
+  ls = train.record_eval(ls, task, dict(rec, test_accuracy=0.65, test_loss=1.0, round=5))
+  assert ls.rounds_to_target == pytest.approx(2.0)  # the first crossing is kept
+  assert (ls.best_test_accuracy, ls.best_test_loss) == (0.7, 0.9)
+  assert ls.last_eval == dict(test_accuracy=0.65, sim_time_s=4.5, round=5)

@@ -8,6 +8,7 @@ import os
 import jax
 import jax.numpy as jnp
 import ml_collections
+import chex
 import numpy as np
 import optax
 import pytest
@@ -17,12 +18,11 @@ from configs import cifar10, cifar10_resnet20, shakespeare, smoke
 from hfl import config as config_lib
 from hfl import data as data_lib
 from hfl import mesh as mesh_lib
-from hfl import models, optim, tasks, train
+from hfl import metrics, models, optim, tasks, train
 from hfl import step as step_lib
 from hfl.compress import base
 from hfl.data import augment
-from tests.test_imagefolder import make_tree, write_archive
-from tests.test_train import final_state
+from tests.helpers import final_state, make_tree, write_archive
 
 D, W = 2, 4
 
@@ -60,8 +60,7 @@ def _assert_same_state(a_dir, b_dir):
   step_a, a = final_state(a_dir)
   step_b, b = final_state(b_dir)
   assert step_a == step_b
-  for x, y in zip(jax.tree.leaves(a), jax.tree.leaves(b)):
-    np.testing.assert_array_equal(np.asarray(x), np.asarray(y))
+  chex.assert_trees_all_equal(a, b)
   return a
 
 
@@ -85,6 +84,7 @@ def _image_config(archive, cache):
       'optimizer.warmup_steps': 3, 'optimizer.final_lr_ratio': 0.1, 'sync.k': 3})
 
 
+@pytest.mark.slow
 def test_augmented_scheduled_image_folder_run_resumes_bitwise(image_archive, tmp_path,
                                                               monkeypatch):
   calls = []
@@ -169,6 +169,7 @@ def _lm_config(path, **overrides):
       'train.target_loss': 2.6, **overrides})
 
 
+@pytest.mark.slow
 def test_lm_run_metrics_targets_and_bitwise_resume(corpus, tmp_path, monkeypatch):
   ref_dir, cut_dir = _crash_and_resume(lambda: _lm_config(corpus), tmp_path, monkeypatch)
   state = _assert_same_state(ref_dir, cut_dir)
@@ -221,20 +222,24 @@ def test_eval_sums_against_numpy():
   assert float(correct) == pytest.approx((lg.argmax(-1) == labels)[:2].mean(1).sum())
 
 
-def test_interpolate_crossing_both_directions():
+def _cross(task, prev, cur, key):
+  return metrics.crossing(prev, cur, task.target, key, task.metric, task.higher_is_better)
+
+
+def test_crossing_both_directions():
   lm = tasks.Task('language_model', 'test_loss', False, 1.7)
   prev = dict(test_loss=1.9, round=10, sim_time_s=100.0)
   cur = dict(test_loss=1.5, round=20, sim_time_s=300.0)
   assert lm.reached(1.7) and not lm.reached(1.71)
-  assert tasks.interpolate_crossing(lm, prev, cur, 'round') == pytest.approx(15.0)
-  assert tasks.interpolate_crossing(lm, prev, cur, 'sim_time_s') == pytest.approx(200.0)
+  assert _cross(lm, prev, cur, 'round') == pytest.approx(15.0)
+  assert _cross(lm, prev, cur, 'sim_time_s') == pytest.approx(200.0)
   cls = tasks.Task('classification', 'test_accuracy', True, 0.8)
   prev = dict(test_accuracy=0.7, round=4, sim_time_s=1.0)
   cur = dict(test_accuracy=0.9, round=8, sim_time_s=2.0)
-  assert tasks.interpolate_crossing(cls, prev, cur, 'round') == pytest.approx(6.0)
-  assert tasks.interpolate_crossing(cls, None, cur, 'round') == 8.0
+  assert _cross(cls, prev, cur, 'round') == pytest.approx(6.0)
+  assert _cross(cls, None, cur, 'round') == 8.0
   # An older run's last evaluation holds only test_accuracy: counts as absent for a loss.
-  assert tasks.interpolate_crossing(lm, {'test_accuracy': 0.5, 'round': 1}, dict(
+  assert _cross(lm, {'test_accuracy': 0.5, 'round': 1}, dict(
       test_loss=1.0, round=3), 'round') == 3.0
 
 

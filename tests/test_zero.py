@@ -21,8 +21,8 @@ from hfl import config as config_lib
 from hfl import data as data_lib
 from hfl import mesh as mesh_lib, models, step as step_lib, train
 from hfl.compress import base, dgc, sparse
-from test_step import B, D, W, _batches, _put, _run
-from test_train import final_state, make_fake_fashion_mnist, smoke_config
+from tests.helpers import B, D, W, step_batches as _batches, run_steps as _run
+from tests.helpers import final_state, smoke_config
 
 assert D == 2 and W == 4 and B
 
@@ -194,11 +194,7 @@ def test_older_run_without_the_field_resumes(tmp_path):
     train._check_workdir_config(str(tmp_path), c)
 
 
-@pytest.fixture(scope='module')
-def fake_data(tmp_path_factory):
-  return make_fake_fashion_mnist(tmp_path_factory.mktemp('fmnist'))
-
-
+@pytest.mark.slow
 def test_sharded_run_matches_unsharded_and_resumes_bitwise(fake_data, tmp_path, monkeypatch):
   cfg = {'optimizer.name': 'adam', 'optimizer.learning_rate': 0.01, 'sync.k': 3,
          'train.num_steps': 9}
@@ -221,8 +217,7 @@ def test_sharded_run_matches_unsharded_and_resumes_bitwise(fake_data, tmp_path, 
 
   _, a = final_state(ref_dir)
   _, b = final_state(cut_dir)
-  for x, y in zip(jax.tree.leaves(a), jax.tree.leaves(b)):
-    np.testing.assert_array_equal(np.asarray(x), np.asarray(y))
+  chex.assert_trees_all_equal(a, b)
   for key in ('final_test_accuracy', 'bytes', 'sim_time_s', 'inter_dc_rounds'):
     assert s_cut[key] == s_ref[key], key
   # The checkpoint holds the sharded layout: [D, W, chunk] per parameter leaf.
@@ -232,8 +227,7 @@ def test_sharded_run_matches_unsharded_and_resumes_bitwise(fake_data, tmp_path, 
   assert {x.shape[:2] for x in mu} == {(D, W)}
   assert {x.shape[2] for x in mu if x.ndim == 3} == {-(-n // W) for n in n_w}
   # The same model as the unsharded run; more intra-DC bytes (the all-gather).
-  for x, y in zip(jax.tree.leaves(a['global_params']), jax.tree.leaves(p['global_params'])):
-    np.testing.assert_allclose(x, y, atol=1e-6, rtol=1e-5)
+  chex.assert_trees_all_close(a['global_params'], p['global_params'], atol=1e-6, rtol=1e-5)
   assert s_ref['final_test_accuracy'] == pytest.approx(s_plain['final_test_accuracy'], abs=1e-3)
   n = sum(l.size for l in jax.tree.leaves(p['global_params']))
   assert s_plain['bytes']['intra_up'] == 9 * D * W * n * 4

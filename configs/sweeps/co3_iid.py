@@ -1,6 +1,7 @@
 """CO3 in the paper's own training setup: a synchronous PS over IID data.
 
-The CO3 paper (DESIGN 4.4) trains data-parallel workers that push their gradients
+The CO3 paper ("How to Attain Communication-Efficient DNN Training? Convert,
+Compress, Correct"; hfl.compress.co3) trains data-parallel workers that push their gradients
 to a parameter server every iteration, on IID shards, with SGD at lr 0.01.
 configs/sweeps/co3_paper.py ran the γ grid in hfl's default experiment instead
 (non-IID Dirichlet shards, periodic sync every K = 4), where each round's

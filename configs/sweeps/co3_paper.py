@@ -1,4 +1,4 @@
-"""CO3 under the paper's optimizer setting: plain SGD, lr 0.01 (DESIGN 4.4).
+"""CO3 under the paper's optimizer setting: plain SGD, lr 0.01 (hfl.compress.co3).
 
 The CO3 paper trains with SGD at lr 0.01. configs/sweeps/co3.py (momentum 0.9) and
 configs/sweeps/co3_sgd.py (SGD, lr 0.1) found error feedback hurting fp4 CO3; this

@@ -1,4 +1,4 @@
-"""CO3 as the WAN compressor of the pseudo-gradient (DESIGN 4.4, issue 5).
+"""CO3 as the WAN compressor of the pseudo-gradient (hfl.compress.co3, issue 5).
 
 Each DC sends its round's pseudo-gradient Δ_d = x_global − x_d through CO3 fp4
 (GenNorm scale, Huffman code) with the decaying memory p = Δ_d + γ e_d over the

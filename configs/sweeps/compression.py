@@ -1,6 +1,7 @@
 """Bidirectional top-k + mixed precision vs uncompressed, and the compression curve.
 
-The thesis comparison (DESIGN 4.2, issue 3) on the default experiment with a
+The seed thesis's comparison of bidirectional sparse + mixed-precision
+compression (issue 3) on the default experiment with a
 bandwidth-limited LAN (1 Gbit/s PS NIC): uncompressed; top-k on the uplink and
 the downlink at densities 2% (≈95% fewer intra-DC bytes), 1%, 0.3% and 0.1%, with
 leaves under 2^14 entries (and every 1-D leaf) sent in bf16. Uncompressed, 2%,

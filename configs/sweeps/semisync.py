@@ -1,4 +1,4 @@
-"""Sync strategies on heterogeneous DCs (DESIGN 4.3, issue 4): the thesis comparison.
+"""Sync strategies on heterogeneous DCs (hfl.sync.frequency, issue 4): the thesis comparison.
 
 Baseline: ``sync`` (K = 1, the synchronous hierarchical PS). Against it:
 ``periodic`` (K = 4), ``semi_sync`` (K_base = 4, per-DC K_d from the frequency

@@ -1,0 +1,146 @@
+"""Helpers several test files share: synthetic datasets, the smoke config, checkpoints.
+
+Fixtures built on them (``fake_data``) are in ``tests/conftest.py``; test files
+import these functions from here, never from each other.
+"""
+
+import gzip
+import io
+import os
+import tarfile
+
+import jax
+import numpy as np
+import orbax.checkpoint as ocp
+from jax.sharding import NamedSharding, PartitionSpec as P
+from PIL import Image
+
+from configs import smoke
+from hfl import step as step_lib
+
+
+# ------------------------------------------------------------------------------
+# IDX files (the MNIST / Fashion-MNIST format).
+# ------------------------------------------------------------------------------
+
+def idx_bytes(arr: np.ndarray) -> bytes:
+  """A uint8 array encoded as an IDX file: magic 0x0000 08 NDIM, big-endian dims, data."""
+  arr = np.ascontiguousarray(arr)
+  header = bytes([0, 0, 0x08, arr.ndim]) + b''.join(int(d).to_bytes(4, 'big') for d in arr.shape)
+  return header + arr.astype('>u1').tobytes()
+
+
+def write_idx(path: str, arr: np.ndarray) -> None:
+  """Writes ``arr`` (values in [0, 255]) as an IDX file, gzip'd when ``path`` ends in .gz."""
+  payload = idx_bytes(np.asarray(arr).astype(np.uint8))
+  if os.fspath(path).endswith('.gz'):
+    payload = gzip.compress(payload)
+  with open(path, 'wb') as f:
+    f.write(payload)
+
+
+def make_fake_fashion_mnist(root, n_train=640, n_test=160, seed=0) -> str:
+  """A learnable 10-class stand-in in Fashion-MNIST's IDX layout (28x28 grey, gzip)."""
+  rng = np.random.default_rng(seed)
+  protos = rng.integers(0, 255, size=(10, 28, 28))
+  for split, n in (('train', n_train), ('t10k', n_test)):
+    labels = rng.integers(0, 10, size=n)
+    images = np.clip(protos[labels] * 0.6 + rng.normal(0, 40, size=(n, 28, 28)), 0, 255)
+    write_idx(os.path.join(root, f'{split}-images-idx3-ubyte.gz'), images)
+    write_idx(os.path.join(root, f'{split}-labels-idx1-ubyte.gz'), labels)
+  return str(root)
+
+
+# ------------------------------------------------------------------------------
+# Image folders (CIFAR-10 style class directories).
+# ------------------------------------------------------------------------------
+
+# class -> number of (train, test) images; names deliberately not in creation order.
+CLASSES = {'zebra': (3, 2), 'ant': (2, 1), 'moth': (4, 2)}
+
+
+def png(arr: np.ndarray) -> bytes:
+  buf = io.BytesIO()
+  Image.fromarray(arr).save(buf, format='PNG')  # lossless: decoded pixels are exact
+  return buf.getvalue()
+
+
+def make_tree(seed=0, classes=CLASSES, size=(5, 4)):
+  """{relpath: uint8 [H, W, 3]} of a small image folder (files named out of order)."""
+  rng = np.random.default_rng(seed)
+  tree = {}
+  for cls, counts in classes.items():
+    for split, n in zip(('train', 'test'), counts):
+      for i in reversed(range(n)):
+        tree[f'{split}/{cls}/img{i:02d}.png'] = rng.integers(0, 256, size + (3,), np.uint8)
+  return tree
+
+
+def write_archive(path, tree, prefix='', extra=()):
+  """A .tar.gz of ``tree`` (PNG-encoded) plus ``extra`` (relpath, raw bytes) members."""
+  with tarfile.open(path, 'w:gz') as tar:
+    for rel, payload in [(r, png(a)) for r, a in tree.items()] + list(extra):
+      info = tarfile.TarInfo(prefix + rel)
+      info.size = len(payload)
+      tar.addfile(info, io.BytesIO(payload))
+  return str(path)
+
+
+# ------------------------------------------------------------------------------
+# Runs.
+# ------------------------------------------------------------------------------
+
+def smoke_config(data_dir, **overrides):
+  """configs/smoke.py on ``data_dir`` with dotted ``overrides`` ('train.num_steps'=...)."""
+  c = smoke.get_config()
+  c.dataset.data_dir = data_dir
+  for key, value in overrides.items():
+    obj = c
+    *parents, leaf = key.split('.')
+    for p in parents:
+      obj = obj[p]
+    obj[leaf] = value
+  return c
+
+
+def final_state(workdir):
+  """(step, TrainState pytree) of a workdir's newest checkpoint, as numpy arrays."""
+  ckpts = os.path.join(workdir, 'checkpoints')
+  last = max(int(x) for x in os.listdir(ckpts) if x.isdigit())
+  return last, ocp.PyTreeCheckpointer().restore(os.path.join(ckpts, str(last), 'state'))
+
+
+# ------------------------------------------------------------------------------
+# The step on a (D=2, W=4) mesh, B examples of 8x8x1 per worker.
+# ------------------------------------------------------------------------------
+
+D, W, B = 2, 4, 4
+
+
+def step_batches(n, seed=0):
+  """``n`` iterations of random batches: (float32 [n, D, W, B, 8, 8, 1], int32 [n, D, W, B])."""
+  rng = np.random.default_rng(seed)
+  x = rng.normal(size=(n, D, W, B, 8, 8, 1)).astype(np.float32)
+  y = rng.integers(0, 10, size=(n, D, W, B)).astype(np.int32)
+  return x, y
+
+
+def put(mesh, x, *spec):
+  """``x`` on ``mesh``, sharded as ``PartitionSpec(*spec)``."""
+  return jax.device_put(x, NamedSharding(mesh, P(*spec)))
+
+
+def run_steps(mesh, fn, state, xs, ys, active, weights, rounds):
+  """Runs len(xs) iterations; returns the state and the last one's host metrics."""
+  for t in range(len(xs)):
+    state, m = fn(state, (put(mesh, xs[t], 'dc', 'worker'), put(mesh, ys[t], 'dc', 'worker')),
+                  put(mesh, np.asarray(active[t]), 'dc'),
+                  put(mesh, np.asarray(weights, np.float32)), rounds[t])
+    jax.block_until_ready(state)
+  return state, host_metrics(fn, m, rounds[-1], active[-1], weights)
+
+
+def host_metrics(fn, m, do_round, active=(True, True), weights=(.5, .5)):
+  """hfl.step.host_metrics of one iteration's device metrics."""
+  return step_lib.host_metrics(fn.info[bool(do_round)], np.asarray(m), np.asarray(active),
+                               np.asarray(weights, np.float32))
