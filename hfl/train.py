@@ -663,8 +663,7 @@ def _round_weights(s: Setup, plan, it: int, active, present) -> np.ndarray:
   """float32 [D]: the round's aggregation scales (:mod:`hfl.sync.aggregation`) of
   the present DCs, with the local steps each ran (``it + 1`` iterations so far)."""
   local = np.where(active, np.minimum(plan.k_d, it + 1), plan.k_d)
-  p = jnp.asarray(s.dc_weights * present, jnp.float32)
-  p = p / jnp.sum(p)
+  p = aggregation.fedavg_weights(s.dc_weights, present)
   return np.asarray(aggregation.aggregation_scale(s.loop.aggregation, p,
                                                   jnp.asarray(local, jnp.float32)))
 
