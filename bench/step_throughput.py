@@ -215,23 +215,18 @@ def main():
         f'{jax.device_count()} CPU devices; {args.batch} examples per worker, global batch '
         f'{D * W * args.batch}; median of {args.blocks} alternating blocks of {args.steps} steps')
   mesh = mesh_lib.make_mesh(D, W)
-  rows = []
-  for name in names:
-    net, x, y, desc = build(name, args.batch, np.random.default_rng(0))
-    progs, model_flops = programs(net, x, y, mesh)
-    rate = measure(progs, args.steps, args.blocks)
-    rows.append((name, desc, model_flops, progs, rate))
-    print(f'{name}: done', file=sys.stderr, flush=True)
   print('\n| model | input | model GFLOP/step (jaxpr) | XLA GFLOP/step: hier. / DP / 1 dev. | '
         'hierarchical steps/s | data-parallel steps/s | hier. / DP | one device (jit) steps/s | '
         'MFU hierarchical | MFU one device |')
-  print('|---|---|---:|---:|---:|---:|---:|---:|---:|---:|')
-  for name, desc, mf, progs, r in rows:
+  print('|---|---|---:|---:|---:|---:|---:|---:|---:|---:|', flush=True)
+  for name in names:  # each row as soon as its model is measured
+    net, x, y, desc = build(name, args.batch, np.random.default_rng(0))
+    progs, mf = programs(net, x, y, mesh)
+    r = measure(progs, args.steps, args.blocks)
     xla = ' / '.join(f'{progs[k][1] / 1e9:.3f}' for k in progs)
     h, dp, one = r['hierarchical'], r['data parallel'], r['one device']
     print(f'| {name} | {desc} | {mf / 1e9:.3f} | {xla} | {h:.2f} | {dp:.2f} | {h / dp:.3f} | '
-          f'{one:.2f} | {mf * h / peak:.1%} | {mf * one / peak:.1%} |')
-
+          f'{one:.2f} | {mf * h / peak:.1%} | {mf * one / peak:.1%} |', flush=True)
 
 if __name__ == '__main__':
   main()
