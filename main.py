@@ -6,6 +6,7 @@
 Rerunning the same command on an existing workdir resumes from its last checkpoint.
 """
 
+import os
 import sys
 
 from hfl import runtime
@@ -55,6 +56,10 @@ def main(argv):
     print(f'error: could not load --config ({detail}); pass a config file such as '
           'configs/default.py.', file=sys.stderr)
     sys.exit(2)
+  problem = _workdir_problem(_WORKDIR.value)
+  if problem:
+    print(f'error: --workdir={_WORKDIR.value!r} {problem}', file=sys.stderr)
+    sys.exit(2)
   # Distributed start-up and the CPU device count come before anything touches
   # the JAX backend.
   from hfl import distributed  # pylint: disable=g-import-not-at-top
@@ -84,6 +89,23 @@ def main(argv):
     print(f'interrupted: rerun the same command to resume {_WORKDIR.value} from its last '
           'checkpoint.', file=sys.stderr)
     sys.exit(130)
+
+
+def _workdir_problem(workdir: str) -> str | None:
+  """Why ``workdir`` cannot hold a run (None if it can), checked before anything starts."""
+  if not workdir or not workdir.strip():
+    return 'is empty; pass a directory (created if missing), e.g. --workdir=workdirs/run'
+  path = os.path.abspath(workdir)
+  if os.path.exists(path) and not os.path.isdir(path):
+    return 'exists and is not a directory; pass a directory (created if missing)'
+  parent = path
+  while not os.path.exists(parent):
+    parent = os.path.dirname(parent)
+  if not os.path.isdir(parent):
+    return f'cannot be created: {parent} is a file'
+  if not os.access(parent, os.W_OK):
+    return f'cannot be written: {parent} is not writable'
+  return None
 
 
 def _check_dc_placement(config, info) -> None:

@@ -1,16 +1,11 @@
-"""Sweep launcher: a grid of config overrides, one training job per point.
+"""Sweep launcher: a grid of config overrides (:data:`FORMAT`), one training job per point.
 
-Each point gets a deterministic workdir ``ROOT/<name>`` built from its overrides
-(e.g. ``seed=0__sync.k=4``). A workdir with ``summary.json`` is done and
-skipped; any other is (re)run, and the job resumes from its own checkpoints.
-Jobs run as ``python main.py --config=BASE --workdir=ROOT/<name>
---config.KEY=VALUE ...`` in the caller's directory, ``--parallel N`` at a time,
-each appending its output to ``ROOT/<name>/train.log``. Every run's config is
-checked as main.py checks it before any job starts (one bad point: nothing is
-written); a failed run is reported with its log's last error line; Ctrl-C stops
-the running jobs (rerun to resume); at the end :func:`hfl.report.write_report`
-writes ``ROOT/report``. The grid comes from a sweep file and/or ``--grid``
-flags (:data:`FORMAT`).
+Point -> workdir ``ROOT/<name>`` from its overrides (e.g. ``seed=0__sync.k=4``);
+one with ``summary.json`` is skipped, any other (re)run and resumed from its own
+checkpoints. Jobs (``main.py --config=BASE --workdir=ROOT/<name> --config.K=V``,
+``--parallel N`` at a time, output in ``ROOT/<name>/train.log``) start only after
+every point's config passed main.py's checks; a failed run is reported with its
+log's last error line; at the end :func:`hfl.report.write_report` writes ``ROOT/report``.
 """
 
 import argparse
@@ -532,11 +527,17 @@ def parse_args(argv: Sequence[str] | None = None) -> argparse.Namespace:
                  help='list the grid and commands; run nothing')
   p.add_argument('--max_runs', '--max-runs', type=int, default=None,
                  help='run at most N unfinished points')
-  p.add_argument('--parallel', type=int, default=1, help='runs executed at the same time')
+  p.add_argument('--parallel', type=int, default=1, help='runs at the same time (>= 1)')
   p.add_argument('--no_report', '--no-report', dest='report', action='store_false',
                  help='skip the final report')
   p.add_argument('--python', default=sys.executable, help='interpreter for the training jobs')
-  return p.parse_args(argv)
+  args = p.parse_args(argv)
+  for flag, value in (('parallel', args.parallel), ('max_runs', 1 if args.max_runs is None else args.max_runs)):
+    if value < 1:
+      p.error(f'--{flag}={value} must be >= 1')
+  if os.path.isfile(args.root):
+    p.error(f'--root={args.root!r} exists and is not a directory')
+  return args
 
 
 def sweep_from_args(args: argparse.Namespace) -> tuple[Any, Any]:

@@ -563,6 +563,30 @@ def test_sweep_max_runs_and_parallel(tmp_path):
   assert len(runner.calls) == 8 and len(res.ran) == 5
 
 
+
+@pytest.mark.parametrize('argv, message', [
+    (['--parallel', '0'], '--parallel=0 must be >= 1'),
+    (['--max_runs', '0'], '--max_runs=0 must be >= 1'),
+    (['--root_is_file'], 'exists and is not a directory')])
+def test_sweep_cli_refuses_bad_counts_and_a_file_root(tmp_path, capsys, argv, message):
+  f = tmp_path / 'f'
+  f.write_text('x')
+  root = str(f) if argv == ['--root_is_file'] else str(tmp_path / 'r')
+  argv = [] if argv == ['--root_is_file'] else argv
+  with pytest.raises(SystemExit) as e:
+    sweep.main(['--config', 'configs/smoke.py', '--root', root] + argv)
+  assert e.value.code == 2 and message in capsys.readouterr().err
+  assert f.read_text() == 'x' and not (tmp_path / 'r').exists()
+
+
+def test_report_cli_refuses_an_out_that_is_a_file(tmp_path, capsys):
+  from hfl.report import __main__ as report_cli
+  f = tmp_path / 'f'
+  f.write_text('x')
+  assert report_cli.main([str(tmp_path), '--out', str(f)]) == 2
+  assert 'exists and is not a directory' in capsys.readouterr().err and f.read_text() == 'x'
+
+
 def test_dry_run_lists_grid_and_runs_nothing(tmp_path):
   root = tmp_path / 'dry'
   lines = []

@@ -268,6 +268,23 @@ def test_main_cli_runs_and_rejects_bad_flags(fake_data, tmp_path):
   assert not os.path.exists(tmp_path / 'typo')
 
 
+
+@pytest.mark.parametrize('kind', ['file', 'under_file', 'empty'])
+def test_main_refuses_an_unusable_workdir_before_anything(tmp_path, kind):
+  """A --workdir that is a file, lies under a file, or is empty: exit status 2 and one
+  line naming --workdir, before data loading or compilation; the file is untouched."""
+  f = tmp_path / 'a_file'
+  f.write_text('keep me')
+  workdir = {'file': str(f), 'under_file': str(f / 'run'), 'empty': ''}[kind]
+  out = subprocess.run([sys.executable, os.path.join(REPO, 'main.py'),
+                        f'--config={os.path.join(REPO, "configs/smoke.py")}',
+                        f'--workdir={workdir}'], env=dict(os.environ, JAX_PLATFORMS='cpu'),
+                       capture_output=True, text=True, timeout=300, cwd=str(tmp_path))
+  assert out.returncode == 2, out.stderr[-2000:]
+  lines = out.stderr.strip().splitlines()
+  assert len(lines) == 1 and lines[0].startswith(f'error: --workdir={workdir!r} '), lines
+  assert f.read_text() == 'keep me' and sorted(os.listdir(tmp_path)) == ['a_file']
+
 @pytest.mark.slow
 def test_semi_sync_with_equal_speeds_equals_periodic(fake_data, tmp_path):
   cfg = {'train.num_steps': 6, 'train.checkpoint_every': 0}

@@ -38,9 +38,12 @@ def main(argv: Sequence[str] | None = None) -> int:
   if args.out is None and len(args.dirs) > 1:
     print('error: --out is required with several DIRs', file=sys.stderr)
     return 2
+  out = args.out or os.path.join(args.dirs[0], 'report')
   label_by = [k.strip() for k in (args.label_by or '').split(',') if k.strip()] or None
   try:
-    written = report.write_report(args.dirs, args.out or os.path.join(args.dirs[0], 'report'),
+    if os.path.exists(out) and not os.path.isdir(out):
+      raise ValueError(f'--out={out!r} exists and is not a directory')
+    written = report.write_report(args.dirs, out,
                                   target=args.target, label_by=label_by,
                                   baseline=args.baseline, plots=args.plots)
   except (FileNotFoundError, ValueError) as e:
