@@ -90,10 +90,8 @@ def write_archive(path, tree, prefix='', extra=()):
 # Runs.
 # ------------------------------------------------------------------------------
 
-def smoke_config(data_dir, **overrides):
-  """configs/smoke.py on ``data_dir`` with dotted ``overrides`` ('train.num_steps'=...)."""
-  c = smoke.get_config()
-  c.dataset.data_dir = data_dir
+def set_overrides(c, **overrides):
+  """Sets dotted ``overrides`` ('train.num_steps'=...) on config ``c``; returns ``c``."""
   for key, value in overrides.items():
     obj = c
     *parents, leaf = key.split('.')
@@ -101,6 +99,13 @@ def smoke_config(data_dir, **overrides):
       obj = obj[p]
     obj[leaf] = value
   return c
+
+
+def smoke_config(data_dir, **overrides):
+  """configs/smoke.py on ``data_dir`` with dotted ``overrides`` ('train.num_steps'=...)."""
+  c = smoke.get_config()
+  c.dataset.data_dir = data_dir
+  return set_overrides(c, **overrides)
 
 
 def final_state(workdir):

@@ -22,19 +22,9 @@ from hfl import metrics, models, optim, tasks, train
 from hfl import step as step_lib
 from hfl.compress import base
 from hfl.data import augment
-from tests.helpers import final_state, make_tree, write_archive
+from tests.helpers import final_state, make_tree, set_overrides, write_archive
 
 D, W = 2, 4
-
-
-def _set(c, **overrides):
-  for key, value in overrides.items():
-    *parents, leaf = key.split('.')
-    obj = c
-    for p in parents:
-      obj = obj[p]
-    obj[leaf] = value
-  return c
 
 
 def _crash_and_resume(config_fn, tmp_path, monkeypatch, crash_step=8):
@@ -77,7 +67,7 @@ def image_archive(tmp_path_factory):
 
 
 def _image_config(archive, cache):
-  return _set(smoke.get_config(), **{
+  return set_overrides(smoke.get_config(), **{
       'dataset.name': 'tiny_images', 'dataset.data_dir': archive, 'dataset.cache_dir': cache,
       'dataset.partition': 'iid', 'dataset.augment': 'crop_flip', 'train.batch_size': 4,
       'optimizer.name': 'nesterov', 'optimizer.schedule': 'cosine',
@@ -160,7 +150,7 @@ def corpus(tmp_path_factory):
 
 
 def _lm_config(path, **overrides):
-  return _set(shakespeare.get_config(), **{
+  return set_overrides(shakespeare.get_config(), **{
       'dataset.name': 'text', 'dataset.data_dir': path, 'model.num_layers': 1,
       'model.num_heads': 2, 'model.embed_dim': 16, 'model.seq_len': 8,
       'optimizer.learning_rate': 1e-2, 'optimizer.warmup_steps': 2, 'train.num_steps': 12,
@@ -265,12 +255,12 @@ BAD = [
 def test_bad_fields_are_named(module, overrides, field):
   c = module.get_config()
   with pytest.raises(ValueError, match=field.replace('.', r'\.')):
-    config_lib.validate(_set(c, **overrides))
+    config_lib.validate(set_overrides(c, **overrides))
 
 
 def test_transformer_fields_are_required():
   c = smoke.get_config()
-  _set(c, **{'dataset.name': 'tiny_shakespeare', 'model.name': 'transformer',
+  set_overrides(c, **{'dataset.name': 'tiny_shakespeare', 'model.name': 'transformer',
              'dataset.partition': 'iid'})
   with pytest.raises(ValueError, match='model.num_layers, model.num_heads, model.embed_dim, '
                      'model.seq_len'):
