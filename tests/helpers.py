@@ -16,7 +16,9 @@ from jax.sharding import NamedSharding, PartitionSpec as P
 from PIL import Image
 
 from configs import smoke
+from hfl import models
 from hfl import step as step_lib
+from hfl.compress import base
 
 
 # ------------------------------------------------------------------------------
@@ -120,6 +122,15 @@ def final_state(workdir):
 # ------------------------------------------------------------------------------
 
 D, W, B = 2, 4, 4
+
+
+def mlp_identity(hw: int):
+  """(net, params, comps): the 'mlp' model (10 classes) initialised on [1, hw, hw, 1]
+  inputs and identity compressors on every link."""
+  net = models.get_model('mlp', 10)
+  params = net.init(jax.random.PRNGKey(0), jax.numpy.zeros((1, hw, hw, 1)))['params']
+  ident = [base.identity(l.shape) for l in jax.tree.leaves(params)]
+  return net, params, step_lib.Compressors(ident, ident, ident)
 
 
 def step_batches(n, seed=0):

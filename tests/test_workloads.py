@@ -20,9 +20,8 @@ from hfl import data as data_lib
 from hfl import mesh as mesh_lib
 from hfl import metrics, models, optim, tasks, train
 from hfl import step as step_lib
-from hfl.compress import base
 from hfl.data import augment
-from tests.helpers import final_state, make_tree, set_overrides, write_archive
+from tests.helpers import final_state, mlp_identity, make_tree, set_overrides, write_archive
 
 D, W = 2, 4
 
@@ -103,10 +102,7 @@ def test_schedule_counts_optimizer_steps_of_active_dcs(shard):
                                        decay_steps=10, final_lr_ratio=0.0))
   optimizer = optim.make_optimizer(cfg)
   mesh = mesh_lib.make_mesh(D, W)
-  net = models.get_model('mlp', 10)
-  params = net.init(jax.random.PRNGKey(0), jnp.zeros((1, 4, 4, 1)))['params']
-  ident = [base.identity(l.shape) for l in jax.tree.leaves(params)]
-  comps = step_lib.Compressors(ident, ident, ident)
+  net, params, comps = mlp_identity(4)
   outer = optax.sgd(1.0)
   state = step_lib.init_state(params, optimizer, outer, comps, D, W, jax.random.PRNGKey(1),
                               shard_state=shard)

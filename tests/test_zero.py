@@ -22,7 +22,7 @@ from hfl import data as data_lib
 from hfl import mesh as mesh_lib, models, step as step_lib, train
 from hfl.compress import base, dgc, sparse
 from tests.helpers import B, D, W, step_batches as _batches, run_steps as _run
-from tests.helpers import final_state, smoke_config
+from tests.helpers import final_state, mlp_identity, smoke_config
 
 assert D == 2 and W == 4 and B
 
@@ -145,10 +145,7 @@ def test_each_device_holds_one_wth_of_the_optimizer_state():
 
 def test_make_step_refuses_dgc_momentum_with_sharded_state():
   mesh = mesh_lib.make_mesh(D, W)
-  net = models.get_model('mlp', 10)
-  params = net.init(jax.random.PRNGKey(0), jnp.zeros((1, 8, 8, 1)))['params']
-  ident = [base.identity(l.shape) for l in jax.tree.leaves(params)]
-  comps = step_lib.Compressors(ident, ident, ident)
+  net, params, comps = mlp_identity(8)
   opt = optax.sgd(0.1)
   state = jax.eval_shape(lambda: step_lib.init_state(
       params, opt, opt, comps, D, W, jax.random.PRNGKey(1), dgc_momentum=True,
