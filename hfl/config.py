@@ -19,6 +19,7 @@ from typing import Any, Mapping
 
 import ml_collections
 
+from hfl import budget as budget_lib
 from hfl import data as data_lib
 from hfl import models, optim
 from hfl.compress import policy
@@ -68,7 +69,7 @@ def validate(config: ml_collections.ConfigDict) -> ml_collections.ConfigDict:
   _int(config, 'mesh.num_dcs', 1)
   _int(config, 'mesh.workers_per_dc', 1)
   _choice(config.model.name, 'model.name', models.MODELS)
-  _int(config, 'train.num_steps', 1)
+  budget_lib.from_config(config.train, config.optimizer)  # num_steps or the time budget
   optim.make_optimizer(config.optimizer, config.train.num_steps)
   validate_data_dir(config)
   validate_task(config)

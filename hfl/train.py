@@ -30,6 +30,7 @@ from absl import logging
 from jax.sharding import NamedSharding, PartitionSpec as P
 
 from hfl import accounting
+from hfl import budget as budget_lib
 from hfl import checkpoint as ckpt_lib
 from hfl import config as config_lib
 from hfl import data as data_lib
@@ -62,7 +63,7 @@ LINKS = metrics_lib.LINKS  # ('intra_up', 'intra_down', 'inter_dc')
 
 class LoopConfig(NamedTuple):
   """The loop's own fields of ``config.train`` (and the few others it needs)."""
-  num_steps: int         # intra-DC iterations in all
+  num_steps: int         # intra-DC iterations in all (0: the time budget governs)
   batch_size: int        # per worker
   eval_every: int        # rounds between evaluations
   checkpoint_every: int  # rounds between checkpoints (0: only at the end)
@@ -71,6 +72,7 @@ class LoopConfig(NamedTuple):
   seed: int
   augment: str           # dataset.augment
   aggregation: str       # sync.aggregation: 'fedavg' | 'fednova'
+  stop: budget_lib.Stop = budget_lib.Stop(1, 0.0)  # train.num_steps / sim_time_budget_s
 
 
 class Warmup(NamedTuple):
@@ -210,7 +212,7 @@ def loop_config(config) -> LoopConfig:
   return LoopConfig(int(t.num_steps), int(t.batch_size), int(t.eval_every),
                     int(t.checkpoint_every), int(t.log_every), int(t.eval_batch_size),
                     int(config.seed), config.dataset.get('augment', 'none'),
-                    config.sync.aggregation)
+                    config.sync.aggregation, budget_lib.from_config(t))
 
 
 def _min_shard(config, n: int) -> int | None:
@@ -327,7 +329,8 @@ ADDED_SECTIONS = {('compression', 'dgc'): dict(momentum=0.0, clip_norm=0.0, warm
                   ('dataset', 'cache_dir'): '', ('dataset', 'augment'): 'none',
                   ('optimizer', 'schedule'): 'constant', ('optimizer', 'warmup_steps'): 0,
                   ('optimizer', 'decay_steps'): 0, ('optimizer', 'final_lr_ratio'): 0.0,
-                  ('train', 'target_loss'): tasks.TARGET_FIELDS['language_model'][1]}
+                  ('train', 'target_loss'): tasks.TARGET_FIELDS['language_model'][1],
+                  ('train', 'sim_time_budget_s'): 0.0}
 
 
 def upgrade_config(old: dict) -> dict:
@@ -686,7 +689,8 @@ def _run_iteration(rt: Runtime, state, step: int, active, weights, do_round: boo
 
 
 def run_round(rt: Runtime, state, ls: LoopState):
-  """Runs one round's iterations (K_d per DC, at most ``num_steps`` in all).
+  """Runs one round's iterations (K_d per DC; with ``train.num_steps`` governing, at
+  most ``num_steps`` in all; with a time budget, always the whole round).
 
   The metrics stay on the devices until the round ends: with DCs on different
   hosts, fetching every DC's metrics is an inter-DC collective, which local
@@ -702,9 +706,10 @@ def run_round(rt: Runtime, state, ls: LoopState):
   present = s.present_fn(ls.round)
   start = None if np.all(present) else rt.jitted['round_start'](state)
   pending, weights = [], np.zeros(s.num_dcs, np.float32)
+  cap = s.loop.stop.step_cap()
   for it in range(kmax):
     active = it < plan.k_d
-    do_round = it + 1 >= kmax or ls.step + it + 1 == s.loop.num_steps
+    do_round = it + 1 >= kmax or ls.step + it + 1 == cap
     if do_round:
       weights = _round_weights(s, plan, it, active, present)
     state, m, info = _run_iteration(rt, state, ls.step + it, active, weights, do_round)
@@ -799,13 +804,17 @@ def _log_progress(rt: Runtime, ls: LoopState, at: int, loss: float) -> None:
   now = time.time()
   rate = (at - rt.log_at[1]) / max(now - rt.log_at[0], 1e-9)
   rt.log_at = (now, at)
-  total = rt.s.loop.num_steps
+  stop = rt.s.loop.stop
+  if stop.governed_by == 'num_steps':
+    total, eta = str(stop.num_steps), f'{(stop.num_steps - at) / max(rate, 1e-9):.0f}s'
+  else:  # no iteration count to reach: the budget instead
+    total, eta = '?', f'at sim {stop.sim_time_budget_s:g}s'
   fmt = lambda link: metrics_lib.format_bytes(_bytes(ls.bits[link]), digits=1)
   logging.info(
-      'step %d/%d round %d K=%s loss %.4f %s sim %.1fs bytes intra_up %s intra_down %s '
-      'inter_dc %s | %.1f steps/s ETA %.0fs', at, total, ls.round, ls.plan.k_base, loss,
+      'step %d/%s round %d K=%s loss %.4f %s sim %.1fs bytes intra_up %s intra_down %s '
+      'inter_dc %s | %.1f steps/s ETA %s', at, total, ls.round, ls.plan.k_base, loss,
       tasks.progress(rt.s.task, ls.last_eval), ls.clock.now, fmt('intra_up'),
-      fmt('intra_down'), fmt('inter_dc'), rate, (total - at) / max(rate, 1e-9))
+      fmt('intra_down'), fmt('inter_dc'), rate, eta)
 
 
 def end_round(rt: Runtime, state, ls: LoopState, loss: float) -> LoopState:
@@ -815,7 +824,7 @@ def end_round(rt: Runtime, state, ls: LoopState, loss: float) -> LoopState:
   # Every DC restarts from the global model: checked before it is evaluated or saved.
   if not bool(distributed.to_host(rt.jitted['all_finite'](state.global_params))):
     raise _diverged(rt, ls.step, ls.round, 'the global model has non-finite parameters')
-  last = ls.step == loop.num_steps
+  last = loop.stop.finished(ls.step, ls.clock.now)
   if ls.round % loop.eval_every == 0 or last:
     ls, rec = evaluate(rt, state, ls)
     logging.info('eval step %d round %d: %s', ls.step, ls.round, ' '.join(
@@ -850,15 +859,15 @@ def _write_config(rt: Runtime) -> None:
 
 
 def _resumed(rt: Runtime, ls: LoopState, changed: list[str]) -> dict | None:
-  """Checks a restored run against ``train.num_steps``; its summary when it
-  already finished (printed again), else None."""
-  workdir, num_steps = rt.workdir, rt.s.loop.num_steps
-  if ls.step > num_steps:
+  """Checks a restored run against its stopping rule (:mod:`hfl.budget`); its
+  summary when it already finished (printed again), else None."""
+  workdir, num_steps, stop = rt.workdir, rt.s.loop.num_steps, rt.s.loop.stop
+  if stop.governed_by == 'num_steps' and ls.step > num_steps:
     raise ValueError(
         f'train.num_steps={num_steps} is below the {ls.step} iterations '
         f'--workdir={workdir} has already done; use a new workdir for a shorter run.')
   summary_path = os.path.join(workdir, 'summary.json')
-  if ls.step == num_steps and os.path.exists(summary_path):
+  if stop.finished(ls.step, ls.clock.now) and os.path.exists(summary_path):
     logging.info('%s already finished %d iterations; nothing to do.', workdir, ls.step)
     with open(summary_path) as f:
       summary = json.load(f)
@@ -873,19 +882,34 @@ def _resumed(rt: Runtime, ls: LoopState, changed: list[str]) -> dict | None:
 
 
 def summarize(rt: Runtime, state, ls: LoopState) -> dict:
-  """The summary.json of a finished run (the last evaluation's metrics)."""
+  """The summary.json of a finished run (the last evaluation's metrics; ``stop``:
+  what stopped it, :mod:`hfl.budget`; ``eval_history``: every evaluation's step,
+  round, simulated time and metrics, to compare runs at equal simulated time or
+  at equal iterations)."""
   records = metrics_lib.read_jsonl(rt.mw.path)
   if records:
     final = records[-1]
   else:
     ls, final = evaluate(rt, state, ls)
+    records = [final]
   return dict(
       **tasks.summary_fields(rt.s.task, final, ls._asdict()),
       inter_dc_rounds=ls.round, intra_dc_iterations=ls.step, bytes=byte_totals(ls.bits),
       sim_time_s=ls.clock.now, idle_s=[float(x) for x in ls.clock.idle_s],
       wall_time_s=rt.wall_s(ls), time_to_target_s=ls.time_to_target_s,
       rounds_to_target=ls.rounds_to_target, step_wall_s=wall_stats(rt.timer.step_wall),
+      stop=rt.s.loop.stop.to_json(), eval_history=eval_history(records),
       config=json.loads(rt.s.config.to_json()))
+
+
+HISTORY_KEYS = ('step', 'round', 'sim_time_s', 'test_accuracy', 'test_loss')
+
+
+def eval_history(records) -> list[dict]:
+  """summary.json's ``eval_history``: per evaluation of metrics.jsonl, its
+  ``step`` (iterations of the fastest DC), ``round``, ``sim_time_s`` (simulated
+  seconds), ``test_accuracy`` and ``test_loss`` (nats)."""
+  return [{k: r.get(k) for k in HISTORY_KEYS} for r in records]
 
 
 def train_and_evaluate(config: ml_collections.ConfigDict, workdir: str) -> dict:
@@ -921,7 +945,7 @@ def train_and_evaluate(config: ml_collections.ConfigDict, workdir: str) -> dict:
       return summary
   rt.mw = metrics_lib.MetricsWriter(workdir, resume_step=ls.step)
   rt.log_at = (time.time(), ls.step)
-  while ls.step < s.loop.num_steps:
+  while not s.loop.stop.finished(ls.step, ls.clock.now):
     state, pending, weights, present = run_round(rt, state, ls)
     ls, loss = account(rt, ls, pending, weights, present)
     ls = end_round(rt, state, ls, loss)

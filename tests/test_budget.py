@@ -1,0 +1,157 @@
+"""The simulated-time budget (hfl.budget): validation, the stopping rule on
+hand-computed clocks (heterogeneous DCs, semi-sync with idle time), exact resume."""
+
+import json
+import os
+
+import chex
+import numpy as np
+import pytest
+
+from hfl import budget, train
+from hfl import config as config_lib
+from hfl import data as data_lib
+from tests.helpers import final_state, smoke_config
+
+# A network whose LAN and WAN transfers are negligible (1e18 bit/s: the smoke MLP's
+# payloads cost < 1e-11 s) and whose only latency is the WAN's: every clock below
+# is hand-computed from t_d = compute_time_s / speed_d and C = H * wan_latency_s.
+NET = {'network.lan_bandwidth_gbps': 1e9, 'network.lan_latency_s': 0.0,
+       'network.wan_bandwidth_mbps': 1e12, 'network.wan_latency_s': 0.02,
+       'network.wan_latencies_per_round': 2.0, 'network.compute_time_s': 0.05,
+       'network.dc_speed': (2.2, 1.0)}
+TOL = 1e-9  # seconds: what the negligible transfers add over a few rounds
+
+
+def budget_config(data_dir, budget_s, **more):
+  cfg = dict(NET, **{'train.num_steps': 0, 'train.sim_time_budget_s': budget_s,
+                     'sync.strategy': 'semi_sync'})
+  cfg.update(more)
+  return smoke_config(data_dir, **cfg)
+
+
+def hand_clock(k_base=2):
+  """(round length, fastest-DC iterations per round, idle of DC 0 per round) of
+  semi-sync with K_base on NET, by hand: t = (0.05/2.2, 0.05), C = 0.04 s.
+  T* = K_base * 0.05 + 0.04; DC 0 runs floor((T* - 0.04) / t_0) iterations."""
+  t0, t1, c = 0.05 / 2.2, 0.05, 0.04
+  t_star = k_base * t1 + c
+  k0 = int(np.floor((t_star - c) / t0))
+  return t_star, k0, t_star - (k0 * t0 + c)
+
+
+# ------------------------------------------------------------------------------
+# Validation (no compilation).
+# ------------------------------------------------------------------------------
+
+@pytest.mark.parametrize('overrides,match', [
+    ({'train.sim_time_budget_s': 10.0}, 'exactly one'),                     # both set
+    ({'train.num_steps': 0}, 'exactly one'),                                # neither
+    ({'train.num_steps': 0, 'train.sim_time_budget_s': -1.0}, 'train.sim_time_budget_s'),
+    ({'train.num_steps': 0, 'train.sim_time_budget_s': float('inf')}, 'train.sim_time_budget_s'),
+    ({'train.num_steps': -3}, 'train.num_steps'),
+    ({'train.num_steps': 0, 'train.sim_time_budget_s': 5.0, 'optimizer.schedule': 'cosine'},
+     'optimizer.decay_steps'),
+])
+def test_bad_stopping_fields_fail_before_compilation_naming_the_field(
+    fake_data, tmp_path, overrides, match, monkeypatch):
+  import jax  # pylint: disable=g-import-not-at-top
+  monkeypatch.setattr(jax, 'jit', lambda *a, **k: (_ for _ in ()).throw(
+      AssertionError('compiled before validating the config')))
+  with pytest.raises(ValueError, match=match):
+    train.train_and_evaluate(smoke_config(fake_data, **overrides), str(tmp_path / 'w'))
+  assert not os.path.exists(tmp_path / 'w')
+
+
+def test_stop_rule_and_unset_defaults():
+  steps = budget.Stop(12, 0.0)
+  assert steps.governed_by == 'num_steps' and steps.step_cap() == 12
+  assert not steps.finished(11, 1e9) and steps.finished(12, 0.0)
+  timed = budget.Stop(0, 2.5)
+  assert timed.governed_by == 'sim_time_budget_s' and timed.step_cap() is None
+  assert not timed.finished(10 ** 6, 2.4999) and timed.finished(0, 2.5)
+  # A config written before the field existed: num_steps governs.
+  old = config_lib.load_file('configs/smoke.py')
+  del old.train['sim_time_budget_s']
+  assert budget.from_config(old.train) == budget.Stop(12, 0.0)
+  assert train.upgrade_config({'train': {'num_steps': 5}})['train']['sim_time_budget_s'] == 0.0
+
+
+# ------------------------------------------------------------------------------
+# The rule on hand-computed clocks.
+# ------------------------------------------------------------------------------
+
+@pytest.fixture(scope='module')
+def budget_run(fake_data, tmp_path_factory):
+  """(workdir, summary) of semi-sync on 2 DCs 2.2x apart under a 0.5 s budget."""
+  workdir = str(tmp_path_factory.mktemp('budget') / 'run')
+  return workdir, train.train_and_evaluate(budget_config(fake_data, 0.5), workdir)
+
+
+@pytest.mark.slow
+def test_semi_sync_budget_stops_after_the_round_that_crosses_it(budget_run):
+  workdir, summary = budget_run
+  t_round, k0, idle0 = hand_clock()
+  assert (t_round, k0) == (pytest.approx(0.14), 4) and idle0 == pytest.approx(0.1 / 11)
+  # Rounds end at 0.14, 0.28, 0.42, 0.56 s: the 4th starts at 0.42 < 0.5 and is run
+  # whole, the clock then reads 0.56 >= 0.5 and the run stops.
+  assert summary['inter_dc_rounds'] == 4 and summary['intra_dc_iterations'] == 4 * k0
+  assert summary['sim_time_s'] == pytest.approx(4 * t_round, abs=TOL)
+  assert summary['idle_s'] == pytest.approx([4 * idle0, 0.0], abs=TOL)
+  assert summary['stop'] == {'governed_by': 'sim_time_budget_s', 'num_steps': 0,
+                             'sim_time_budget_s': 0.5}
+  hist = summary['eval_history']
+  assert [h['round'] for h in hist] == [1, 2, 3, 4]  # eval_every 1, and at the stop
+  assert [h['step'] for h in hist] == [4, 8, 12, 16]
+  assert [h['sim_time_s'] for h in hist] == pytest.approx([0.14, 0.28, 0.42, 0.56], abs=TOL)
+  records = [json.loads(l) for l in open(os.path.join(workdir, 'metrics.jsonl'))]
+  assert hist[-1]['test_accuracy'] == records[-1]['test_accuracy'] == summary[
+      'final_test_accuracy']
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize('strategy,budget_s,rounds,steps', [
+    # semi-sync: a budget just below the end of round 3 (0.42 s) stops there ...
+    ('semi_sync', 0.42 - 1e-6, 3, 12),
+    # ... sync (K = 1): rounds of t_slow + C = 0.09 s; DC 0 idles 0.05 - 0.05/2.2 per
+    # round; ends 0.45 < 0.5 <= 0.54: 6 rounds.
+    ('sync', 0.5, 6, 6),
+])
+def test_budget_on_hand_computed_clocks(fake_data, tmp_path, strategy, budget_s, rounds, steps):
+  summary = train.train_and_evaluate(
+      budget_config(fake_data, budget_s, **{'sync.strategy': strategy,
+                                            'train.checkpoint_every': 0}), str(tmp_path / 'r'))
+  t_round = 0.14 if strategy == 'semi_sync' else 0.09
+  idle0 = hand_clock()[2] if strategy == 'semi_sync' else 0.05 - 0.05 / 2.2
+  assert (summary['inter_dc_rounds'], summary['intra_dc_iterations']) == (rounds, steps)
+  assert summary['sim_time_s'] == pytest.approx(rounds * t_round, abs=TOL)
+  assert summary['idle_s'][0] == pytest.approx(rounds * idle0, abs=TOL)
+  assert summary['eval_history'][-1]['round'] == rounds
+
+
+@pytest.mark.slow
+def test_interrupted_budget_run_resumes_bitwise(fake_data, budget_run, tmp_path, monkeypatch):
+  ref_dir, ref = budget_run
+  cut_dir = str(tmp_path / 'cut')
+  real = data_lib.batch_indices
+
+  def crash_at_step_10(part, batch_size, step, seed):  # inside round 3
+    if step == 10:
+      raise KeyboardInterrupt('simulated crash')
+    return real(part, batch_size, step, seed)
+  monkeypatch.setattr(data_lib, 'batch_indices', crash_at_step_10)
+  with pytest.raises(KeyboardInterrupt):
+    train.train_and_evaluate(budget_config(fake_data, 0.5), cut_dir)
+  assert not os.path.exists(os.path.join(cut_dir, 'summary.json'))
+  monkeypatch.setattr(data_lib, 'batch_indices', real)
+  summary = train.train_and_evaluate(budget_config(fake_data, 0.5), cut_dir)
+  step_a, a = final_state(ref_dir)
+  step_b, b = final_state(cut_dir)
+  assert step_a == step_b == 16
+  chex.assert_trees_all_equal(a, b)
+  for key in ('final_test_accuracy', 'bytes', 'sim_time_s', 'idle_s', 'inter_dc_rounds',
+              'eval_history', 'stop'):
+    assert summary[key] == ref[key], key
+  # Rerun once finished: nothing to do, the same summary.
+  again = train.train_and_evaluate(budget_config(fake_data, 0.5), cut_dir)
+  assert again['eval_history'] == ref['eval_history']
