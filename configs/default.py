@@ -58,7 +58,7 @@ def get_config(arg: str | None = None) -> ml_collections.ConfigDict:
   c.sync.strategy = 'periodic'       # sync | periodic | semi_sync | adacomm
   c.sync.k = 4                       # intra-DC iterations per inter-DC round (K; K_base for semi_sync)
   c.sync.k_max = 64                  # upper bound for any K_d
-  c.sync.aggregation = 'fedavg'      # fedavg | fednova
+  c.sync.aggregation = 'fedavg'      # fedavg | fednova | samples (by samples processed)
   c.sync.progress_aware = False      # raise K as the loss plateaus (hfl.sync.schedule)
   c.sync.progress_window = 3         # rounds over which the relative loss improvement is measured
   c.sync.progress_threshold = 0.01   # relative improvement below which K is multiplied
@@ -68,6 +68,10 @@ def get_config(arg: str | None = None) -> ml_collections.ConfigDict:
   c.sync.outer.learning_rate = 1.0
   c.sync.outer.momentum = 0.0
   c.sync.faults = ''                 # DC outages, 'dc:round-round,...' e.g. '1:10-12'
+  # Remedies for heterogeneous DCs (issue 15; docs/semisync.md). All off by default.
+  c.sync.k_min_ratio = 0.0           # semi_sync: every K_d >= ceil(ratio * max K_d) (0: off)
+  c.sync.lr_scaling = 'none'         # none | inverse_k (DC lr x min K / K_d)
+  c.sync.prox_mu = 0.0               # FedProx proximal coefficient mu (0: off)
 
   c.compression = ml_collections.ConfigDict()
   c.compression.uplink = _compressor('identity')    # worker -> PS (large tensors)

@@ -96,7 +96,29 @@ def validate(config: ml_collections.ConfigDict) -> ml_collections.ConfigDict:
     policy.check_spec(config.compression[link], f'compression.{link}')
   validate_dgc(config)
   validate_shard_state(config)
+  validate_heterogeneity_options(config)
   return config
+
+
+LR_SCALINGS = ('none', 'inverse_k')  # hfl.train.round_lr_scale
+
+
+def validate_heterogeneity_options(config: ml_collections.ConfigDict) -> None:
+  """Checks the semi-sync remedies of ``sync`` (each absent: off).
+
+  Raises:
+    ValueError: ``sync.k_min_ratio`` not in [0, 1]; ``sync.lr_scaling`` not one
+      of :data:`LR_SCALINGS`; ``sync.prox_mu`` not a finite number >= 0.
+  """
+  s = config.sync
+  r = _number(s.get('k_min_ratio', 0.0), 'sync.k_min_ratio')
+  if not 0 <= r <= 1:
+    raise ValueError(f'sync.k_min_ratio={r} must be in [0, 1] (0: off; the least fraction '
+                     "of the round's largest K_d any DC runs)")
+  _choice(s.get('lr_scaling', 'none'), 'sync.lr_scaling', LR_SCALINGS)
+  mu = _number(s.get('prox_mu', 0.0), 'sync.prox_mu')
+  if not 0 <= mu < float('inf'):
+    raise ValueError(f'sync.prox_mu={mu} must be a finite number >= 0 (FedProx mu; 0: off)')
 
 
 def validate_data_dir(config: ml_collections.ConfigDict) -> None:

@@ -381,6 +381,7 @@ class Setup(NamedTuple):
   num_workers: int    # W
   shard: bool         # ZeRO-1 sharded optimizer state
   dgc: dgc.Options    # DGC momentum correction / local clipping
+  prox_mu: float = 0.0  # FedProx proximal coefficient mu (0: off), local_gradient
 
 
 class Keys(NamedTuple):
@@ -437,16 +438,25 @@ def _scatters(setup: Setup) -> list:
           for cu, cd in zip(setup.comps.up, setup.comps.down)]
 
 
-def local_gradient(setup: Setup, params, images, labels):
+def local_gradient(setup: Setup, params, images, labels, global_params=None):
   """(loss f32[], gradient pytree like params) of this worker, DGC-clipped if asked.
 
   ``params`` are the DC's (invariant over 'worker'); they are cast to
   'worker'-varying first, so that the gradient is this worker's alone.
+
+  FedProx (Li et al., "Federated Optimization in Heterogeneous Networks", MLSys
+  2020, eq. 2): with ``setup.prox_mu`` = mu > 0 each local objective gets the
+  proximal term (mu / 2) ||x_d - x_global||^2, whose gradient mu (x_d - x_global)
+  is added to the worker's gradient (after clipping; the reported loss is the data
+  loss alone). ``global_params`` is the round's starting global model.
   """
   p_var = jax.lax.pcast(params, WORKER, to='varying')
   loss, grads = jax.value_and_grad(setup.loss_fn)(p_var, images, labels)
   if float(setup.dgc.clip_norm) > 0:
     grads = dgc.clip_local(grads, float(setup.dgc.clip_norm), setup.num_workers)
+  if float(setup.prox_mu) > 0:
+    mu = float(setup.prox_mu)
+    grads = jax.tree.map(lambda g, x, x0: g + mu * (x - x0), grads, params, global_params)
   return loss, grads
 
 
@@ -495,8 +505,12 @@ def ps_downlink(setup: Setup, agg, link: LinkState, key):
   return down, jax.tree.structure(agg).unflatten(grads), bits
 
 
-def apply_inner(setup: Setup, params, opt_state, grads):
+def apply_inner(setup: Setup, params, opt_state, grads, lr_scale=None):
   """The inner optax update, the same on every worker of the DC.
+
+  ``lr_scale`` (f32[], this DC's, None: 1) multiplies the optimizer's update, i.e.
+  the DC's learning rate (per-DC learning-rate scaling, ``sync.lr_scaling``;
+  multiplying by 1.0 changes nothing).
 
   With ZeRO-1 each worker updates its slice of the parameters with its slice of
   the state and an all-gather over 'worker' rebuilds them: each worker pushes its
@@ -506,12 +520,15 @@ def apply_inner(setup: Setup, params, opt_state, grads):
     (new params, new opt_state, bits of one worker's parameter slice moved by the
     ZeRO-1 all-gather: Python int, 0 without ZeRO-1 or with W = 1).
   """
+  scale = (lambda u: u) if lr_scale is None else (
+      lambda u: jax.tree.map(lambda x: x * lr_scale.astype(x.dtype), u))
   if not setup.shard:
     updates, new_opt = setup.optimizer.update(grads, opt_state, params)
-    return optax.apply_updates(params, updates), new_opt, 0
+    return optax.apply_updates(params, scale(updates)), new_opt, 0
   w = setup.num_workers
   p_slices = collectives.split_tree(params, w, jax.lax.axis_index(WORKER))
   updates, new_opt = setup.optimizer.update(grads, opt_state.inner, p_slices)
+  updates = scale(updates)
   new_params = collectives.all_gather_unsplit(optax.apply_updates(p_slices, updates),
                                               params, WORKER)
   return new_params, ShardedOptState(new_opt), chunk_bits(params, w) if w > 1 else 0
@@ -523,7 +540,8 @@ class IterationCharge(NamedTuple):
   down: LinkCharge
 
 
-def intra_dc_iteration(setup: Setup, state: TrainState, images, labels, active, keys: Keys):
+def intra_dc_iteration(setup: Setup, state: TrainState, images, labels, active, keys: Keys,
+                       lr_scale=None):
   """One intra-DC iteration on one device (inside shard_map; per-device view).
 
   gradient -> uplink over 'worker' -> PS downlink -> inner optimizer.
@@ -536,14 +554,16 @@ def intra_dc_iteration(setup: Setup, state: TrainState, images, labels, active, 
     active: bool[], whether this DC runs this iteration; an inactive DC keeps
       its parameters, optimizer state, link states and velocity.
     keys: :func:`step_keys`.
+    lr_scale: f32[], this DC's learning-rate multiplier (None: 1).
 
   Returns:
     (new state — step + 1, local_steps + active —, loss f32[], IterationCharge).
   """
-  loss, grads = local_gradient(setup, state.params, images, labels)
+  loss, grads = local_gradient(setup, state.params, images, labels, state.global_params)
   up, velocity = uplink(setup, grads, state.up, state.dgc_velocity, keys.worker)
   down, down_grads, down_bits = ps_downlink(setup, up.agg, state.down, keys.dc)
-  params, opt_state, gather = apply_inner(setup, state.params, state.opt_state, down_grads)
+  params, opt_state, gather = apply_inner(setup, state.params, state.opt_state, down_grads,
+                                          lr_scale)
   keep = lambda new, old: _keep(active, new, old)
   new = state._replace(
       params=keep(params, state.params), opt_state=keep(opt_state, state.opt_state),
@@ -560,6 +580,9 @@ class RoundCharge(NamedTuple):
   wan: LinkCharge  # static: all WAN bits of the DC's payload (wan_sum + wan_gather)
   wan_sum: int     # static bits of the all-reduced WAN leaves
   wan_gather: int  # static bits of the all-gathered WAN leaves
+  # f32[2] (this DC's): ||x_d - x_global||_2 before the round (the pseudo-gradient's
+  # norm) and ||x_d - x_global'||_2 after it (x_global' the new global model).
+  drift: Any = None
 
 
 def inter_dc_round(setup: Setup, state: TrainState, weights, key):
@@ -586,12 +609,23 @@ def inter_dc_round(setup: Setup, state: TrainState, weights, key):
                  key_offset=WAN_KEY_OFFSET, fuse=True)
   global_params, outer_state = outer_lib.apply_outer(setup.outer, state.global_params,
                                                      wan.agg, state.outer_state)
+  drift = jnp.stack([l2_distance(state.params, state.global_params),
+                     l2_distance(state.params, global_params)])
   new = state._replace(params=global_params, global_params=global_params,
                        outer_state=outer_state, wan=_keep(present, wan.link, state.wan),
                        local_steps=jnp.zeros_like(state.local_steps))
   static = [(int(b), reduces(c)) for c, b in zip(setup.comps.wan, wan.bits) if _is_static(b)]
   return new, RoundCharge(link_charge(wan.bits, wan.flags),
-                          sum(b for b, r in static if r), sum(b for b, r in static if not r))
+                          sum(b for b, r in static if r), sum(b for b, r in static if not r),
+                          drift)
+
+
+def l2_distance(a, b) -> jax.Array:
+  """f32[]: the L2 norm of ``a - b`` over every leaf of two like pytrees (the
+  squares summed in float32). Local to the device: no collective."""
+  sq = [jnp.sum(jnp.square(x.astype(jnp.float32) - y.astype(jnp.float32)))
+        for x, y in zip(jax.tree.leaves(a), jax.tree.leaves(b))]
+  return jnp.sqrt(sum(sq))
 
 
 class ProgramInfo(NamedTuple):
@@ -611,15 +645,22 @@ class ProgramInfo(NamedTuple):
 
 def metrics_size(num_leaves: int) -> int:
   """Entries of one device's packed metrics vector (see :func:`make_step`)."""
-  return 1 + 6 * num_leaves
+  return 1 + 6 * num_leaves + NUM_DRIFT
 
 
-def pack_metrics(loss, links: Sequence[LinkCharge]) -> jax.Array:
+NUM_DRIFT = 2  # RoundCharge.drift entries
+
+
+def pack_metrics(loss, links: Sequence[LinkCharge], drift=None) -> jax.Array:
   """int32[metrics_size(L)]: [loss (float32 bits), dynamic bits per leaf of each
-  link in order, flags per leaf of each link in order]."""
-  return jnp.stack([jax.lax.bitcast_convert_type(loss.astype(jnp.float32), jnp.int32)]
+  link in order, flags per leaf of each link in order, the round's
+  :attr:`RoundCharge.drift` (float32 bits; zeros without a round)]."""
+  drift = jnp.zeros((NUM_DRIFT,), jnp.float32) if drift is None else drift
+  as_int = lambda x: jax.lax.bitcast_convert_type(x.astype(jnp.float32), jnp.int32)
+  return jnp.stack([as_int(loss)]
                    + [b for link in links for b in link.dynamic]
-                   + [f for link in links for f in link.flags])
+                   + [f for link in links for f in link.flags]
+                   + [as_int(drift[i]) for i in range(NUM_DRIFT)])
 
 
 def _lead_map(fn, state, specs):
@@ -656,8 +697,9 @@ def _check_options(state_like: TrainState, opts: dgc.Options) -> None:
 
 def make_step(apply_fn: Callable, optimizer: optax.GradientTransformation,
               outer: optax.GradientTransformation, comps: Compressors, mesh: Mesh,
-              state_like: TrainState, dgc_options: dgc.Options | None = None) -> Callable:
-  """Builds ``step(state, batch, active, weights, do_round) -> (state, metrics)``.
+              state_like: TrainState, dgc_options: dgc.Options | None = None,
+              prox_mu: float = 0.0) -> Callable:
+  """Builds ``step(state, batch, active, weights, do_round, lr_scale) -> (state, metrics)``.
 
   Args:
     apply_fn: ``apply_fn(params, images) -> logits`` for ONE model.
@@ -671,6 +713,7 @@ def make_step(apply_fn: Callable, optimizer: optax.GradientTransformation,
     dgc_options: DGC momentum correction / local clipping (default: off). With
       ``momentum > 0`` the state must hold a velocity (``init_state(...,
       dgc_momentum=True)``) and ``optimizer`` should be plain SGD.
+    prox_mu: FedProx's mu (:func:`local_gradient`; 0: off).
 
   The returned function takes
     state: TrainState sharded by :func:`state_specs` (donated).
@@ -679,6 +722,7 @@ def make_step(apply_fn: Callable, optimizer: optax.GradientTransformation,
     weights: f32[D], per-DC aggregation weights for this round's pseudo-gradients
       (0 for an absent DC); ignored unless ``do_round``.
     do_round: static bool, end the iteration with an inter-DC round.
+    lr_scale: f32[D], each DC's learning-rate multiplier (:func:`apply_inner`; None: 1).
   and returns the new state and the metrics: int32[D, W, metrics_size(L)] (L
   leaves, :func:`pack_metrics` of the uplink, downlink and WAN), sharded
   P('dc', 'worker'); no collective is spent on them. Read them with
@@ -692,38 +736,39 @@ def make_step(apply_fn: Callable, optimizer: optax.GradientTransformation,
   opts = dgc_options or dgc.Options()
   _check_options(state_like, opts)
 
-  def loss_fn(params, images, labels):
-    logits = apply_fn(params, images)
-    return optax.softmax_cross_entropy_with_integer_labels(logits, labels).mean()
-
+  loss_fn = lambda params, images, labels: optax.softmax_cross_entropy_with_integer_labels(
+      apply_fn(params, images), labels).mean()
   setup = Setup(loss_fn, optimizer, outer, comps, mesh.shape[DC], mesh.shape[WORKER],
-                is_sharded(state_like), opts)
+                is_sharded(state_like), opts, float(prox_mu))
   num_leaves = jax.tree.structure(state_like.params).num_leaves
   specs, info = state_specs(state_like), {}
 
-  def body(state, images, labels, active, weights, do_round):
+  def body(state, images, labels, active, weights, lr_scale, do_round):
     keys = step_keys(state.key, state.step, setup.num_dcs)
     local, loss, it = intra_dc_iteration(setup, to_local(state, specs), images[0, 0],
-                                         labels[0, 0], active[0], keys)
+                                         labels[0, 0], active[0], keys, lr_scale[0])
     rnd = RoundCharge(no_charge(num_leaves), 0, 0)
     if do_round:
       local, rnd = inter_dc_round(setup, local, weights, keys.dc)
     info[do_round] = ProgramInfo(do_round, it.up.static, it.down.static, rnd.wan_sum,
                                  rnd.wan_gather, num_leaves)
-    return from_local(local, specs), pack_metrics(loss, (it.up, it.down, rnd.wan))[None, None]
+    packed = pack_metrics(loss, (it.up, it.down, rnd.wan), rnd.drift)
+    return from_local(local, specs), packed[None, None]
 
   def build(do_round):
     f = jax.shard_map(
-        lambda s, x, y, a, w: body(s, x, y, a, w, do_round), mesh=mesh,
-        in_specs=(specs, P(DC, WORKER), P(DC, WORKER), P(DC), P()),
+        lambda s, x, y, a, w, r: body(s, x, y, a, w, r, do_round), mesh=mesh,
+        in_specs=(specs, P(DC, WORKER), P(DC, WORKER), P(DC), P(), P(DC)),
         out_specs=(specs, P(DC, WORKER)))
     return jax.jit(f, donate_argnums=(0,))
 
   compiled = {False: build(False), True: build(True)}
 
-  def step(state, batch, active, weights, do_round: bool):
+  def step(state, batch, active, weights, do_round: bool, lr_scale=None):
     images, labels = batch
-    return compiled[bool(do_round)](state, images, labels, active, weights)
+    if lr_scale is None:  # all 1, placed like ``active`` (single-process callers)
+      lr_scale = jax.device_put(np.ones(setup.num_dcs, np.float32), NamedSharding(mesh, P(DC)))
+    return compiled[bool(do_round)](state, images, labels, active, weights, lr_scale)
 
   step.jitted = compiled
   step.info = info
@@ -749,8 +794,11 @@ def host_metrics(info: ProgramInfo, metrics, active, weights=None) -> dict:
     ``round_down_bits`` (int64, the round's result reaching the DC's W workers
     over the LAN: W x (the all-reduced WAN leaves' payload + every present DC's
     all-gathered WAN payload), the bits each worker holds after the re-gather over
-    'worker'; 0 without a round); and ``flags`` int32[D, W, 3, L] (finiteness
-    flags of the uplink, downlink and WAN per leaf).
+    'worker'; 0 without a round); ``flags`` int32[D, W, 3, L] (finiteness
+    flags of the uplink, downlink and WAN per leaf); ``update_l2`` and
+    ``drift_l2`` (float64 [D], :attr:`RoundCharge.drift`: ||x_d - x_global||_2
+    before the round and ||x_d - x_global'||_2 after it, float32 sums; 0 without
+    a round).
   """
   m = np.asarray(metrics)
   d, w, _ = m.shape
@@ -767,8 +815,10 @@ def host_metrics(info: ProgramInfo, metrics, active, weights=None) -> dict:
     gathered = np.where(present, info.wan_gather + dyn[:, 0, 2], zero)  # same on every worker
     wan = np.where(present, info.wan_sum + gathered, zero)
     round_down = np.full(d, w * (info.wan_sum + int(gathered.sum())), np.int64)
+  drift = np.ascontiguousarray(m[:, 0, 1 + 6 * n:]).view(np.float32).astype(np.float64)
   return dict(loss=loss, up_bits=up, down_bits=down, wan_bits=wan, round_down_bits=round_down,
-              flags=m[..., 1 + 3 * n:].reshape(d, w, 3, n))
+              flags=m[..., 1 + 3 * n:1 + 6 * n].reshape(d, w, 3, n),
+              update_l2=drift[:, 0], drift_l2=drift[:, 1])
 
 
 LINK_NAMES = ('uplink', 'downlink', 'WAN')

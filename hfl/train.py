@@ -73,6 +73,8 @@ class LoopConfig(NamedTuple):
   augment: str           # dataset.augment
   aggregation: str       # sync.aggregation: 'fedavg' | 'fednova'
   stop: budget_lib.Stop = budget_lib.Stop(1, 0.0)  # train.num_steps / sim_time_budget_s
+  lr_scaling: str = 'none'  # sync.lr_scaling: 'none' | 'inverse_k' (round_lr_scale)
+  prox_mu: float = 0.0      # sync.prox_mu: FedProx's mu (hfl.step.local_gradient)
 
 
 class Warmup(NamedTuple):
@@ -212,7 +214,8 @@ def loop_config(config) -> LoopConfig:
   return LoopConfig(int(t.num_steps), int(t.batch_size), int(t.eval_every),
                     int(t.checkpoint_every), int(t.log_every), int(t.eval_batch_size),
                     int(config.seed), config.dataset.get('augment', 'none'),
-                    config.sync.aggregation, budget_lib.from_config(t))
+                    config.sync.aggregation, budget_lib.from_config(t),
+                    config.sync.get('lr_scaling', 'none'), float(config.sync.get('prox_mu', 0.0)))
 
 
 def _min_shard(config, n: int) -> int | None:
@@ -284,6 +287,8 @@ class LoopState(NamedTuple):
       its target (:func:`hfl.metrics.crossing`), None until it has.
     last_eval: the last evaluation's headline metric, ``sim_time_s`` and ``round``.
     round_loss: mean train loss of each round since the last evaluation.
+    dc_rounds: per-DC diagnostics of each round since the last evaluation
+      (:func:`round_diagnostics`).
     wall_time_s: wall-clock seconds spent by earlier sessions of the run.
   """
   step: int
@@ -299,6 +304,7 @@ class LoopState(NamedTuple):
   last_eval: Mapping[str, Any] | None = None
   round_loss: tuple[float, ...] = ()
   wall_time_s: float = 0.0
+  dc_rounds: tuple[dict, ...] = ()
 
 
 def new_loop_state(schedule: schedule_lib.Schedule, num_dcs: int) -> LoopState:
@@ -316,7 +322,8 @@ def to_host(ls: LoopState, wall_time_s: float) -> dict:
               schedule=schedule_lib.state_to_json(ls.schedule),
               best_test_accuracy=ls.best_test_accuracy, best_test_loss=ls.best_test_loss,
               time_to_target_s=ls.time_to_target_s, rounds_to_target=ls.rounds_to_target,
-              wall_time_s=wall_time_s, last_eval=ls.last_eval, round_loss=list(ls.round_loss))
+              wall_time_s=wall_time_s, last_eval=ls.last_eval, round_loss=list(ls.round_loss),
+              dc_rounds=list(ls.dc_rounds))
 
 
 # Config fields added after runs may have started: absent from an older run's
@@ -330,7 +337,8 @@ ADDED_SECTIONS = {('compression', 'dgc'): dict(momentum=0.0, clip_norm=0.0, warm
                   ('optimizer', 'schedule'): 'constant', ('optimizer', 'warmup_steps'): 0,
                   ('optimizer', 'decay_steps'): 0, ('optimizer', 'final_lr_ratio'): 0.0,
                   ('train', 'target_loss'): tasks.TARGET_FIELDS['language_model'][1],
-                  ('train', 'sim_time_budget_s'): 0.0}
+                  ('train', 'sim_time_budget_s'): 0.0, ('sync', 'k_min_ratio'): 0.0,
+                  ('sync', 'lr_scaling'): 'none', ('sync', 'prox_mu'): 0.0}
 
 
 def upgrade_config(old: dict) -> dict:
@@ -356,7 +364,8 @@ def from_host(host: Mapping[str, Any], schedule: schedule_lib.Schedule) -> LoopS
       network.Clock(np.asarray(host['clock_s']), np.asarray(host['idle_s'])), bits, sched,
       schedule.plan(sched), host['best_test_accuracy'], host.get('best_test_loss'),
       host['time_to_target_s'], host['rounds_to_target'], host['last_eval'],
-      tuple(host['round_loss']), float(host['wall_time_s']))
+      tuple(host['round_loss']), float(host['wall_time_s']),
+      tuple(host.get('dc_rounds', ())))
 
 
 def _check_workdir_config(workdir: str, config) -> list[str]:
@@ -461,7 +470,7 @@ def eval_record(ls: LoopState, task: tasks.Task, accuracy: float, loss: float,
               train_loss=(float(np.mean(ls.round_loss)) if ls.round_loss else None),
               bytes=byte_totals(ls.bits), sim_time_s=ls.clock.now, wall_time_s=wall_time_s,
               k=int(ls.plan.k_base), k_d=[int(k) for k in ls.plan.k_d],
-              idle_s=[float(x) for x in ls.clock.idle_s])
+              idle_s=[float(x) for x in ls.clock.idle_s], dc_rounds=list(ls.dc_rounds))
 
 
 def record_eval(ls: LoopState, task: tasks.Task, rec: Mapping[str, Any]) -> LoopState:
@@ -478,7 +487,7 @@ def record_eval(ls: LoopState, task: tasks.Task, rec: Mapping[str, Any]) -> Loop
   return ls._replace(
       best_test_accuracy=acc if best_acc is None or acc > best_acc else best_acc,
       best_test_loss=loss if best_loss is None or loss < best_loss else best_loss,
-      time_to_target_s=ttt, rounds_to_target=rtt, round_loss=(),
+      time_to_target_s=ttt, rounds_to_target=rtt, round_loss=(), dc_rounds=(),
       last_eval={k: rec[k] for k in (task.metric, 'sim_time_s', 'round')})
 
 
@@ -615,7 +624,7 @@ def make_runtime(s: Setup, workdir: str, wall0: float) -> Runtime:
   init_fn = _init_fn(s)
   state_shape = jax.eval_shape(init_fn)
   make = lambda comps: step_lib.make_step(apply_fn, s.optimizer, s.outer, comps, s.mesh,
-                                          state_shape, s.dgc)
+                                          state_shape, s.dgc, prox_mu=s.loop.prox_mu)
   step_fns = {None: make(s.comps)}
   evaluate = make_eval(s.model, s.mesh, s.dataset.test_images, s.dataset.test_labels,
                        s.loop.eval_batch_size)
@@ -671,7 +680,23 @@ def _round_weights(s: Setup, plan, it: int, active, present) -> np.ndarray:
                                                   jnp.asarray(local, jnp.float32)))
 
 
-def _run_iteration(rt: Runtime, state, step: int, active, weights, do_round: bool):
+def round_lr_scale(lr_scaling: str, k_d) -> np.ndarray:
+  """float32 [D]: each DC's learning-rate multiplier in a round with local steps
+  ``k_d`` (int [D]).
+
+  ``'none'``: 1. ``'inverse_k'``: min_e K_e / K_d, so every DC's K_d steps move it
+  about as far as the slowest DC's K_min steps (the step-count normalisation of
+  FedNova, Wang et al. NeurIPS 2020, applied to the inner learning rate instead of
+  the aggregation weights).
+  """
+  k = np.asarray(k_d, np.float64)
+  if lr_scaling == 'inverse_k':
+    return (k.min() / k).astype(np.float32)
+  return np.ones(k.shape, np.float32)
+
+
+def _run_iteration(rt: Runtime, state, step: int, active, weights, do_round: bool,
+                   lr_scale=None):
   """One step on the devices: ``(state, device metrics, ProgramInfo)``."""
   s, loop = rt.s, rt.s.loop
   idx = data_lib.batch_indices(s.partition, loop.batch_size, step, loop.seed)
@@ -682,7 +707,10 @@ def _run_iteration(rt: Runtime, state, step: int, active, weights, do_round: boo
   stage = s.warmup.stage(step)
   t_start = time.perf_counter()
   step_fn = _step_fn(rt, stage, step)
-  state, m = step_fn(state, batch, rt.put(active, P(mesh_lib.DC)), rt.put(weights), do_round)
+  if lr_scale is None:
+    lr_scale = np.ones(s.num_dcs, np.float32)
+  state, m = step_fn(state, batch, rt.put(active, P(mesh_lib.DC)), rt.put(weights), do_round,
+                     rt.put(lr_scale, P(mesh_lib.DC)))
   jax.block_until_ready(m)
   rt.timer.iteration((stage, do_round), t_start)
   return state, m, step_fn.info[do_round]
@@ -706,13 +734,15 @@ def run_round(rt: Runtime, state, ls: LoopState):
   present = s.present_fn(ls.round)
   start = None if np.all(present) else rt.jitted['round_start'](state)
   pending, weights = [], np.zeros(s.num_dcs, np.float32)
+  lr_scale = round_lr_scale(s.loop.lr_scaling, plan.k_d)
   cap = s.loop.stop.step_cap()
   for it in range(kmax):
     active = it < plan.k_d
     do_round = it + 1 >= kmax or ls.step + it + 1 == cap
     if do_round:
       weights = _round_weights(s, plan, it, active, present)
-    state, m, info = _run_iteration(rt, state, ls.step + it, active, weights, do_round)
+    state, m, info = _run_iteration(rt, state, ls.step + it, active, weights, do_round,
+                                    lr_scale)
     pending.append((m, active, info))
     if do_round:
       break
@@ -741,8 +771,40 @@ def account(rt: Runtime, ls: LoopState, pending, weights, present):
     losses.append(float(np.dot(s.dc_weights, m['loss'])))
     if at < end and at % s.loop.log_every == 0:
       _log_progress(rt, ls, at, losses[-1])
-  return account_round(ls, s.net, s.schedule, m, present, len(pending),
-                       sum(losses) / len(losses)), losses[-1]
+  ls = account_round(ls, s.net, s.schedule, m, present, len(pending), sum(losses) / len(losses))
+  diag = round_diagnostics(ls.round, [act for _, act, _ in pending], present,
+                           s.workers_per_dc * s.loop.batch_size, weights, m)
+  return ls._replace(dc_rounds=ls.dc_rounds + (diag,)), losses[-1]
+
+
+def round_diagnostics(rnd: int, actives, present, batch: int, weights, m) -> dict:
+  """One round's per-DC diagnostics (the ``dc_rounds`` entries of metrics.jsonl).
+
+  Args:
+    rnd: the round's number (1-based).
+    actives: bool [D] per iteration of the round (the DCs that ran it).
+    present: bool [D], the DCs that took part (hfl.sync.faults).
+    batch: samples per DC per iteration (workers_per_dc x batch_size).
+    weights: float [D], the round's aggregation scales s_d (hfl.sync.aggregation).
+    m: :func:`hfl.step.host_metrics` of the round's last iteration.
+
+  Returns:
+    ``{'round', 'samples': [D] ints (K_d x W x B; 0 for an absent DC, whose work
+    is discarded), 'weight': [D] s_d, 'update_l2': [D] ||x_d - x_global||_2 at
+    the round's end (its pseudo-gradient), 'drift_l2': [D] ||x_d - x_global'||_2
+    from the new global model (float32 norms), 'contribution': [D]
+    s_d ||Delta_d|| / sum_e s_e ||Delta_e|| (each DC's share of the weighted
+    update norms; 0s when all are 0)}``.
+  """
+  steps = np.sum(np.asarray(actives, bool), axis=0) * np.asarray(present, bool)
+  w = np.asarray(weights, np.float64)
+  upd = np.asarray(m['update_l2'], np.float64)
+  share = w * upd
+  total = share.sum()
+  return dict(round=int(rnd), samples=[int(k) * batch for k in steps],
+              weight=[float(x) for x in w], update_l2=[float(x) for x in upd],
+              drift_l2=[float(x) for x in m['drift_l2']],
+              contribution=[float(x) for x in (share / total if total > 0 else share * 0)])
 
 
 def divergence_advice(config, workdir: str, last_checkpoint: int | None) -> str:

@@ -107,6 +107,14 @@ def test_semi_sync_budget_stops_after_the_round_that_crosses_it(budget_run):
   records = [json.loads(l) for l in open(os.path.join(workdir, 'metrics.jsonl'))]
   assert hist[-1]['test_accuracy'] == records[-1]['test_accuracy'] == summary[
       'final_test_accuracy']
+  # Per-round diagnostics (strict JSON): W x B = 32 samples per iteration; DC 0 runs
+  # 4 iterations a round, DC 1 2; FedAvg weights n_d / n; norms of float32 sums.
+  diags = [r for rec in records for r in rec['dc_rounds']]
+  assert [r['round'] for r in diags] == [1, 2, 3, 4]
+  assert all(r['samples'] == [4 * 32, 2 * 32] for r in diags)
+  assert all(abs(sum(r['weight']) - 1) < 1e-6 and abs(sum(r['contribution']) - 1) < 1e-6
+             for r in diags)
+  assert all(r['update_l2'][0] > 0 and r['drift_l2'][1] > 0 for r in diags)
 
 
 @pytest.mark.slow

@@ -22,6 +22,14 @@ round). The aggregate pseudo-gradient handed to the outer optimizer
   Normalising by K_d is the paper's ``||a_d||_1`` for plain local SGD; for local
   momentum/Adam the paper's normaliser differs and ``K_d`` is an approximation.
   With equal K_d, FedNova equals FedAvg.
+- Samples (``'samples'``): weights proportional to the samples each present DC
+  actually processed in the round, ``K_d W B`` (equal W and B across DCs)::
+
+      scale_d = present_d K_d / sum_e present_e K_e
+
+  the model average of FedAvg's eq. (McMahan et al. 2017, Algorithm 1: weights
+  n_k / n) with n_k the round's processed samples instead of the DC's dataset
+  size; with equal K_d it weights present DCs equally (not by n_d).
 
 How the training loop uses it (inside the jitted / shard_map'd round):
 ``p = fedavg_weights(n_d, present)``; ``scale = aggregation_scale(
@@ -37,7 +45,7 @@ from typing import Any
 import jax
 import jax.numpy as jnp
 
-AGGREGATIONS = ('fedavg', 'fednova')
+AGGREGATIONS = ('fedavg', 'fednova', 'samples')
 
 
 def fedavg_weights(n_d: jax.Array, present: jax.Array) -> jax.Array:
@@ -97,11 +105,27 @@ def fednova_scale(p: jax.Array, k: jax.Array) -> jax.Array:
   return p * tau_eff / k
 
 
+def samples_scale(p: jax.Array, k: jax.Array) -> jax.Array:
+  """Multipliers by samples processed: ``scale_d = [p_d > 0] K_d / sum_e [p_e > 0] K_e``.
+
+  Args:
+    p: float [D], data weights (only whether ``p_d > 0``, i.e. DC d is present,
+      is used).
+    k: int [D], local steps K_d of each DC in the round (values below 1 count as 1).
+
+  Returns:
+    float32 [D], summing to 1 over present DCs (all 0 when none is).
+  """
+  q = jnp.where(jnp.asarray(p) > 0, jnp.maximum(jnp.asarray(k, jnp.float32), 1.0), 0.0)
+  total = jnp.sum(q)
+  return jnp.where(total > 0, q / jnp.where(total > 0, total, 1.0), 0.0)
+
+
 def aggregation_scale(name: str, p: jax.Array, k: jax.Array) -> jax.Array:
   """Per-DC multipliers of the pseudo-gradients for ``sync.aggregation``.
 
   Args:
-    name: 'fedavg' or 'fednova' (static Python string).
+    name: 'fedavg', 'fednova' or 'samples' (static Python string).
     p: float [D], aggregation weights.
     k: int [D], local steps K_d.
 
@@ -115,6 +139,8 @@ def aggregation_scale(name: str, p: jax.Array, k: jax.Array) -> jax.Array:
     return fedavg_scale(p, k)
   if name == 'fednova':
     return fednova_scale(p, k)
+  if name == 'samples':
+    return samples_scale(p, k)
   raise ValueError(
       f'sync.aggregation must be one of {AGGREGATIONS}, got {name!r}.')
 

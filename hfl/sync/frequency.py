@@ -244,3 +244,27 @@ def optimal_k_exact(t, c, k_base: int, k_max: int,
         'one intra-DC iteration plus the inter-DC communication.')
   # Feasibility is monotone in k, so the largest feasible k is the count.
   return feasible.sum(axis=1).astype(np.int64)
+
+
+def floor_k(k_d, ratio: float, k_max: int) -> np.ndarray:
+  """Raises every K_d to at least ``ceil(ratio * max_e K_e)`` (``sync.k_min_ratio``).
+
+  A lower bound on the local steps of slow DCs in semi-synchronous sync: with
+  ``ratio`` = r, no DC runs fewer than a fraction r of the fastest DC's
+  iterations, at the cost of a longer round (the slow DCs set T = max_d(K_d t_d +
+  C_d), the fast ones idle). r = 0 leaves ``k_d`` unchanged; r = 1 gives every DC
+  max_e K_e (periodic sync with that K).
+
+  Args:
+    k_d: int [D], the planned K_d (e.g. :func:`optimal_k`).
+    ratio: r in [0, 1].
+    k_max: upper bound of any K_d (``sync.k_max``).
+
+  Returns:
+    int64 [D]: ``min(k_max, max(K_d, ceil(r * max_e K_e - 1e-9)))``.
+  """
+  k = np.asarray(k_d, np.int64)
+  if ratio <= 0:
+    return k
+  low = int(np.ceil(float(ratio) * int(k.max()) - 1e-9))
+  return np.minimum(np.maximum(k, low), k_max).astype(np.int64)

@@ -179,7 +179,8 @@ def make_schedule(strategy: str,
                   progress_aware: bool = False,
                   progress_window: int = 3,
                   progress_threshold: float = 0.01,
-                  progress_factor: float = 2.0) -> Schedule:
+                  progress_factor: float = 2.0,
+                  k_min_ratio: float = 0.0) -> Schedule:
   """Builds the K schedule of a sync strategy.
 
   Args:
@@ -196,6 +197,8 @@ def make_schedule(strategy: str,
     progress_threshold: ``sync.progress_threshold``, finite (relative loss
       improvement below which K_base is raised).
     progress_factor: ``sync.progress_factor``, finite and > 1.
+    k_min_ratio: ``sync.k_min_ratio`` in [0, 1]: 'semi_sync' raises every K_d to
+      at least this fraction of the round's largest (:func:`hfl.sync.frequency.floor_k`).
 
   Returns:
     A :class:`Schedule`.
@@ -214,8 +217,12 @@ def make_schedule(strategy: str,
   progress_aware = bool(progress_aware)
   if progress_aware:
     _check_progress(strategy, progress_window, progress_threshold, progress_factor)
+  if (isinstance(k_min_ratio, bool) or not isinstance(k_min_ratio, (int, float))
+      or not 0 <= k_min_ratio <= 1):
+    raise ValueError(f'sync.k_min_ratio must be a number in [0, 1] (0: off), got {k_min_ratio!r}.')
   p = _Spec(strategy, num_dcs, k0, k_max, t_arr, c_arr, progress_aware,
-            int(progress_window), float(progress_threshold), float(progress_factor))
+            int(progress_window), float(progress_threshold), float(progress_factor),
+            float(k_min_ratio))
   return Schedule(strategy=strategy, init=functools.partial(_init, p),
                   plan=functools.partial(_plan, p),
                   next_round=functools.partial(_next_round, p))
@@ -279,6 +286,7 @@ class _Spec(NamedTuple):
   window: int
   threshold: float
   factor: float
+  k_min_ratio: float = 0.0
 
 
 def _init(p: _Spec) -> ScheduleState:
@@ -292,7 +300,8 @@ def _plan(p: _Spec, state: ScheduleState) -> RoundPlan:
         f'Schedule state has K_base = {kb} outside [1, sync.k_max = {p.k_max}] '
         '(restored from a run with another sync.k_max?).')
   if p.strategy == 'semi_sync':
-    k_d = frequency.optimal_k(p.t, p.c, kb, p.k_max)
+    k_d = frequency.floor_k(frequency.optimal_k(p.t, p.c, kb, p.k_max), p.k_min_ratio,
+                            p.k_max)
   else:
     k_d = np.full((p.num_dcs,), kb, dtype=np.int64)
   return RoundPlan(k_d=k_d, k_base=kb)
@@ -350,4 +359,5 @@ def from_config(sync_config, num_dcs: int,
       progress_aware=sync_config.progress_aware,
       progress_window=sync_config.progress_window,
       progress_threshold=sync_config.progress_threshold,
-      progress_factor=sync_config.progress_factor)
+      progress_factor=sync_config.progress_factor,
+      k_min_ratio=sync_config.get('k_min_ratio', 0.0))
