@@ -629,16 +629,18 @@ def test_page_structure_plots_and_missing_runs(root, tmp_path):
       '# Results: hierarchical FL across datacenters vs the published numbers',
       '## How to read this page',
       '## Optimised HPS vs synchronous HPS (thesis comparisons 1 and 2)',
+      '## Semi-synchronous sync at equal simulated time (issue 15)',
       '## Bidirectional sparse + mixed precision (thesis comparison 3)',
       '## CO3: convert, compress, correct',
       "### The CO3 paper's setting: synchronous PS over IID shards",
       "### hfl's setting: hierarchical PS, non-IID (Dirichlet α = 0.5) shards, periodic K = 4",
       '## Sources']
-  assert text.count('**Published vs ours**') == 3
-  assert text.count('| source | where in the source | claim | published | ours | verdict |') == 3
-  # 44 runs (5 semisync, 15 compression, 15 co3_iid, 9 co3_paper), 13 missing.
-  assert 'Incomplete: 31 of 44 runs have finished.' in text
-  assert text.count('| *not finished* |') == 5
+  assert text.count('**Published vs ours**') == 4
+  assert text.count('| source | where in the source | claim | published | ours | verdict |') == 4
+  # 74 runs (5 semisync, 30 semisync_budget, 15 compression, 15 co3_iid, 9 co3_paper),
+  # 43 missing; rows not finished: 5 semisync, 2 x 5 semisync_budget.
+  assert 'Incomplete: 31 of 74 runs have finished.' in text
+  assert text.count('| *not finished* |') == 15
   assert 'Generated 2025-01-02 03:04 UTC' in text
   assert 'python3 docs/results/make_results.py --root' in text
   for claim in ('up to 66%', 'up to 43%', 'up to 92%', '≈ 95%', '270–600×',
@@ -658,19 +660,19 @@ def test_page_structure_plots_and_missing_runs(root, tmp_path):
 def test_empty_root_lists_everything_as_missing(tmp_path):
   written = results.write_results(SPEC, str(tmp_path / 'none'), str(tmp_path / 'out'), now=NOW)
   text = open(written['results.md'], encoding='utf-8').read()
-  assert 'Incomplete: 0 of 44 runs have finished.' in text
-  assert text.count(': not started (`') == 44
-  # Rows: 5 semisync, 5 + 2 compression (seed groups), 5 + 5 CO3.
-  assert text.count('| *not finished* |') == 22
-  assert written['plots'] == [] and text.count('*No plots yet') == 3
-  assert text.count('| not measured') == 7
+  assert 'Incomplete: 0 of 74 runs have finished.' in text
+  assert text.count(': not started (`') == 74
+  # Rows: 5 semisync, 5 + 5 semisync_budget, 5 + 2 compression (seed groups), 5 + 5 CO3.
+  assert text.count('| *not finished* |') == 32
+  assert written['plots'] == [] and text.count('*No plots yet') == 4
+  assert text.count('| not measured') == 15
 
 
 def test_spec_is_consistent():
   """Every claim names existing tables, valid expressions and a known source."""
   tables = {t['name']: t for s in SPEC.SECTIONS for t in s['tables']}
   ids = [c['id'] for s in SPEC.SECTIONS for c in s['claims']]
-  assert len(ids) == len(set(ids)) == 7
+  assert len(ids) == len(set(ids)) == 15
   for s in SPEC.SECTIONS:
     for c in s['claims'] + s.get('readings', []):
       assert set(c['tables']) <= set(tables)
@@ -697,7 +699,7 @@ def test_cli_no_run_from_another_directory(tmp_path):
                      cwd=tmp_path, capture_output=True, text=True, timeout=600, check=False)
   assert p.returncode == 0, p.stderr
   assert p.stdout.splitlines()[0] == os.path.join('o', 'results.md')
-  assert '39 runs not finished' in p.stderr
+  assert '69 runs not finished' in p.stderr
   text = (tmp_path / 'o' / 'results.md').read_text(encoding='utf-8')
   assert 'make_results.py --root workdirs --out o' in text
   assert '--workdir=workdirs/semisync/sync.strategy=sync__train.eval_every=40' in text
@@ -716,11 +718,12 @@ def test_cli_runs_the_missing_sweeps_first(tmp_path, caplog, monkeypatch):
   caplog.set_level('INFO')
   assert results.main(['--root', root, '--out', str(tmp_path / 'o')]) == 0
   assert [r for r, _ in launched] == [os.path.join(root, n)
-                                      for n in ('semisync', 'compression', 'co3_iid',
-                                                'co3_paper')]
-  # Said once, before the first launch: 39 runs are missing.
+                                      for n in ('semisync', 'semisync_budget', 'compression',
+                                                'co3_iid', 'co3_paper')]
+  # Said once, before the first launch: 69 runs are missing.
   assert launched[0][1][0].startswith(
-      f'39 runs missing (compression: 15, co3_iid: 15, co3_paper: 9) under {root}: launching')
+      f'69 runs missing (semisync_budget: 30, compression: 15, co3_iid: 15, co3_paper: 9) '
+      f'under {root}: launching')
 
 
 def test_cli_on_ctrl_c_prints_one_line(tmp_path, capsys, monkeypatch):
@@ -907,3 +910,87 @@ def test_page_reproduces_the_published_numbers(tmp_path):
   assert claim.met is True and claim.verdict == 'met: paired Δ (mean) −0.06 pts ≥ −0.50 pts'
   assert claim.ours.startswith('paired Δ −0.06 ± 0.04 pts (n=3, standard error 0.03 pts), 16.2× '
                                'fewer uplink bytes, 1.97 bits per uplink entry')
+
+
+# ---------------------------------------------------------------------------
+# Equal simulated time (issue 15): configs/sweeps/semisync_budget.py.
+
+BUDGET = _import('semisync_budget', os.path.join(REPO, 'configs', 'sweeps',
+                                                 'semisync_budget.py'))
+
+
+def _budget_run(root, strategy, seed, evals, rounds, idle=(0.0, 0.0, 0.0, 0.0), done=True,
+                speed=(3.0, 2.0, 1.5, 1.0)):
+  """One run of the budget sweep; ``evals``: (step, round, accuracy, sim_time_s)."""
+  point = next(s for s in BUDGET.STRATEGIES if s['sync.strategy'] == strategy
+               and 'sync.progress_aware' not in s)
+  o = {'train.num_steps': 0, 'train.sim_time_budget_s': BUDGET.SIM_BUDGET_S, 'seed': seed,
+       'train.checkpoint_every': 100, 'network.dc_speed': speed, **point}
+  workdir = os.path.join(root, 'semisync_budget', sweep.run_name(o))
+  config = _config('configs/semisync.py', **o)
+  os.makedirs(workdir, exist_ok=True)
+  with open(os.path.join(workdir, 'metrics.jsonl'), 'w') as f:
+    for step, rnd, acc, t in evals:
+      f.write(json.dumps({'step': step, 'round': rnd, 'test_accuracy': acc, 'test_loss': 1 - acc,
+                          'bytes': {'intra_up': 1, 'intra_down': 1, 'inter_dc': rnd},
+                          'sim_time_s': t, 'wall_time_s': 1.0}) + '\n')
+  if done:
+    step, rnd, acc, t = evals[-1]
+    with open(os.path.join(workdir, 'summary.json'), 'w') as f:
+      json.dump({'final_test_accuracy': acc, 'best_test_accuracy': max(e[2] for e in evals),
+                 'final_test_loss': 1 - acc, 'inter_dc_rounds': rnd,
+                 'intra_dc_iterations': step, 'bytes': {'intra_up': 1, 'intra_down': 1,
+                                                        'inter_dc': rnd},
+                 'sim_time_s': t, 'wall_time_s': 5.0, 'idle_s': list(idle),
+                 'stop': {'governed_by': 'sim_time_budget_s', 'num_steps': 0,
+                          'sim_time_budget_s': BUDGET.SIM_BUDGET_S},
+                 'config': config}, f)
+
+
+def test_budget_section_equal_time_and_equal_iteration_verdicts(tmp_path):
+  """Hand-computed: sync (600 iterations) crosses 0.85 at round 300, t = 150 s; semi_sync
+  at round 50 (−83.3%), t = 60 s (−60%). At the budget semi_sync ends +0.2, −0.4, +0.5
+  pts from sync (paired +0.10 ± 0.4583, n=3, standard error 0.2646); after 600
+  iterations (semi_sync evaluates at 576 and 624: midpoint) −3, −2, −4 pts."""
+  root = str(tmp_path / 'workdirs')
+  for seed, (s_fin, m_fin, m600) in enumerate([(0.90, 0.902, 0.87), (0.91, 0.906, 0.89),
+                                                (0.89, 0.895, 0.85)]):
+    _budget_run(root, 'sync', seed, [(200, 200, 0.80, 100.0), (400, 400, 0.90, 200.0),
+                                     (600, 600, s_fin, 301.9)], 600)
+    _budget_run(root, 'semi_sync', seed,
+                [(360, 40, 0.80, 40.0), (540, 60, 0.90, 80.0), (576, 64, m600 - 0.01, 85.0),
+                 (624, 68, m600 + 0.01, 90.0), (4050, 450, m_fin, 302.0)], 450,
+                idle=(1.0, 2.0, 3.0, 0.0))
+  _budget_run(root, 'periodic', 0, [(40, 10, 0.5, 6.0)], 10, done=False)
+  sections, by_name = _build(root)
+  t = by_name['semisync_budget_3x']
+  semi = _gid(t, 'semi_sync (K_base=4, K_d optimised)')
+  assert results.number(t, semi, 'reduction:rounds_to_target') == pytest.approx(1 - 50 / 300)
+  assert results.number(t, semi, 'reduction:time_to_target_s') == pytest.approx(0.6)
+  st, per_seed = results.paired(t, semi, 'final_acc')
+  assert per_seed == pytest.approx({0: 0.2, 1: -0.4, 2: 0.5})
+  assert (st.mean, st.std) == (pytest.approx(0.1), pytest.approx(math.sqrt(0.21)))
+  assert results.paired(t, semi, 'acc_at_iters')[1] == pytest.approx({0: -3, 1: -2, 2: -4})
+  cells = _cells(t, 'semi_sync (K_base=4, K_d optimised)')
+  assert cells[:6] == ['semi_sync (K_base=4, K_d optimised)', '0, 1, 2', '90.10 ± 0.56%',
+                       '+0.10 ± 0.46 pts (n=3)', '87.00 ± 2.00%', '−3.00 ± 1.00 pts (n=3)']
+  s = sections['semisync_budget']
+  rounds, time_, acc, iters = (_claim(s, f'budget_3x_{k}')
+                               for k in ('rounds', 'time', 'acc_time', 'acc_iters'))
+  assert rounds.verdict == 'met: reduction 83.3% ≥ 66.0%'
+  assert time_.verdict == 'met: reduction 60.0% ≥ 50.0%'
+  assert acc.met is True and acc.ours.startswith(
+      'paired Δ +0.10 ± 0.46 pts (n=3, standard error 0.26 pts), 83.3%')
+  assert iters.met is False and iters.verdict == 'not met: paired Δ (mean) −3.00 pts < −0.50 pts'
+  assert _claim(s, 'budget_10x_acc_time').met is None  # the 10x runs do not exist yet
+  md = s.markdown
+  assert 'until the simulated clock reaches `train.sim_time_budget_s` = 301.652 s' in md
+  assert '| periodic (K=4) | *not finished* |' in md and 'not started' in md
+  assert 'intra-DC iterations, the baseline' not in md  # unequal iterations by design
+
+
+def test_acc_at_iterations_interpolates_between_evaluations():
+  recs = [{'step': 100, 'test_accuracy': 0.5}, {'step': 300, 'test_accuracy': 0.7}]
+  assert results.acc_at_iterations(recs, 200) == pytest.approx(0.6)
+  assert results.acc_at_iterations(recs, 300) == 0.7
+  assert results.acc_at_iterations(recs, 301) is None and results.acc_at_iterations(recs, 99) is None

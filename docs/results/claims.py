@@ -142,6 +142,90 @@ _SEMISYNC = dict(
     plots=dict(tables=['semisync'], title='sync strategies'),
 )
 
+# Equal simulated time (issue 15): every strategy stops at the same simulated-time
+# budget (train.sim_time_budget_s), chosen so that sync runs its usual 600 iterations.
+_BUDGET_SPEEDS = ((3.0, 2.0, 1.5, 1.0), '3×'), ((10.0, 4.0, 2.0, 1.0), '10×')
+EQUAL_ITERATIONS = 600  # sync's iterations under the budget: the equal-iteration point
+
+
+def _budget_table(speed, tag):
+  return dict(
+      name=f'semisync_budget_{tag[:-1]}x', sweep='configs/sweeps/semisync_budget.py',
+      root='semisync_budget', where={'network.dc_speed': speed}, tag=f'speeds {tag} apart',
+      heading=f'**DC speeds {tag} apart ({" : ".join(f"{x:g}" for x in speed)})**',
+      baseline={'sync.strategy': 'sync'}, labels=_SEMISYNC['tables'][0]['labels'],
+      equal_iterations=EQUAL_ITERATIONS, equal_time=True,
+      columns=[
+          ('strategy', 'label'), ('seeds', 'seeds'),
+          ('acc at the budget (equal time)', 'final_acc'),
+          ('paired Δ vs sync, equal time', 'paired:final_acc'),
+          (f'acc after {EQUAL_ITERATIONS} iterations (equal iterations)', 'acc_at_iters'),
+          ('paired Δ vs sync, equal iterations', 'paired:acc_at_iters'),
+          ('inter-DC rounds to target', 'rounds_to_target'),
+          ('rounds reduction', 'reduction:rounds_to_target'),
+          ('sim time to target', 'time_to_target_s'),
+          ('time reduction', 'reduction:time_to_target_s'),
+          ('iterations (fastest DC)', 'intra_dc_iterations'), ('inter-DC rounds', 'inter_dc_rounds'),
+          ('sim time (total)', 'sim_time_s'), ('idle per DC (s)', 'idle_s'),
+      ])
+
+
+def _budget_claims(tag):
+  thesis = {'sync.strategy': 'semi_sync'}  # the thesis' strategies: semi_sync, ± progress-aware
+  table = [f'semisync_budget_{tag[:-1]}x']
+  return [
+      dict(id=f'budget_{tag[:-1]}x_rounds', source='thesis', where='summary of results',
+           quantity=f'speeds {tag} apart: inter-DC rounds to target vs sync (K=1), best '
+           'thesis strategy', published='up to 66%', tables=table, rows=thesis,
+           value='reduction:rounds_to_target', verdict='>= 0.66'),
+      dict(id=f'budget_{tag[:-1]}x_time', source='thesis', where='summary of results',
+           quantity=f'speeds {tag} apart: simulated time to target vs sync (K=1), best thesis '
+           'strategy (goal of issue 15: ≥ 50%)', published='up to 43%', tables=table,
+           rows=thesis, value='reduction:time_to_target_s', verdict='>= 0.50'),
+      dict(id=f'budget_{tag[:-1]}x_acc_time', source='thesis', where='summary of results',
+           quantity=f'speeds {tag} apart: final accuracy at equal simulated time vs sync, of '
+           'the thesis strategy with the largest time reduction', published='no loss (Δ ≈ 0 '
+           'pts)', tables=table, rows=thesis, pick='reduction:time_to_target_s',
+           value='paired:final_acc', show=['reduction:rounds_to_target'], verdict='>= -0.5'),
+      dict(id=f'budget_{tag[:-1]}x_acc_iters', source='thesis', where='summary of results',
+           quantity=f'speeds {tag} apart: accuracy at equal iterations ({EQUAL_ITERATIONS} of '
+           'the fastest DC) vs sync, of the same strategy', published='no loss (Δ ≈ 0 pts)',
+           tables=table, rows=thesis, pick='reduction:time_to_target_s',
+           value='paired:acc_at_iters', verdict='>= -0.5'),
+  ]
+
+
+_SEMISYNC_BUDGET = dict(
+    key='semisync_budget',
+    title='Semi-synchronous sync at equal simulated time (issue 15)',
+    intro='The comparison above stops every strategy after the same number of iterations of '
+    'the fastest DC, so the strategies that save the most time also train their slow DCs '
+    'the least. Here every run (seeds 0, 1, 2) stops at the same simulated-time budget, '
+    '{train.sim_time_budget_s:g} s (`train.sim_time_budget_s`; the round that crosses it is '
+    'run), which lets `sync` run its usual ' + str(EQUAL_ITERATIONS) + ' iterations. The '
+    'accuracy at the budget compares the strategies at equal simulated time; the accuracy '
+    'after ' + str(EQUAL_ITERATIONS) + ' iterations of the fastest DC (interpolated between '
+    'evaluations) at equal iterations. Baseline: **{baseline}**.',
+    tables=[_budget_table(speed, tag) for speed, tag in _BUDGET_SPEEDS],
+    claims_caption='(the goal of issue 15: the best thesis strategy cuts rounds by ≥ 66% and '
+    f'time to target by ≥ 50% and is within {BAR:g} pts of sync at equal simulated time; '
+    'paired Δ over seeds with its standard error)',
+    claims=[c for _, tag in _BUDGET_SPEEDS for c in _budget_claims(tag)],
+    notes=[
+        'Equal simulated time: each run ends at the end of the first round that reaches the '
+        'budget, so its clock passes the budget by less than one of its rounds (column sim '
+        'time).',
+        'Equal iterations: the test accuracy at ' + str(EQUAL_ITERATIONS) + ' iterations of the '
+        'fastest DC, linearly interpolated between the two evaluations around it (– when the '
+        'run has no evaluation at or after it).',
+        'Per-round diagnostics of each DC (samples processed, aggregation weight, update and '
+        'drift norms) are in every run\'s metrics.jsonl (`dc_rounds`); docs/semisync.md reads '
+        'them.',
+    ],
+    plots=dict(tables=[f'semisync_budget_{tag[:-1]}x' for _, tag in _BUDGET_SPEEDS],
+               title='sync strategies at equal simulated time'),
+)
+
 _SPARSE_LABELS = [
     ({'compression.uplink.name': 'identity'}, 'uncompressed'),
     ({}, 'top-k ρ={compression.uplink.density:pct} up/down, bf16 small'),
@@ -326,7 +410,7 @@ _CO3 = dict(
     plots=dict(tables=['co3_iid'], title='CO3 fp4, sync PS over IID shards'),
 )
 
-SECTIONS = [_SEMISYNC, _COMPRESSION, _CO3]
+SECTIONS = [_SEMISYNC, _SEMISYNC_BUDGET, _COMPRESSION, _CO3]
 
 # Published numbers no section compares with yet (candidates for a new entry above).
 NOT_YET_COMPARED = [

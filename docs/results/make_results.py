@@ -50,7 +50,11 @@ _NOT = {'>=': '<', '>': '≤', '<=': '>', '<': '≥'}
 _WORDS = {'bytes.intra': 'intra-DC bytes', 'bytes.intra_up': 'uplink bytes',
           'bytes.intra_down': 'downlink bytes', 'bytes.inter_dc': 'inter-DC bytes',
           'bytes.total': 'bytes', 'time_to_target_s': 'simulated time to target',
-          'rounds_to_target': 'inter-DC rounds to target', 'final_acc': 'final accuracy'}
+          'rounds_to_target': 'inter-DC rounds to target', 'final_acc': 'final accuracy',
+          'acc_at_iters': 'accuracy at equal iterations'}
+# A metric of this page only (not of hfl.report): a table's ``equal_iterations`` = N
+# gives each run its test accuracy after N iterations of the fastest DC.
+runs_lib.METRICS.setdefault('acc_at_iters', 'fraction')
 
 
 def load_spec(path: str):
@@ -157,6 +161,20 @@ def _label(rules, flat: dict) -> str:
                    f'{rules}; end the list with a catch-all ({{}}, template)')
 
 
+def acc_at_iterations(records: Sequence[dict], n: int) -> float | None:
+  """Test accuracy after ``n`` iterations (``step``) of a run's evaluations,
+  linearly interpolated between the two around it; None when no evaluation is at
+  or after ``n`` (or none is at or before it)."""
+  pts = [(r['step'], r['test_accuracy']) for r in records
+         if isinstance(r.get('step'), int) and isinstance(r.get('test_accuracy'), float)]
+  before = [p for p in pts if p[0] <= n]
+  after = [p for p in pts if p[0] >= n]
+  if not before or not after:
+    return None
+  (s0, a0), (s1, a1) = max(before), min(after)
+  return a0 if s1 == s0 else a0 + (a1 - a0) * (n - s0) / (s1 - s0)
+
+
 def load_table(spec: dict, root: str) -> Table:
   """Loads one table of the spec from ``ROOT/<spec['root']>``."""
   sweep_root = os.path.join(root, spec['root'])
@@ -179,6 +197,9 @@ def load_table(spec: dict, root: str) -> Table:
                     targets, targets[0])
   frame = runs_lib.run_frame([p.run for p in done], targets[0])
   frame['gid'] = [p.group for p in done]
+  if spec.get('equal_iterations'):
+    frame['acc_at_iters'] = [acc_at_iterations(p.run.metrics, spec['equal_iterations'])
+                             for p in done]
   summary = stats.summarize(frame, frame['gid']) if len(frame) else pd.DataFrame()
   extra = sorted(d for d in (os.listdir(sweep_root) if os.path.isdir(sweep_root) else ())
                  if os.path.isdir(os.path.join(sweep_root, d)) and d != sweep_lib.REPORT_DIR
@@ -502,8 +523,11 @@ def settings_lines(t: Table, root_display: str) -> list[str]:
                   or 'none') + '; per run: '
       + (', '.join(f'`{k}`' for k in varying + (['seed'] if len(seeds) > 1 else [])) or 'none')
       + ' (see the table and the commands below).',
-      f'- **Steps**: `train.num_steps` = {g("train.num_steps")} intra-DC iterations (of the '
-      f'fastest DC), batch {g("train.batch_size")} per worker, evaluation every '
+      '- **Steps**: ' + (f'`train.num_steps` = {g("train.num_steps")} intra-DC iterations (of '
+                         'the fastest DC)' if not g('train.sim_time_budget_s') else
+                         f'until the simulated clock reaches `train.sim_time_budget_s` = '
+                         f'{g("train.sim_time_budget_s"):g} s (hfl.budget)')
+      + f', batch {g("train.batch_size")} per worker, evaluation every '
       f'`train.eval_every` inter-DC rounds; target accuracy {tables_lib.fmt_acc(t.target)} '
       '(`train.target_accuracy`).',
       f'- **Mesh**: {g("mesh.num_dcs")} DCs × {g("mesh.workers_per_dc")} workers per DC; data '
@@ -639,7 +663,7 @@ def drift_notes(t: Table) -> list[str]:
 def steps_notes(t: Table) -> list[str]:
   """Finished runs with another number of intra-DC iterations than the baseline's first run."""
   base = next((p for p in t.points if p.group == t.base_gid and p.status == 'done'), None)
-  if base is None:
+  if base is None or t.spec.get('equal_time'):  # equal time: iterations differ by design
     return []
   steps = lambda p: p.run.summary.get('intra_dc_iterations')
   return [f'- ⚠ `{run_label(t, p)}` ran {steps(p)} intra-DC iterations, the baseline '
