@@ -72,6 +72,7 @@ def get_config(arg: str | None = None) -> ml_collections.ConfigDict:
   c.sync.k_min_ratio = 0.0           # semi_sync: every K_d >= ceil(ratio * max K_d) (0: off)
   c.sync.lr_scaling = 'none'         # none | inverse_k (DC lr x min K / K_d)
   c.sync.prox_mu = 0.0               # FedProx proximal coefficient mu (0: off)
+  c.sync.progress_test = 'endpoints'  # plateau test: endpoints | window_means (hfl.sync.schedule)
 
   c.compression = ml_collections.ConfigDict()
   c.compression.uplink = _compressor('identity')    # worker -> PS (large tensors)

@@ -108,7 +108,8 @@ def validate_heterogeneity_options(config: ml_collections.ConfigDict) -> None:
 
   Raises:
     ValueError: ``sync.k_min_ratio`` not in [0, 1]; ``sync.lr_scaling`` not one
-      of :data:`LR_SCALINGS`; ``sync.prox_mu`` not a finite number >= 0.
+      of :data:`LR_SCALINGS`; ``sync.prox_mu`` not a finite number >= 0;
+      ``sync.progress_test`` not one of ``hfl.sync.schedule.PROGRESS_TESTS``.
   """
   s = config.sync
   r = _number(s.get('k_min_ratio', 0.0), 'sync.k_min_ratio')
@@ -116,6 +117,7 @@ def validate_heterogeneity_options(config: ml_collections.ConfigDict) -> None:
     raise ValueError(f'sync.k_min_ratio={r} must be in [0, 1] (0: off; the least fraction '
                      "of the round's largest K_d any DC runs)")
   _choice(s.get('lr_scaling', 'none'), 'sync.lr_scaling', LR_SCALINGS)
+  _choice(s.get('progress_test', 'endpoints'), 'sync.progress_test', schedule_lib.PROGRESS_TESTS)
   mu = _number(s.get('prox_mu', 0.0), 'sync.prox_mu')
   if not 0 <= mu < float('inf'):
     raise ValueError(f'sync.prox_mu={mu} must be a finite number >= 0 (FedProx mu; 0: off)')

@@ -338,7 +338,8 @@ ADDED_SECTIONS = {('compression', 'dgc'): dict(momentum=0.0, clip_norm=0.0, warm
                   ('optimizer', 'decay_steps'): 0, ('optimizer', 'final_lr_ratio'): 0.0,
                   ('train', 'target_loss'): tasks.TARGET_FIELDS['language_model'][1],
                   ('train', 'sim_time_budget_s'): 0.0, ('sync', 'k_min_ratio'): 0.0,
-                  ('sync', 'lr_scaling'): 'none', ('sync', 'prox_mu'): 0.0}
+                  ('sync', 'lr_scaling'): 'none', ('sync', 'prox_mu'): 0.0,
+                  ('sync', 'progress_test'): 'endpoints'}
 
 
 def upgrade_config(old: dict) -> dict:
@@ -771,9 +772,11 @@ def account(rt: Runtime, ls: LoopState, pending, weights, present):
     losses.append(float(np.dot(s.dc_weights, m['loss'])))
     if at < end and at % s.loop.log_every == 0:
       _log_progress(rt, ls, at, losses[-1])
-  ls = account_round(ls, s.net, s.schedule, m, present, len(pending), sum(losses) / len(losses))
+  round_loss = sum(losses) / len(losses)
+  ls = account_round(ls, s.net, s.schedule, m, present, len(pending), round_loss)
   diag = round_diagnostics(ls.round, [act for _, act, _ in pending], present,
                            s.workers_per_dc * s.loop.batch_size, weights, m)
+  diag['train_loss'] = round_loss  # what the K schedule saw (hfl.sync.schedule)
   return ls._replace(dc_rounds=ls.dc_rounds + (diag,)), losses[-1]
 
 

@@ -114,7 +114,8 @@ def test_semi_sync_budget_stops_after_the_round_that_crosses_it(budget_run):
   assert all(r['samples'] == [4 * 32, 2 * 32] for r in diags)
   assert all(abs(sum(r['weight']) - 1) < 1e-6 and abs(sum(r['contribution']) - 1) < 1e-6
              for r in diags)
-  assert all(r['update_l2'][0] > 0 and r['drift_l2'][1] > 0 for r in diags)
+  assert all(r['update_l2'][0] > 0 and r['drift_l2'][1] > 0 and r['train_loss'] > 0
+             for r in diags)
 
 
 @pytest.mark.slow

@@ -147,3 +147,28 @@ def test_semi_sync_schedule_with_k_min_ratio():
   assert floored.plan(floored.init()).k_d.tolist() == [12, 8, 6]
   with pytest.raises(ValueError, match='sync.k_min_ratio'):
     schedule_lib.make_schedule('semi_sync', 3, 4, 32, t=t, c=c, k_min_ratio=1.5)
+
+
+def _ks(test, losses, window=3):
+  sched = schedule_lib.make_schedule('periodic', 2, 4, 32, progress_aware=True,
+                                     progress_window=window, progress_test=test)
+  state, ks = sched.init(), []
+  for loss in losses:
+    _, state = sched.next_round(state, loss)
+    ks.append(state.k_base)
+  return ks
+
+
+def test_one_noisy_round_raises_k_under_the_endpoint_test_not_the_window_means():
+  # Falling ~2.5% per round, then one round 0.995 (mini-batch noise): the endpoint test
+  # compares 0.93 with 0.995 (rel -7% < 1%) and doubles K; the window means compare
+  # (1.00 + 0.95 + 0.93) / 3 = 0.96 with (0.90 + 0.88 + 0.995) / 3 = 0.925 (rel +3.6%).
+  losses = [1.00, 0.95, 0.93, 0.90, 0.88, 0.995]
+  assert _ks('endpoints', losses) == [4, 4, 4, 4, 4, 8]
+  assert _ks('window_means', losses) == [4, 4, 4, 4, 4, 4]
+  # A true plateau raises K under both (window means after 2 W rounds).
+  flat = [0.5] * 6
+  assert _ks('endpoints', flat) == [4, 4, 4, 8, 8, 8]
+  assert _ks('window_means', flat) == [4, 4, 4, 4, 4, 8]
+  with pytest.raises(ValueError, match='sync.progress_test'):
+    schedule_lib.make_schedule('periodic', 2, 4, 32, progress_aware=True, progress_test='x')

@@ -39,6 +39,15 @@ after which the history is cleared, so the next decision waits ``W + 1`` rounds
 at the new K_base (losses measured under the old K are not reused). K_base never
 exceeds ``sync.k_max`` and never decreases.
 
+``sync.progress_test`` chooses how ``L_old`` and ``L_new`` are read off the
+round losses. ``'endpoints'`` (the default, the rule above) compares two single
+rounds, so one noisy round loss decides: a round's train loss is a mini-batch
+mean, and when its noise is comparable to ``threshold`` times the loss, a curve
+that is still falling is taken for a plateau (docs/semisync.md measures this).
+``'window_means'`` waits for ``2 W`` losses and compares the mean of the older
+W with the mean of the newer W (``rel`` as above), which divides the noise of
+the difference by sqrt(W) for the same span of rounds.
+
 Non-finite losses (NaN/inf) carry no information and are ignored (the round
 counter still advances); ``None`` means "no loss measured this round".
 
@@ -70,6 +79,7 @@ from hfl import metrics
 from hfl.sync import frequency
 
 STRATEGIES = ('sync', 'periodic', 'semi_sync', 'adacomm')
+PROGRESS_TESTS = ('endpoints', 'window_means')
 
 _STATE_VERSION = 1
 
@@ -81,7 +91,8 @@ class ScheduleState(NamedTuple):
     round: number of rounds completed (losses passed to ``next_round``).
     k_base: current K_base (AdaComm: current tau), int in [1, K_max].
     history: finite train losses observed since ``k_base`` last changed
-      (progress-aware only; at most ``progress_window + 1``, oldest first).
+      (progress-aware only; at most ``progress_window + 1``, or ``2 *
+      progress_window`` with ``progress_test='window_means'``, oldest first).
     loss0: AdaComm's F(x_0), the first finite train loss observed; None before.
   """
   round: int
@@ -180,7 +191,8 @@ def make_schedule(strategy: str,
                   progress_window: int = 3,
                   progress_threshold: float = 0.01,
                   progress_factor: float = 2.0,
-                  k_min_ratio: float = 0.0) -> Schedule:
+                  k_min_ratio: float = 0.0,
+                  progress_test: str = 'endpoints') -> Schedule:
   """Builds the K schedule of a sync strategy.
 
   Args:
@@ -199,6 +211,8 @@ def make_schedule(strategy: str,
     progress_factor: ``sync.progress_factor``, finite and > 1.
     k_min_ratio: ``sync.k_min_ratio`` in [0, 1]: 'semi_sync' raises every K_d to
       at least this fraction of the round's largest (:func:`hfl.sync.frequency.floor_k`).
+    progress_test: ``sync.progress_test``, one of :data:`PROGRESS_TESTS` (the
+      plateau test, module docstring).
 
   Returns:
     A :class:`Schedule`.
@@ -220,9 +234,11 @@ def make_schedule(strategy: str,
   if (isinstance(k_min_ratio, bool) or not isinstance(k_min_ratio, (int, float))
       or not 0 <= k_min_ratio <= 1):
     raise ValueError(f'sync.k_min_ratio must be a number in [0, 1] (0: off), got {k_min_ratio!r}.')
+  if progress_test not in PROGRESS_TESTS:
+    raise ValueError(f'sync.progress_test must be one of {PROGRESS_TESTS}, got {progress_test!r}.')
   p = _Spec(strategy, num_dcs, k0, k_max, t_arr, c_arr, progress_aware,
             int(progress_window), float(progress_threshold), float(progress_factor),
-            float(k_min_ratio))
+            float(k_min_ratio), progress_test)
   return Schedule(strategy=strategy, init=functools.partial(_init, p),
                   plan=functools.partial(_plan, p),
                   next_round=functools.partial(_next_round, p))
@@ -287,6 +303,7 @@ class _Spec(NamedTuple):
   threshold: float
   factor: float
   k_min_ratio: float = 0.0
+  progress_test: str = 'endpoints'
 
 
 def _init(p: _Spec) -> ScheduleState:
@@ -323,16 +340,26 @@ def _next_round(p: _Spec, state: ScheduleState, train_loss: Optional[float]
     tau = math.ceil(math.sqrt(max(loss, 0.0) / loss0) * p.k0 - 1e-9)
     kb = min(p.k_max, max(1, tau))
   elif p.progress_aware and loss is not None:
-    history = (history + (loss,))[-(p.window + 1):]
-    if len(history) == p.window + 1 and kb < p.k_max:
-      old, new = history[0], history[-1]
-      rel = (old - new) / max(abs(old), 1e-12)
-      if rel < p.threshold:
-        kb = _raise_k(kb, p.factor, p.k_max)
-        history = ()
+    kb, history = _progress_step(p, kb, history + (loss,))
   new_state = ScheduleState(round=int(state.round) + 1, k_base=kb,
                             history=history, loss0=loss0)
   return _plan(p, new_state), new_state
+
+
+def _progress_step(p: _Spec, kb: int, history: tuple) -> tuple[int, tuple]:
+  """The plateau test on ``history`` (the new loss last): ``(K_base, history)``."""
+  need = p.window + 1 if p.progress_test == 'endpoints' else 2 * p.window
+  history = history[-need:]
+  if len(history) < need or kb >= p.k_max:
+    return kb, history
+  if p.progress_test == 'endpoints':
+    old, new = history[0], history[-1]
+  else:
+    old, new = sum(history[:p.window]) / p.window, sum(history[p.window:]) / p.window
+  rel = (old - new) / max(abs(old), 1e-12)
+  if rel < p.threshold:
+    return _raise_k(kb, p.factor, p.k_max), ()
+  return kb, history
 
 
 def from_config(sync_config, num_dcs: int,
@@ -360,4 +387,5 @@ def from_config(sync_config, num_dcs: int,
       progress_window=sync_config.progress_window,
       progress_threshold=sync_config.progress_threshold,
       progress_factor=sync_config.progress_factor,
-      k_min_ratio=sync_config.get('k_min_ratio', 0.0))
+      k_min_ratio=sync_config.get('k_min_ratio', 0.0),
+      progress_test=sync_config.get('progress_test', 'endpoints'))
