@@ -699,7 +699,7 @@ def make_step(apply_fn: Callable, optimizer: optax.GradientTransformation,
               outer: optax.GradientTransformation, comps: Compressors, mesh: Mesh,
               state_like: TrainState, dgc_options: dgc.Options | None = None,
               prox_mu: float = 0.0) -> Callable:
-  """Builds ``step(state, batch, active, weights, do_round, lr_scale) -> (state, metrics)``.
+  """Builds ``step(state, batch, active, weights, do_round) -> (state, metrics)``.
 
   Args:
     apply_fn: ``apply_fn(params, images) -> logits`` for ONE model.
@@ -718,11 +718,11 @@ def make_step(apply_fn: Callable, optimizer: optax.GradientTransformation,
   The returned function takes
     state: TrainState sharded by :func:`state_specs` (donated).
     batch: (images f32[D, W, B, H, W', C], labels int32[D, W, B]), sharded P('dc', 'worker').
-    active: bool[D], DCs that run this iteration (semi-sync masking).
+    active: bool[D], DCs that run this iteration (semi-sync masking); or f32[D],
+      each DC's learning-rate multiplier (:func:`apply_inner`), 0 = inactive.
     weights: f32[D], per-DC aggregation weights for this round's pseudo-gradients
       (0 for an absent DC); ignored unless ``do_round``.
     do_round: static bool, end the iteration with an inter-DC round.
-    lr_scale: f32[D], each DC's learning-rate multiplier (:func:`apply_inner`; None: 1).
   and returns the new state and the metrics: int32[D, W, metrics_size(L)] (L
   leaves, :func:`pack_metrics` of the uplink, downlink and WAN), sharded
   P('dc', 'worker'); no collective is spent on them. Read them with
@@ -743,10 +743,13 @@ def make_step(apply_fn: Callable, optimizer: optax.GradientTransformation,
   num_leaves = jax.tree.structure(state_like.params).num_leaves
   specs, info = state_specs(state_like), {}
 
-  def body(state, images, labels, active, weights, lr_scale, do_round):
+  def body(state, images, labels, active, weights, do_round):
     keys = step_keys(state.key, state.step, setup.num_dcs)
+    act, lr_scale = active[0], None
+    if act.dtype != jnp.bool_:  # a float ``active`` is the DC's learning-rate multiplier
+      act, lr_scale = act > 0, act.astype(jnp.float32)
     local, loss, it = intra_dc_iteration(setup, to_local(state, specs), images[0, 0],
-                                         labels[0, 0], active[0], keys, lr_scale[0])
+                                         labels[0, 0], act, keys, lr_scale)
     rnd = RoundCharge(no_charge(num_leaves), 0, 0)
     if do_round:
       local, rnd = inter_dc_round(setup, local, weights, keys.dc)
@@ -757,18 +760,16 @@ def make_step(apply_fn: Callable, optimizer: optax.GradientTransformation,
 
   def build(do_round):
     f = jax.shard_map(
-        lambda s, x, y, a, w, r: body(s, x, y, a, w, r, do_round), mesh=mesh,
-        in_specs=(specs, P(DC, WORKER), P(DC, WORKER), P(DC), P(), P(DC)),
+        lambda s, x, y, a, w: body(s, x, y, a, w, do_round), mesh=mesh,
+        in_specs=(specs, P(DC, WORKER), P(DC, WORKER), P(DC), P()),
         out_specs=(specs, P(DC, WORKER)))
     return jax.jit(f, donate_argnums=(0,))
 
   compiled = {False: build(False), True: build(True)}
 
-  def step(state, batch, active, weights, do_round: bool, lr_scale=None):
+  def step(state, batch, active, weights, do_round: bool):
     images, labels = batch
-    if lr_scale is None:  # all 1, placed like ``active`` (single-process callers)
-      lr_scale = jax.device_put(np.ones(setup.num_dcs, np.float32), NamedSharding(mesh, P(DC)))
-    return compiled[bool(do_round)](state, images, labels, active, weights, lr_scale)
+    return compiled[bool(do_round)](state, images, labels, active, weights)
 
   step.jitted = compiled
   step.info = info

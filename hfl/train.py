@@ -708,10 +708,9 @@ def _run_iteration(rt: Runtime, state, step: int, active, weights, do_round: boo
   stage = s.warmup.stage(step)
   t_start = time.perf_counter()
   step_fn = _step_fn(rt, stage, step)
-  if lr_scale is None:
-    lr_scale = np.ones(s.num_dcs, np.float32)
-  state, m = step_fn(state, batch, rt.put(active, P(mesh_lib.DC)), rt.put(weights), do_round,
-                     rt.put(lr_scale, P(mesh_lib.DC)))
+  # With learning-rate scaling, ``active`` carries each DC's multiplier (0: inactive).
+  act = active if lr_scale is None else np.where(active, lr_scale, 0.0).astype(np.float32)
+  state, m = step_fn(state, batch, rt.put(act, P(mesh_lib.DC)), rt.put(weights), do_round)
   jax.block_until_ready(m)
   rt.timer.iteration((stage, do_round), t_start)
   return state, m, step_fn.info[do_round]
@@ -735,7 +734,8 @@ def run_round(rt: Runtime, state, ls: LoopState):
   present = s.present_fn(ls.round)
   start = None if np.all(present) else rt.jitted['round_start'](state)
   pending, weights = [], np.zeros(s.num_dcs, np.float32)
-  lr_scale = round_lr_scale(s.loop.lr_scaling, plan.k_d)
+  lr_scale = (None if s.loop.lr_scaling == 'none'
+              else round_lr_scale(s.loop.lr_scaling, plan.k_d))
   cap = s.loop.stop.step_cap()
   for it in range(kmax):
     active = it < plan.k_d

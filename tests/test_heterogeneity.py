@@ -102,10 +102,9 @@ def test_per_dc_lr_scale_equals_reference_loop_with_scaled_lr():
   scale = np.array([1.0, 0.25], np.float32)
   put = lambda a, *spec: jax.device_put(a, jax.sharding.NamedSharding(
       mesh, jax.sharding.PartitionSpec(*spec)))
-  for t in range(2):
+  for t in range(2):  # a float ``active``: each DC's learning-rate multiplier
     state, _ = fn(state, (put(xs[t], 'dc', 'worker'), put(ys[t], 'dc', 'worker')),
-                  put(np.array([True, True]), 'dc'), put(np.array([.5, .5], np.float32)),
-                  False, put(scale, 'dc'))
+                  put(scale, 'dc'), put(np.array([.5, .5], np.float32)), False)
   for d in range(D):
     ref = _local_sgd(apply_fn, x0, xs, ys, d, 2, lr=LR * float(scale[d]))
     got = jax.tree.map(lambda x: np.asarray(x)[d], state.params)
@@ -172,3 +171,24 @@ def test_one_noisy_round_raises_k_under_the_endpoint_test_not_the_window_means()
   assert _ks('window_means', flat) == [4, 4, 4, 4, 4, 8]
   with pytest.raises(ValueError, match='sync.progress_test'):
     schedule_lib.make_schedule('periodic', 2, 4, 32, progress_aware=True, progress_test='x')
+
+
+@pytest.mark.slow
+def test_remedies_run_end_to_end(fake_data, tmp_path):
+  """semi_sync on 2 DCs 3x apart with every remedy on: samples aggregation, a K_d
+  floor, per-DC learning rates (a float ``active``) and FedProx."""
+  from tests.helpers import smoke_config  # pylint: disable=g-import-not-at-top
+  cfg = smoke_config(fake_data, **{
+      'train.num_steps': 12, 'sync.strategy': 'semi_sync', 'network.dc_speed': (3.0, 1.0),
+      'sync.aggregation': 'samples', 'sync.k_min_ratio': 0.75, 'sync.lr_scaling': 'inverse_k',
+      'sync.prox_mu': 0.1, 'train.checkpoint_every': 0})
+  summary = train.train_and_evaluate(cfg, str(tmp_path / 'r'))
+  import json  # pylint: disable=g-import-not-at-top
+  recs = [json.loads(l) for l in open(tmp_path / 'r' / 'metrics.jsonl')]
+  k_d = recs[0]['k_d']
+  # The floor ceil(0.75 K_fast) raised the slow DC above K_base = 2.
+  assert k_d[1] == int(np.ceil(0.75 * k_d[0])) > 2, k_d
+  first = recs[0]['dc_rounds'][0]
+  np.testing.assert_allclose(first['weight'], np.array(k_d) / sum(k_d), rtol=1e-6)
+  assert first['samples'] == [k * 4 * 8 for k in k_d]
+  assert np.isfinite(summary['final_test_loss']) and summary['final_test_accuracy'] > 0.2
