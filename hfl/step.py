@@ -804,7 +804,7 @@ def make_step(apply_fn: Callable, optimizer: optax.GradientTransformation,
       local, rnd = stream_event(setup, local, weights, keys.dc, do_round)
     elif do_round:
       local, rnd = inter_dc_round(setup, local, weights, keys.dc)
-    info[do_round] = ProgramInfo(_syncs(do_round), it.up.static, it.down.static, rnd.wan_sum,
+    info[do_round] = ProgramInfo(syncs(do_round), it.up.static, it.down.static, rnd.wan_sum,
                                  rnd.wan_gather, num_leaves)
     return from_local(local, specs), pack_metrics(loss, (it.up, it.down, rnd.wan))[None, None]
 
@@ -819,7 +819,7 @@ def make_step(apply_fn: Callable, optimizer: optax.GradientTransformation,
 
   def step(state, batch, active, weights, do_round):
     images, labels = batch
-    key = _program_key(do_round)
+    key = program_key(do_round)
     if key not in compiled:
       compiled[key] = build(key)
     return compiled[key](state, images, labels, active, weights)
@@ -830,14 +830,14 @@ def make_step(apply_fn: Callable, optimizer: optax.GradientTransformation,
   return step
 
 
-def _program_key(do_round):
+def program_key(do_round):
   """The static key of a step program: a bool, or a streaming Event that does something."""
   if isinstance(do_round, streaming.Event):
     return do_round if do_round != streaming.Event() else False
   return bool(do_round)
 
 
-def _syncs(do_round) -> bool:
+def syncs(do_round) -> bool:
   """Whether the program ``do_round`` exchanges over the WAN."""
   return do_round.sync >= 0 if isinstance(do_round, streaming.Event) else bool(do_round)
 

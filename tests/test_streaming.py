@@ -1,6 +1,8 @@
 """Streaming DiLoCo (hfl.sync.streaming, hfl.step.stream_event) against hand-written
 schedules and a plain per-DC reference loop."""
 
+import os
+
 import jax
 import jax.numpy as jnp
 import numpy as np
@@ -185,3 +187,107 @@ def test_delayed_merge_against_a_per_dc_reference_loop(tau, alpha, eager):
   # The DC models differ (fragment 1 last synced at s = 6 with local steps since).
   p = [np.asarray(v) for v in jax.tree.leaves(state.params)]
   assert not np.array_equal(p[2][0], p[2][1])
+
+
+@pytest.mark.parametrize('wan', [base.identity, minifloat.e3m0])
+def test_fragment_bytes_equal_the_lowered_hlo_collectives(wan):
+  """A sync event of fragment p moves exactly fragment p's WAN payload over 'dc'
+  (each of the DC's W workers sends 1/W of the fused buffer, padded to a multiple
+  of W entries: a float32 all-reduce for identity, one all-gather of bytes for
+  E3M0), counted as wan_bits; a merge-only iteration moves nothing over 'dc'."""
+  from hfl import accounting
+  from hfl.compress import policy
+  mesh, params, _, _, _ = _setup(NESTEROV)
+  frags = streaming.partition(params, 2)
+  _, _, _, state, fn = _setup(NESTEROV, wan, streaming.Spec(frags, 0.5))
+  xs, ys = step_batches(1, seed=2)
+  leaves = jax.tree.leaves(params)
+  counted_all = 0
+  for event in (streaming.Event(1, -1), streaming.Event(-1, 1), streaming.Event(0, -1)):
+    args = (put(mesh, xs[0], 'dc', 'worker'), put(mesh, ys[0], 'dc', 'worker'),
+            put(mesh, np.ones(D, bool), 'dc'), put(mesh, np.full(D, .5, np.float32)))
+    state, m = fn(state, args[:2], *args[2:], event)
+    text = fn.jitted[event].lower(state, *args).as_text()
+    host = step_lib.host_metrics(fn.info[event], np.asarray(m), np.ones(D, bool),
+                                 np.full(D, .5, np.float32))
+    totals = accounting.collective_totals(text, mesh)
+    if event.sync < 0:
+      assert 'dc' not in totals and not host['wan_bits'].any()
+      continue
+    comps = [wan(leaves[i].shape) for i in frags[event.sync]]
+    counted = sum(policy.static_bits(c) for c in comps) // 8
+    assert list(host['wan_bits']) == [8 * counted] * D
+    # Padding in buffer entries: float32 for the all-reduced identity payloads,
+    # bytes for the all-gathered (packed) ones.
+    size = 4 if wan is base.identity else 1
+    assert totals['dc'] == D * size * (-(-(counted // size) // W) * W), (totals, counted)
+    counted_all += counted
+  whole = sum(policy.static_bits(wan(l.shape)) for l in leaves) // 8
+  assert counted_all == whole  # the fragments' payloads add up to the model's
+
+
+# ------------------------------------------------------------------ config and loop
+
+STREAM_BAD = [
+    ({'sync.fragments': 3}, 'sync.fragments=3 must divide sync.k=2'),
+    ({'sync.overlap_steps': 2}, 'sync.overlap_steps=2'),
+    ({'sync.mixing_alpha': 1.5}, 'sync.mixing_alpha=1.5'),
+    ({'sync.eager': True}, 'sync.eager=True needs sync.overlap_steps'),
+    ({'sync.fragments': 2, 'sync.strategy': 'semi_sync'}, "sync.strategy='semi_sync'"),
+    ({'sync.fragments': 2, 'sync.aggregation': 'fednova'}, "sync.aggregation='fednova'"),
+    ({'sync.fragments': 2, 'sync.faults': '1:1-2'}, "sync.faults='1:1-2'"),
+    ({'sync.fragments': 2, 'sync.k': 4, 'train.num_steps': 13}, 'train.num_steps=13'),
+    ({'sync.fragments': 4, 'sync.k': 4}, 'sync.fragments=4 exceeds the model'),
+]
+
+
+@pytest.mark.parametrize('overrides,message', STREAM_BAD, ids=[b[1] for b in STREAM_BAD])
+def test_bad_streaming_config_fails_before_compilation(fake_data, tmp_path, overrides,
+                                                       message, monkeypatch):
+  from hfl import train
+  from tests.helpers import smoke_config
+  def no_compile(*a, **k):
+    raise AssertionError('compiled before validating the config')
+  monkeypatch.setattr(jax, 'jit', no_compile)
+  with pytest.raises(ValueError) as e:
+    train.train_and_evaluate(smoke_config(fake_data, **overrides), str(tmp_path / 'w'))
+  assert message in str(e.value)
+  assert not os.path.exists(tmp_path / 'w')
+
+
+@pytest.mark.slow
+def test_streaming_run_resumes_bitwise_and_records_the_wan_exposure(fake_data, tmp_path,
+                                                                    monkeypatch):
+  """2 fragments, τ = 1, eager, E3M0 WAN: a run interrupted at step 5 resumes to
+  the uninterrupted run's state; the summary holds the WAN exposure fields, with
+  a sync event every 2 iterations moving one fragment."""
+  from hfl import data as data_lib, train
+  from tests.helpers import final_state, smoke_config
+  cfg = {'sync.k': 4, 'sync.fragments': 2, 'sync.overlap_steps': 1, 'sync.eager': True,
+         'compression.wan.name': 'e3m0', 'sync.outer.name': 'nesterov',
+         'sync.outer.learning_rate': 0.7, 'sync.outer.momentum': 0.9,
+         'train.num_steps': 8, 'train.eval_every': 2, 'train.checkpoint_every': 1}
+  ref_dir, cut_dir = str(tmp_path / 'ref'), str(tmp_path / 'cut')
+  ref = train.train_and_evaluate(smoke_config(fake_data, **cfg), ref_dir)
+  real = data_lib.batch_indices
+
+  def crash_at_step_5(part, batch_size, step, seed):
+    if step == 5:
+      raise KeyboardInterrupt('simulated crash')
+    return real(part, batch_size, step, seed)
+  monkeypatch.setattr(data_lib, 'batch_indices', crash_at_step_5)
+  with pytest.raises(KeyboardInterrupt):
+    train.train_and_evaluate(smoke_config(fake_data, **cfg), cut_dir)
+  monkeypatch.setattr(data_lib, 'batch_indices', real)
+  summary = train.train_and_evaluate(smoke_config(fake_data, **cfg), cut_dir)
+  chex_equal = lambda a, b: jax.tree.all(jax.tree.map(np.array_equal, a, b))
+  assert chex_equal(final_state(ref_dir)[1], final_state(cut_dir)[1])
+  for key in ('bytes', 'sim_time_s', 'exposed_wan_s', 'peak_wan_bytes_per_sync',
+              'wan_mbps_for_95pct_utilisation', 'final_test_accuracy'):
+    assert summary[key] == ref[key], key
+  assert ref['inter_dc_rounds'] == 4
+  # The peak event is the larger fragment (Dense_0: 784 x 256 + 256 entries), E3M0
+  # kernel (4 bits + a float32 scale) and float32 bias, sent to the one other DC.
+  assert ref['peak_wan_bytes_per_sync'] == 2 * (784 * 256 // 2 + 4 + 256 * 4)
+  assert 0 <= ref['exposed_wan_s'] < ref['sim_time_s']
+  assert 0 < ref['compute_utilisation'] < 1

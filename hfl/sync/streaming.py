@@ -102,6 +102,22 @@ def check(k: int, num_fragments: int, overlap_steps: int, alpha: float,
                      'the global update arrives at once: nothing to stand in for).')
 
 
+def enabled(sync) -> bool:
+  """Whether a ``sync`` config section asks for Streaming DiLoCo (any field off its
+  default: ``fragments`` 1, ``overlap_steps`` 0, ``mixing_alpha`` 0, ``eager`` False;
+  absent fields, as in older runs' configs, count as their defaults)."""
+  return (sync.get('fragments', 1) != 1 or sync.get('overlap_steps', 0) != 0
+          or sync.get('mixing_alpha', 0.0) != 0 or bool(sync.get('eager', False)))
+
+
+def spec_from_config(sync, params) -> Spec | None:
+  """The :class:`Spec` of a validated ``sync`` section (None when not :func:`enabled`)."""
+  if not enabled(sync):
+    return None
+  return Spec(partition(params, int(sync.fragments)), float(sync.mixing_alpha),
+              bool(sync.eager))
+
+
 def sync_fragment(s: int, k: int, num_fragments: int) -> int:
   """The fragment whose exchange starts at the end of iteration ``s`` (1-based), or -1."""
   period = k // num_fragments
