@@ -761,9 +761,8 @@ def make_step(apply_fn: Callable, optimizer: optax.GradientTransformation,
     dgc_options: DGC momentum correction / local clipping (default: off). With
       ``momentum > 0`` the state must hold a velocity (``init_state(...,
       dgc_momentum=True)``) and ``optimizer`` should be plain SGD.
-    stream: Streaming DiLoCo's fragments (hfl.sync.streaming.Spec); the state
-      then comes from ``init_state(..., stream=stream)`` and ``do_round`` may be
-      a :class:`hfl.sync.streaming.Event` (one compiled program per event).
+    stream: Streaming DiLoCo (hfl.sync.streaming.Spec), for a state from
+      ``init_state(..., stream=stream)``; ``do_round`` may then be an Event.
 
   The returned function takes
     state: TrainState sharded by :func:`state_specs` (donated).
@@ -771,8 +770,8 @@ def make_step(apply_fn: Callable, optimizer: optax.GradientTransformation,
     active: bool[D], DCs that run this iteration (semi-sync masking).
     weights: f32[D], per-DC aggregation weights for this round's pseudo-gradients
       (0 for an absent DC); ignored unless ``do_round``.
-    do_round: static bool, end the iteration with an inter-DC round; or a
-      streaming Event (:func:`stream_event`).
+    do_round: static bool, end the iteration with an inter-DC round (or an
+      Event: :func:`stream_event`; one program per event).
   and returns the new state and the metrics: int32[D, W, metrics_size(L)] (L
   leaves, :func:`pack_metrics` of the uplink, downlink and WAN), sharded
   P('dc', 'worker'); no collective is spent on them. Read them with
@@ -799,11 +798,7 @@ def make_step(apply_fn: Callable, optimizer: optax.GradientTransformation,
     keys = step_keys(state.key, state.step, setup.num_dcs)
     local, loss, it = intra_dc_iteration(setup, to_local(state, specs), images[0, 0],
                                          labels[0, 0], active[0], keys)
-    rnd = RoundCharge(no_charge(num_leaves), 0, 0)
-    if isinstance(do_round, streaming.Event):
-      local, rnd = stream_event(setup, local, weights, keys.dc, do_round)
-    elif do_round:
-      local, rnd = inter_dc_round(setup, local, weights, keys.dc)
+    local, rnd = _end_iteration(setup, local, weights, keys.dc, do_round, num_leaves)
     info[do_round] = ProgramInfo(syncs(do_round), it.up.static, it.down.static, rnd.wan_sum,
                                  rnd.wan_gather, num_leaves)
     return from_local(local, specs), pack_metrics(loss, (it.up, it.down, rnd.wan))[None, None]
@@ -820,14 +815,23 @@ def make_step(apply_fn: Callable, optimizer: optax.GradientTransformation,
   def step(state, batch, active, weights, do_round):
     images, labels = batch
     key = program_key(do_round)
-    if key not in compiled:
-      compiled[key] = build(key)
-    return compiled[key](state, images, labels, active, weights)
+    fn = compiled[key] if key in compiled else compiled.setdefault(key, build(key))
+    return fn(state, images, labels, active, weights)
 
   step.jitted = compiled
   step.info = info
   step.num_workers = setup.num_workers
   return step
+
+
+def _end_iteration(setup: Setup, state: TrainState, weights, key, do_round, num_leaves: int):
+  """The inter-DC end of an iteration: a round (``do_round`` True), a streaming
+  event (:func:`stream_event`) or nothing. Returns (state, RoundCharge)."""
+  if isinstance(do_round, streaming.Event):
+    return stream_event(setup, state, weights, key, do_round)
+  if do_round:
+    return inter_dc_round(setup, state, weights, key)
+  return state, RoundCharge(no_charge(num_leaves), 0, 0)
 
 
 def program_key(do_round):
