@@ -163,7 +163,7 @@ def _reference(params, apply_fn, xs, ys, weights, k, frags, tau, alpha, eager):
   return x, g
 
 
-@pytest.mark.parametrize('tau,alpha,eager', [(1, 0.5, False), (1, 0.0, False), (1, 0.0, True)])
+@pytest.mark.parametrize("tau,alpha,eager", [(1, 0.25, False), (1, 0.0, False), (1, 0.0, True)])
 def test_delayed_merge_against_a_per_dc_reference_loop(tau, alpha, eager):
   """P = 2 fragments of the MLP (Dense_0 | Dense_1 + Dense_2), H = 4, DiLoCo's
   Nesterov outer step per fragment: params after 9 iterations (4 syncs, each merged
