@@ -291,3 +291,42 @@ def test_streaming_run_resumes_bitwise_and_records_the_wan_exposure(fake_data, t
   assert ref['peak_wan_bytes_per_sync'] == 2 * (784 * 256 // 2 + 4 + 256 * 4)
   assert 0 <= ref['exposed_wan_s'] < ref['sim_time_s']
   assert 0 < ref['compute_utilisation'] < 1
+
+
+def test_streaming_table_from_summaries(tmp_path):
+  """docs/results/streaming_table.py: one row per arm over the finished seeds, the
+  goal's ratios from the means, and 'missing' for an arm with no finished run."""
+  import importlib.util
+  import json
+  path = os.path.join(os.path.dirname(os.path.dirname(__file__)), 'docs', 'results',
+                      'streaming_table.py')
+  spec = importlib.util.spec_from_file_location('streaming_table', path)
+  table = importlib.util.module_from_spec(spec)
+  spec.loader.exec_module(table)
+  arms = {'dp': ({'strategy': 'sync', 'k': 1, 'fragments': 1}, 2.0, 8e6, 400.0),
+          'diloco': ({'strategy': 'periodic', 'k': 16, 'fragments': 1}, 2.02, 8e6, 40.0),
+          'stream': ({'strategy': 'periodic', 'k': 16, 'fragments': 4}, 2.01, 2.5e5, 2.0)}
+  for name, (sync, loss, peak, mbps) in arms.items():
+    for seed in (0, 1):
+      d = tmp_path / f'{name}_{seed}'
+      d.mkdir()
+      config = {'seed': seed, 'sync': sync}
+      summary = dict(final_test_loss=loss + 0.01 * seed, bytes={'inter_dc': 10 * peak},
+                     peak_wan_bytes_per_sync=peak, exposed_wan_s=1.0,
+                     compute_utilisation=0.5, wan_mbps_for_95pct_utilisation=mbps,
+                     config=config)
+      if name == 'stream' and seed == 1:
+        (d / 'metrics.jsonl').write_text('')  # unfinished: not counted
+        (d / 'config.json').write_text(json.dumps(config))
+      else:
+        (d / 'summary.json').write_text(json.dumps(summary))
+  from hfl import report
+  by_arm = table.rows(report.load([str(tmp_path)]))
+  assert by_arm['Streaming DiLoCo']['runs'] == (1, 2)
+  assert by_arm['data parallel']['final_test_loss'].mean == pytest.approx(2.005)
+  text = table.markdown(by_arm)
+  assert '| Streaming DiLoCo | 1/2 | 2.01 |' in text
+  assert 'data parallel / streaming = 200.0× (goal ≥ 100×)' in text
+  assert 'DiLoCo / streaming = 20.0× (goal ≥ P×)' in text
+  assert 'data parallel / streaming = 32.0×; DiLoCo / streaming = 32.0×' in text
+  assert f'{100 * (2.01 / 2.005 - 1):+.2f}% (goal ≤ +1%)' in text
