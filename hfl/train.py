@@ -286,6 +286,9 @@ class LoopState(NamedTuple):
     last_eval: the last evaluation's headline metric, ``sim_time_s`` and ``round``.
     round_loss: mean train loss of each round since the last evaluation.
     wall_time_s: wall-clock seconds spent by earlier sessions of the run.
+    wan: the WAN exposure and peaks so far (:func:`account_wan`); None before
+      the first round (and in checkpoints written before it existed: a run
+      resumed from one counts them from the resumption on).
   """
   step: int
   round: int
@@ -300,7 +303,7 @@ class LoopState(NamedTuple):
   last_eval: Mapping[str, Any] | None = None
   round_loss: tuple[float, ...] = ()
   wall_time_s: float = 0.0
-  wan: Mapping[str, Any] | None = None  # :func:`account_wan`'s exposure and peaks
+  wan: Mapping[str, Any] | None = None
 
 
 def new_loop_state(schedule: schedule_lib.Schedule, num_dcs: int) -> LoopState:
