@@ -10,7 +10,7 @@ import optax
 import pytest
 
 from hfl import mesh as mesh_lib, models, step as step_lib
-from hfl.compress import base, minifloat
+from hfl.compress import base, minifloat, sparse
 from hfl.sync import streaming
 from tests.helpers import D, W, put, step_batches
 
@@ -189,12 +189,13 @@ def test_delayed_merge_against_a_per_dc_reference_loop(tau, alpha, eager):
   assert not np.array_equal(p[2][0], p[2][1])
 
 
-@pytest.mark.parametrize('wan', [base.identity, minifloat.e3m0])
+@pytest.mark.parametrize('wan', [base.identity, minifloat.e3m0,
+                                 lambda s: sparse.topk(s, 0.05)])
 def test_fragment_bytes_equal_the_lowered_hlo_collectives(wan):
   """A sync event of fragment p moves exactly fragment p's WAN payload over 'dc'
   (each of the DC's W workers sends 1/W of the fused buffer, padded to a multiple
   of W entries: a float32 all-reduce for identity, one all-gather of bytes for
-  E3M0), counted as wan_bits; a merge-only iteration moves nothing over 'dc'."""
+  E3M0 and top-k), counted as wan_bits; a merge-only iteration moves nothing over 'dc'."""
   from hfl import accounting
   from hfl.compress import policy
   mesh, params, _, _, _ = _setup(NESTEROV)
