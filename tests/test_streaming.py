@@ -331,3 +331,12 @@ def test_streaming_table_from_summaries(tmp_path):
   assert 'DiLoCo / streaming = 20.0× (goal ≥ P×)' in text
   assert 'data parallel / streaming = 32.0×; DiLoCo / streaming = 32.0×' in text
   assert f'{100 * (2.01 / 2.005 - 1):+.2f}% (goal ≤ +1%)' in text
+  # Data parallel latency-bound: null in its summaries.
+  for seed in (0, 1):
+    f = tmp_path / f'dp_{seed}' / 'summary.json'
+    summary = json.loads(f.read_text())
+    summary['wan_mbps_for_95pct_utilisation'] = None
+    f.write_text(json.dumps(summary))
+  text = table.markdown(table.rows(report.load([str(tmp_path)])))
+  assert '| data parallel | 2/2 |' in text and '| none suffices |' in text
+  assert 'data parallel / streaming = ∞ (no bandwidth suffices for the first)' in text

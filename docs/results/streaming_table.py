@@ -6,7 +6,9 @@ One row per arm of ``configs/sweeps/shakespeare_streaming.py`` (runs that differ
 only in ``seed``, hfl.report.stats.group_ids): mean ± sample std over the finished
 seeds of the final validation loss, total WAN bytes, peak WAN bytes per sync event,
 exposed WAN time, compute utilisation and the WAN bandwidth the cost model needs
-for 95% (``summary.json``, hfl.train.wan_summary); then, for each arm, the
+for 95% (``summary.json``, hfl.train.wan_summary; ``none suffices`` where the
+finished runs' summaries hold null, e.g. data parallel's per-iteration latency
+alone exceeds 5% of the time); then, for each arm, the
 ratios the issue's goal names against data parallel (``sync.strategy = sync``)
 and DiLoCo (``sync.k > 1``, one fragment): peak bandwidth (the 95% figure) and
 peak bytes per event, and the relative loss increase. Arms with no finished run
@@ -45,9 +47,12 @@ def arm(config: dict) -> str:
   return 'Streaming DiLoCo' if config.get('sync.fragments', 1) > 1 else 'DiLoCo'
 
 
-def _fmt(st: stats.Stat, unit: str | None) -> str:
+NONE_SUFFICES = 'none suffices'  # finished runs whose summary holds null (hfl.train.wan_summary)
+
+
+def _fmt(st: stats.Stat, unit: str | None, finished: int = 0) -> str:
   if st.mean is None:
-    return 'missing'
+    return NONE_SUFFICES if finished and unit is None else 'missing'
   if unit is None:
     return f'{st.mean:.4g}' + (f' ± {st.std:.2g}' if st.std else '')
   return tables.fmt_stat(st, unit)
@@ -67,7 +72,10 @@ def rows(frame) -> dict:
   return out
 
 
-def ratio(a: stats.Stat, b: stats.Stat) -> str:
+def ratio(a: stats.Stat, b: stats.Stat, a_finished: int = 0) -> str:
+  """a / b of the means; ∞ when a's finished runs need more than any bandwidth."""
+  if a.mean is None and a_finished and b.mean:
+    return '∞ (no bandwidth suffices for the first)'
   return 'missing' if not (a.mean and b.mean) else f'{a.mean / b.mean:.1f}×'
 
 
@@ -77,7 +85,8 @@ def markdown(by_arm: dict) -> str:
   lines = tables.markdown_table(
       ['arm', 'finished runs', *(c for c, _, _ in FIELDS)],
       [[n, '{}/{}'.format(*by_arm[n]['runs']),
-        *(_fmt(by_arm[n][k], u) for _, k, u in FIELDS)] for n in names])
+        *(_fmt(by_arm[n][k], u, by_arm[n]['runs'][0]) for _, k, u in FIELDS)]
+       for n in names])
   dp, dl, st = (by_arm.get(n) for n in ('data parallel', 'DiLoCo', 'Streaming DiLoCo'))
   if st and dp and dl:
     bw, peak, loss = ('wan_mbps_for_95pct_utilisation', 'peak_wan_bytes_per_sync',
@@ -85,8 +94,8 @@ def markdown(by_arm: dict) -> str:
     rel = (None if not (st[loss].mean and dp[loss].mean)
            else st[loss].mean / dp[loss].mean - 1)
     lines += ['', f'- WAN bandwidth for 95%: data parallel / streaming = '
-              f'{ratio(dp[bw], st[bw])} (goal ≥ 100×); DiLoCo / streaming = '
-              f'{ratio(dl[bw], st[bw])} (goal ≥ P×)',
+              f'{ratio(dp[bw], st[bw], dp["runs"][0])} (goal ≥ 100×); DiLoCo / streaming = '
+              f'{ratio(dl[bw], st[bw], dl["runs"][0])} (goal ≥ P×)',
               f'- peak WAN bytes per sync: data parallel / streaming = '
               f'{ratio(dp[peak], st[peak])}; DiLoCo / streaming = {ratio(dl[peak], st[peak])}',
               '- final validation loss, streaming vs data parallel: '
