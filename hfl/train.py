@@ -953,23 +953,26 @@ def wan_summary(s: Setup, ls: LoopState) -> dict:
   iteration's time t = (sim_time_s - exposed_wan_s) / iterations counted whole
   as busy time (the LAN is not the WAN's to hide) and τ = ``sync.overlap_steps``;
   null when no bandwidth suffices, e.g. the latency alone stalls more, or no
-  round ran).
+  round ran); ``wan_mbps_for_95pct_without_latency``: the same with the WAN
+  latency taken as 0 (the bandwidth term alone).
   """
   wan = ls.wan or dict(exposed_s=0.0, peak_bits=0, peak_dc_bits=0)
   compute = ls.step * float(np.max(s.net.compute_s))
   now = ls.clock.now
-  need = None
+  need = {}
   if ls.round and ls.step:
     t = (now - wan['exposed_s']) / ls.step
-    need = network.wan_bandwidth_for_utilisation(
-        wan['peak_dc_bits'], ls.step / ls.round, t, t,
-        int(s.config.sync.get('overlap_steps', 0)),
-        s.net.wan_latencies_per_round * s.net.wan_latency_s)
+    for name, latency in (('', s.net.wan_latencies_per_round * s.net.wan_latency_s),
+                          ('_without_latency', 0.0)):
+      b = network.wan_bandwidth_for_utilisation(
+          wan['peak_dc_bits'], ls.step / ls.round, t, t,
+          int(s.config.sync.get('overlap_steps', 0)), latency)
+      need[name] = b / 1e6 if np.isfinite(b) else None
   return dict(exposed_wan_s=wan['exposed_s'], compute_s=compute,
               compute_utilisation=compute / now if now > 0 else None,
               peak_wan_bytes_per_sync=_bytes(wan['peak_bits']),
-              wan_mbps_for_95pct_utilisation=(
-                  need / 1e6 if need is not None and np.isfinite(need) else None))
+              wan_mbps_for_95pct_utilisation=need.get(''),
+              wan_mbps_for_95pct_without_latency=need.get('_without_latency'))
 
 
 def train_and_evaluate(config: ml_collections.ConfigDict, workdir: str) -> dict:

@@ -290,6 +290,7 @@ def test_streaming_run_resumes_bitwise_and_records_the_wan_exposure(fake_data, t
   # The peak event is the larger fragment (Dense_0: 784 x 256 + 256 entries), E3M0
   # kernel (4 bits + a float32 scale) and float32 bias, sent to the one other DC.
   assert ref['peak_wan_bytes_per_sync'] == 2 * (784 * 256 // 2 + 4 + 256 * 4)
+  assert ref['wan_mbps_for_95pct_without_latency'] > 0
   assert 0 <= ref['exposed_wan_s'] < ref['sim_time_s']
   assert 0 < ref['compute_utilisation'] < 1
 
@@ -315,7 +316,7 @@ def test_streaming_table_from_summaries(tmp_path):
       summary = dict(final_test_loss=loss + 0.01 * seed, bytes={'inter_dc': 10 * peak},
                      peak_wan_bytes_per_sync=peak, exposed_wan_s=1.0,
                      compute_utilisation=0.5, wan_mbps_for_95pct_utilisation=mbps,
-                     config=config)
+                     wan_mbps_for_95pct_without_latency=mbps / 2, config=config)
       if name == 'stream' and seed == 1:
         (d / 'metrics.jsonl').write_text('')  # unfinished: not counted
         (d / 'config.json').write_text(json.dumps(config))
@@ -328,7 +329,7 @@ def test_streaming_table_from_summaries(tmp_path):
   text = table.markdown(by_arm)
   assert '| Streaming DiLoCo | 1/2 | 2.01 |' in text
   assert 'data parallel / streaming = 200.0× (goal ≥ 100×)' in text
-  assert 'DiLoCo / streaming = 20.0× (goal ≥ P×)' in text
+  assert 'DiLoCo / streaming = 20.0× (goal ≥ P×); with latency 0: 200.0× and 20.0×' in text
   assert 'data parallel / streaming = 32.0×; DiLoCo / streaming = 32.0×' in text
   assert f'{100 * (2.01 / 2.005 - 1):+.2f}% (goal ≤ +1%)' in text
   # Data parallel latency-bound: null in its summaries.
