@@ -67,6 +67,11 @@ def get_config(arg: str | None = None) -> ml_collections.ConfigDict:
   c.sync.outer.name = 'avg'          # avg (FedAvg, outer SGD lr 1) | nesterov (DiLoCo)
   c.sync.outer.learning_rate = 1.0
   c.sync.outer.momentum = 0.0
+  # Streaming DiLoCo (hfl.sync.streaming; Douillard et al. 2025): off with these values.
+  c.sync.fragments = 1               # P fragments by layer order; one syncs every k / P iterations
+  c.sync.overlap_steps = 0           # τ: a fragment's exchange is merged τ iterations later
+  c.sync.mixing_alpha = 0.0          # α: merge x <- α x_local + (1 - α) x_global (0 replaces)
+  c.sync.eager = False               # apply the DC's own outer step until the global one arrives
   c.sync.faults = ''                 # DC outages, 'dc:round-round,...' e.g. '1:10-12'
   # Remedies for heterogeneous DCs (issue 15; docs/semisync.md). All off by default.
   c.sync.k_min_ratio = 0.0           # semi_sync: every K_d >= ceil(ratio * max K_d) (0: off)

@@ -196,12 +196,29 @@ def from_legacy(old: dict, like):
   return type(like)(**fields)
 
 
+def added_fields(saved: set, abstract_state) -> list:
+  """Fields of ``abstract_state`` absent from a checkpoint that saved ``saved``
+  and empty in the target (no leaves: e.g. ``TrainState.eager`` when Streaming
+  DiLoCo's eager updates are off), i.e. fields added to TrainState since the
+  checkpoint was written; they restore as their (empty) defaults."""
+  if not saved or not hasattr(abstract_state, '_fields'):
+    return []
+  return [f for f in abstract_state._fields
+          if f not in saved and not jax.tree.leaves(getattr(abstract_state, f))]
+
+
 def _restore(mngr: ocp.CheckpointManager, step: int, abstract_state):
-  legacy = bool(set(LEGACY_LINK_FIELDS) & saved_fields(epath.Path(mngr.directory) / str(step)))
+  saved = saved_fields(epath.Path(mngr.directory) / str(step))
+  legacy = bool(set(LEGACY_LINK_FIELDS) & saved)
+  added = added_fields(saved, abstract_state)
   target = to_legacy(abstract_state) if legacy else abstract_state
+  if added:
+    target = {k: v for k, v in (target if legacy else target._asdict()).items()
+              if k not in added}
   out = mngr.restore(step, args=ocp.args.Composite(
       state=ocp.args.StandardRestore(target), host=ocp.args.JsonRestore()))
-  state = from_legacy(out['state'], abstract_state) if legacy else out['state']
+  state = (from_legacy(out['state'], abstract_state) if legacy
+           else type(abstract_state)(**out['state']) if added else out['state'])
   if legacy:
     logging.info('Checkpoint %d has the layout before per-link LinkState; converted.', step)
   return step, state, out['host']

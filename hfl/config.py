@@ -25,6 +25,7 @@ from hfl import models, optim
 from hfl.compress import policy
 from hfl.sync import aggregation as aggregation_lib
 from hfl.sync import schedule as schedule_lib
+from hfl.sync import streaming
 
 # One source for the names: the modules that implement them.
 STRATEGIES = schedule_lib.STRATEGIES
@@ -97,6 +98,7 @@ def validate(config: ml_collections.ConfigDict) -> ml_collections.ConfigDict:
   validate_dgc(config)
   validate_shard_state(config)
   validate_heterogeneity_options(config)
+  validate_streaming(config)
   return config
 
 
@@ -121,6 +123,34 @@ def validate_heterogeneity_options(config: ml_collections.ConfigDict) -> None:
   mu = _number(s.get('prox_mu', 0.0), 'sync.prox_mu')
   if not 0 <= mu < float('inf'):
     raise ValueError(f'sync.prox_mu={mu} must be a finite number >= 0 (FedProx mu; 0: off)')
+
+
+def validate_streaming(config: ml_collections.ConfigDict) -> None:
+  """Checks Streaming DiLoCo's ``sync.fragments``, ``sync.overlap_steps``,
+  ``sync.mixing_alpha`` and ``sync.eager`` (absent: off; hfl.sync.streaming).
+
+  Raises:
+    ValueError: a field out of range (:func:`hfl.sync.streaming.check`); streaming
+      with another ``sync.strategy`` than 'periodic', FedNova, progress-aware K,
+      ``sync.faults`` or a ``train.num_steps`` that is not a multiple of
+      ``sync.k / sync.fragments``.
+  """
+  s = config.sync
+  if not streaming.enabled(s):
+    return
+  p, tau = s.get('fragments', 1), s.get('overlap_steps', 0)
+  streaming.check(s.k, p, tau, s.get('mixing_alpha', 0.0), s.get('eager', False))
+  what = (f'Streaming DiLoCo (sync.fragments={p}, sync.overlap_steps={tau}, '
+          f'sync.mixing_alpha={s.get("mixing_alpha", 0.0)}, sync.eager={s.get("eager", False)})')
+  for field, value, allowed in (('sync.strategy', s.strategy, 'periodic'),
+                                ('sync.aggregation', s.aggregation, 'fedavg'),
+                                ('sync.progress_aware', s.progress_aware, False),
+                                ('sync.faults', s.faults, '')):
+    if value != allowed:
+      raise ValueError(f'{field}={value!r}: {what} needs {field}={allowed!r}')
+  if config.train.num_steps % (s.k // p):
+    raise ValueError(f'train.num_steps={config.train.num_steps} must be a multiple of '
+                     f'sync.k / sync.fragments = {s.k // p} for {what}')
 
 
 def validate_data_dir(config: ml_collections.ConfigDict) -> None:

@@ -266,3 +266,72 @@ def advance_round(clock: Clock, comm_s: np.ndarray, present: np.ndarray | None =
   present = np.ones(done.shape, bool) if present is None else np.asarray(present, bool)
   t = float(np.max(done[present]))
   return Clock(np.full_like(done, t), clock.idle_s + np.maximum(t - done, 0.0))
+
+
+# ------------------------------------------------------------------------------
+# Overlapped communication (Streaming DiLoCo, Douillard et al. 2025, arXiv:2501.18512,
+# Sec. 2: a fragment's exchange runs during the next τ inner iterations).
+# ------------------------------------------------------------------------------
+
+def exposed_comm_time(comm_s, overlap_s):
+  """Seconds of a WAN transfer the compute does not hide: max(0, comm_s - overlap_s).
+
+  Args:
+    comm_s: float or float [D], the transfer's time C_d (:func:`round_comm_time`).
+    overlap_s: float or float [D], the compute that runs meanwhile (τ iterations
+      of t_d seconds; 0 without overlap).
+
+  Returns:
+    float64 like the broadcast of the inputs.
+  """
+  return np.maximum(np.asarray(comm_s, np.float64) - np.asarray(overlap_s, np.float64), 0.0)
+
+
+def event_utilisation(dc_bits: float, wan_bps: float, iterations: int, iteration_s: float,
+                      compute_s: float, overlap_steps: int, latency_s: float) -> float:
+  """Compute utilisation of a steady state of sync events (compute / wall).
+
+  One period: ``iterations`` iterations of ``iteration_s`` seconds (of which
+  ``compute_s`` compute), then the exposed part of the event's transfer
+  C = dc_bits / wan_bps + latency_s beyond ``overlap_steps`` iterations:
+  U = I c / (I t + max(0, C - τ t)).
+
+  Args:
+    dc_bits: bits a DC's WAN link carries in one event (max of egress, ingress).
+    wan_bps: per-DC WAN bandwidth (bits/s).
+    iterations: I, iterations per sync event (K / P; K for DiLoCo; 1 for data
+      parallel).
+    iteration_s: t, seconds of one iteration (compute + LAN).
+    compute_s: c, seconds of compute in one iteration.
+    overlap_steps: τ.
+    latency_s: the event's latency term (H one-way WAN latencies, seconds).
+
+  Returns:
+    float in [0, 1].
+  """
+  comm = dc_bits / wan_bps + latency_s
+  wall = iterations * iteration_s + float(exposed_comm_time(comm, overlap_steps * iteration_s))
+  return iterations * compute_s / wall
+
+
+def wan_bandwidth_for_utilisation(dc_bits: float, iterations: int, iteration_s: float,
+                                  compute_s: float, overlap_steps: int, latency_s: float,
+                                  target: float = 0.95) -> float:
+  """The smallest per-DC WAN bandwidth (bits/s) at which :func:`event_utilisation`
+  reaches ``target`` (the figure DiLoCo's bandwidth simulator plots; closed form).
+
+  U >= u* holds iff the exposed time E <= S = I c / u* - I t, i.e. iff
+  C <= τ t + S, i.e. dc_bits / B <= R = τ t + S - latency_s: B = dc_bits / R.
+
+  Returns:
+    float bits/s; 0.0 when nothing is sent and the latency fits; ``inf`` when no
+    bandwidth suffices (S < 0: the LAN alone keeps utilisation below the target,
+    or R <= 0: the latency alone does).
+  """
+  slack = iterations * compute_s / target - iterations * iteration_s
+  if slack < 0:
+    return float('inf')
+  room = overlap_steps * iteration_s + slack - latency_s
+  if dc_bits <= 0:
+    return 0.0 if room >= 0 else float('inf')
+  return float(dc_bits / room) if room > 0 else float('inf')

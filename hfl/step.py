@@ -77,6 +77,7 @@ from hfl.compress import base
 from hfl.compress import dgc
 from hfl.compress import ef
 from hfl.sync import outer as outer_lib
+from hfl.sync import streaming
 
 DC, WORKER = mesh_lib.DC, mesh_lib.WORKER
 WAN_KEY_OFFSET = 1000  # WAN leaf i draws from fold_in(dc key, 1000 + i).
@@ -112,6 +113,9 @@ class TrainState(NamedTuple):
   # DGC momentum-corrected velocity u, leaves f32[D, W, ...], P('dc', 'worker');
   # () when DGC momentum is off (no leaves: other runs' checkpoints do not grow).
   dgc_velocity: Any = ()
+  # Streaming DiLoCo's eager stand-in x~_d (hfl.sync.streaming), leaves f32[D, ...],
+  # P('dc'); () unless sync.eager.
+  eager: Any = ()
 
 
 class Compressors(NamedTuple):
@@ -148,7 +152,7 @@ def state_specs(state_like: TrainState) -> TrainState:
   return TrainState(
       params=P(DC), opt_state=P(DC, WORKER) if is_sharded(state_like) else P(DC),
       global_params=P(), outer_state=P(), up=P(DC, WORKER), down=P(DC), wan=P(DC),
-      local_steps=P(DC), step=P(), key=P(), dgc_velocity=P(DC, WORKER))
+      local_steps=P(DC), step=P(), key=P(), dgc_velocity=P(DC, WORKER), eager=P(DC))
 
 
 def state_shardings(mesh: Mesh, state_like: TrainState) -> TrainState:
@@ -172,7 +176,8 @@ def init_link(comps: Sequence[base.Compressor], params, lead) -> LinkState:
 def init_state(params, optimizer: optax.GradientTransformation,
                outer: optax.GradientTransformation, comps: Compressors,
                num_dcs: int, workers_per_dc: int, key,
-               dgc_momentum: bool = False, shard_state: bool = False) -> TrainState:
+               dgc_momentum: bool = False, shard_state: bool = False,
+               stream: streaming.Spec | None = None) -> TrainState:
   """Builds the initial state from one set of global parameters (all DCs start equal).
 
   Pure; call under ``jax.jit(..., out_shardings=...)`` to allocate it sharded.
@@ -182,6 +187,9 @@ def init_state(params, optimizer: optax.GradientTransformation,
       f32[D, W, ...]); otherwise ``dgc_velocity`` is ().
     shard_state: shard the inner optimizer state across each DC's workers
       (:class:`ShardedOptState`, ZeRO-1); ``optimizer`` must be elementwise.
+    stream: Streaming DiLoCo (hfl.sync.streaming.Spec): ``outer_state`` is then a
+      tuple of per-fragment outer states, and with ``eager`` ``eager`` holds the
+      per-DC stand-ins (leaves f32[D, ...]).
   """
   d, w = num_dcs, workers_per_dc
   if shard_state:
@@ -190,13 +198,17 @@ def init_state(params, optimizer: optax.GradientTransformation,
     opt_state = ShardedOptState(_stack(per_worker, (d,)))
   else:
     opt_state = _stack(optimizer.init(params), (d,))
-  return TrainState(
+  state = TrainState(
       params=_stack(params, (d,)), opt_state=opt_state, global_params=params,
       outer_state=outer.init(params), up=init_link(comps.up, params, (d, w)),
       down=init_link(comps.down, params, (d,)), wan=init_link(comps.wan, params, (d,)),
       local_steps=jnp.zeros((d,), jnp.int32), step=jnp.zeros((), jnp.int32), key=key,
       dgc_velocity=_stack(jax.tree.map(jnp.zeros_like, params), (d, w)) if dgc_momentum
-      else ())
+      else (),
+      eager=_stack(params, (d,)) if stream is not None and stream.eager else ())
+  if stream is not None:
+    state = state._replace(outer_state=streaming.init_outer(outer, params, stream.fragments))
+  return state
 
 
 # --------------------------------------------------------------------------------
@@ -382,6 +394,7 @@ class Setup(NamedTuple):
   shard: bool         # ZeRO-1 sharded optimizer state
   dgc: dgc.Options    # DGC momentum correction / local clipping
   prox_mu: float = 0.0  # FedProx proximal coefficient mu (0: off), local_gradient
+  stream: Any = None  # hfl.sync.streaming.Spec (Streaming DiLoCo), or None
 
 
 class Keys(NamedTuple):
@@ -628,6 +641,82 @@ def l2_distance(a, b) -> jax.Array:
   return jnp.sqrt(sum(sq))
 
 
+def _fragment_exchange(setup: Setup, state: TrainState, weights, key, frag):
+  """Fragment ``frag``'s pseudo-gradient Δ = x_global - x_d over the WAN, as the
+  whole model's in :func:`inter_dc_round` (leaf j of the fragment draws
+  fold_in(key, 1000 + j)). Returns (x_global leaves, Δ leaves, Exchanged)."""
+  x0 = streaming.select(state.global_params, frag)
+  pseudo = [a - b for a, b in zip(x0, streaming.select(state.params, frag))]
+  link = LinkState(streaming.select(state.wan.residual, frag),
+                   [state.wan.compressor_state[i] for i in frag])
+  wan = exchange([setup.comps.wan[i] for i in frag], pseudo, link, key, DC, setup.num_dcs,
+                 weights=weights, split_axis=WORKER, split_size=setup.num_workers,
+                 key_offset=WAN_KEY_OFFSET, fuse=True)
+  return x0, pseudo, wan
+
+
+def merge_fragment(spec: streaming.Spec, state: TrainState, frag) -> Any:
+  """The DC models after fragment ``frag``'s merge (hfl.sync.streaming):
+  x <- α x + (1 - α) x_global (α = 0: x_global itself), or with ``eager``
+  x <- x + (x_global - x~) (the stand-in replaced by the global update)."""
+  x = streaming.select(state.params, frag)
+  g = streaming.select(state.global_params, frag)
+  if spec.eager:
+    new = [xi + (gi - ei) for xi, gi, ei in zip(x, g, streaming.select(state.eager, frag))]
+  elif spec.alpha == 0:
+    new = g
+  else:
+    a = jnp.float32(spec.alpha)
+    new = [a * xi + (1 - a) * gi for xi, gi in zip(x, g)]
+  return streaming.replace(state.params, frag, new)
+
+
+def stream_event(setup: Setup, state: TrainState, weights, key, event: streaming.Event):
+  """Streaming DiLoCo's end of an iteration on one device (inside shard_map).
+
+  Sync (``event.sync`` = p >= 0): fragment p's pseudo-gradient crosses the WAN
+  (its own residuals and compressor states), fragment p's outer optimizer state
+  steps its global copy; the DC models keep training on their own fragment
+  (with ``eager``: from the stand-in x~ = outer(x_global, Δ_d), kept in
+  ``state.eager``). Merge (``event.merge`` = q >= 0, after the sync when both):
+  :func:`merge_fragment`. Douillard et al. 2025, arXiv:2501.18512, Sec. 2;
+  eager: Kale et al. 2025, arXiv:2502.12996.
+
+  Args:
+    setup: :class:`Setup` with ``stream`` set; state: per-device TrainState whose
+      ``outer_state`` is a tuple of per-fragment states
+      (hfl.sync.streaming.init_outer); weights: f32[D]; key: ``Keys.dc``.
+
+  Returns:
+    (new state, RoundCharge of the fragment's WAN payload; no bits without a sync).
+  """
+  spec, n = setup.stream, len(setup.comps.wan)
+  bits, flags = [0] * n, [jnp.int32(0)] * n
+  if event.sync >= 0:
+    p, frag = event.sync, spec.fragments[event.sync]
+    x0, pseudo, wan = _fragment_exchange(setup, state, weights, key, frag)
+    outer_old = state.outer_state[p]
+    g_new, outer_p = outer_lib.apply_outer(setup.outer, x0, wan.agg, outer_old)
+    cstates = list(state.wan.compressor_state)
+    for j, i in enumerate(frag):
+      cstates[i], bits[i], flags[i] = wan.link.compressor_state[j], wan.bits[j], wan.flags[j]
+    link = LinkState(streaming.replace(state.wan.residual, frag, wan.link.residual), cstates)
+    present = weights[jax.lax.axis_index(DC)] > 0
+    state = state._replace(
+        global_params=streaming.replace(state.global_params, frag, g_new),
+        outer_state=tuple(outer_p if q == p else o for q, o in enumerate(state.outer_state)),
+        wan=_keep(present, link, state.wan), local_steps=jnp.zeros_like(state.local_steps))
+    if spec.eager:
+      stand_in, _ = outer_lib.apply_outer(setup.outer, x0, pseudo, outer_old)
+      state = state._replace(params=streaming.replace(state.params, frag, stand_in),
+                             eager=streaming.replace(state.eager, frag, stand_in))
+  if event.merge >= 0:
+    state = state._replace(params=merge_fragment(spec, state, spec.fragments[event.merge]))
+  static = [(int(b), reduces(c)) for c, b in zip(setup.comps.wan, bits) if _is_static(b)]
+  return state, RoundCharge(link_charge(bits, flags), sum(b for b, r in static if r),
+                            sum(b for b, r in static if not r))
+
+
 class ProgramInfo(NamedTuple):
   """Static (trace-time) facts of one compiled step program, for :func:`host_metrics`.
 
@@ -698,7 +787,7 @@ def _check_options(state_like: TrainState, opts: dgc.Options) -> None:
 def make_step(apply_fn: Callable, optimizer: optax.GradientTransformation,
               outer: optax.GradientTransformation, comps: Compressors, mesh: Mesh,
               state_like: TrainState, dgc_options: dgc.Options | None = None,
-              prox_mu: float = 0.0) -> Callable:
+              prox_mu: float = 0.0, stream: streaming.Spec | None = None) -> Callable:
   """Builds ``step(state, batch, active, weights, do_round) -> (state, metrics)``.
 
   Args:
@@ -714,6 +803,8 @@ def make_step(apply_fn: Callable, optimizer: optax.GradientTransformation,
       ``momentum > 0`` the state must hold a velocity (``init_state(...,
       dgc_momentum=True)``) and ``optimizer`` should be plain SGD.
     prox_mu: FedProx's mu (:func:`local_gradient`; 0: off).
+    stream: Streaming DiLoCo (hfl.sync.streaming.Spec), for a state from
+      ``init_state(..., stream=stream)``; ``do_round`` may then be an Event.
 
   The returned function takes
     state: TrainState sharded by :func:`state_specs` (donated).
@@ -722,7 +813,8 @@ def make_step(apply_fn: Callable, optimizer: optax.GradientTransformation,
       each DC's learning-rate multiplier (:func:`apply_inner`), 0 = inactive.
     weights: f32[D], per-DC aggregation weights for this round's pseudo-gradients
       (0 for an absent DC); ignored unless ``do_round``.
-    do_round: static bool, end the iteration with an inter-DC round.
+    do_round: static bool, end the iteration with an inter-DC round (or an
+      Event: :func:`stream_event`; one program per event).
   and returns the new state and the metrics: int32[D, W, metrics_size(L)] (L
   leaves, :func:`pack_metrics` of the uplink, downlink and WAN), sharded
   P('dc', 'worker'); no collective is spent on them. Read them with
@@ -739,7 +831,7 @@ def make_step(apply_fn: Callable, optimizer: optax.GradientTransformation,
   loss_fn = lambda params, images, labels: optax.softmax_cross_entropy_with_integer_labels(
       apply_fn(params, images), labels).mean()
   setup = Setup(loss_fn, optimizer, outer, comps, mesh.shape[DC], mesh.shape[WORKER],
-                is_sharded(state_like), opts, float(prox_mu))
+                is_sharded(state_like), opts, prox_mu=float(prox_mu), stream=stream)
   num_leaves = jax.tree.structure(state_like.params).num_leaves
   specs, info = state_specs(state_like), {}
 
@@ -750,10 +842,8 @@ def make_step(apply_fn: Callable, optimizer: optax.GradientTransformation,
       act, lr_scale = act > 0, act.astype(jnp.float32)
     local, loss, it = intra_dc_iteration(setup, to_local(state, specs), images[0, 0],
                                          labels[0, 0], act, keys, lr_scale)
-    rnd = RoundCharge(no_charge(num_leaves), 0, 0)
-    if do_round:
-      local, rnd = inter_dc_round(setup, local, weights, keys.dc)
-    info[do_round] = ProgramInfo(do_round, it.up.static, it.down.static, rnd.wan_sum,
+    local, rnd = _end_iteration(setup, local, weights, keys.dc, do_round, num_leaves)
+    info[do_round] = ProgramInfo(syncs(do_round), it.up.static, it.down.static, rnd.wan_sum,
                                  rnd.wan_gather, num_leaves)
     packed = pack_metrics(loss, (it.up, it.down, rnd.wan), rnd.drift)
     return from_local(local, specs), packed[None, None]
@@ -767,14 +857,38 @@ def make_step(apply_fn: Callable, optimizer: optax.GradientTransformation,
 
   compiled = {False: build(False), True: build(True)}
 
-  def step(state, batch, active, weights, do_round: bool):
+  def step(state, batch, active, weights, do_round):
     images, labels = batch
-    return compiled[bool(do_round)](state, images, labels, active, weights)
+    key = program_key(do_round)
+    fn = compiled[key] if key in compiled else compiled.setdefault(key, build(key))
+    return fn(state, images, labels, active, weights)
 
   step.jitted = compiled
   step.info = info
   step.num_workers = setup.num_workers
   return step
+
+
+def _end_iteration(setup: Setup, state: TrainState, weights, key, do_round, num_leaves: int):
+  """The inter-DC end of an iteration: a round (``do_round`` True), a streaming
+  event (:func:`stream_event`) or nothing. Returns (state, RoundCharge)."""
+  if isinstance(do_round, streaming.Event):
+    return stream_event(setup, state, weights, key, do_round)
+  if do_round:
+    return inter_dc_round(setup, state, weights, key)
+  return state, RoundCharge(no_charge(num_leaves), 0, 0)
+
+
+def program_key(do_round):
+  """The static key of a step program: a bool, or a streaming Event that does something."""
+  if isinstance(do_round, streaming.Event):
+    return do_round if do_round != streaming.Event() else False
+  return bool(do_round)
+
+
+def syncs(do_round) -> bool:
+  """Whether the program ``do_round`` exchanges over the WAN."""
+  return do_round.sync >= 0 if isinstance(do_round, streaming.Event) else bool(do_round)
 
 
 def host_metrics(info: ProgramInfo, metrics, active, weights=None) -> dict:

@@ -45,6 +45,7 @@ from hfl import tasks
 from hfl.compress import dgc
 from hfl.compress import policy
 from hfl.sync import aggregation, faults, outer as outer_lib, schedule as schedule_lib
+from hfl.sync import streaming
 
 # Fields that may change between a run and its resumption (they do not change what
 # is computed up to the restored step).
@@ -121,6 +122,7 @@ class Setup:
   schedule: schedule_lib.Schedule
   present_fn: Any
   dc_weights: np.ndarray  # float64 [D], n_d / n
+  stream: Any = None      # hfl.sync.streaming.Spec (Streaming DiLoCo), or None
 
 
 def dgc_options(config) -> dgc.Options:
@@ -260,7 +262,8 @@ def setup(config: ml_collections.ConfigDict) -> Setup:
   return Setup(config, d, w, loop_config(config), tasks.from_config(config), dataset, part,
                mesh, model, params_shape, optimizer, outer, comps,
                make_warmup(config, params_shape), dgc_options(config), shard_state(config),
-               net, schedule, present_fn, sizes / sizes.sum())
+               net, schedule, present_fn, sizes / sizes.sum(),
+               streaming.spec_from_config(config.sync, params_shape))
 
 
 def _sample_input(dataset):
@@ -290,6 +293,9 @@ class LoopState(NamedTuple):
     dc_rounds: per-DC diagnostics of each round since the last evaluation
       (:func:`round_diagnostics`).
     wall_time_s: wall-clock seconds spent by earlier sessions of the run.
+    wan: the WAN exposure and peaks so far (:func:`account_wan`); None before
+      the first round (and in checkpoints written before it existed: a run
+      resumed from one counts them from the resumption on).
   """
   step: int
   round: int
@@ -305,6 +311,7 @@ class LoopState(NamedTuple):
   round_loss: tuple[float, ...] = ()
   wall_time_s: float = 0.0
   dc_rounds: tuple[dict, ...] = ()
+  wan: Mapping[str, Any] | None = None
 
 
 def new_loop_state(schedule: schedule_lib.Schedule, num_dcs: int) -> LoopState:
@@ -323,7 +330,7 @@ def to_host(ls: LoopState, wall_time_s: float) -> dict:
               best_test_accuracy=ls.best_test_accuracy, best_test_loss=ls.best_test_loss,
               time_to_target_s=ls.time_to_target_s, rounds_to_target=ls.rounds_to_target,
               wall_time_s=wall_time_s, last_eval=ls.last_eval, round_loss=list(ls.round_loss),
-              dc_rounds=list(ls.dc_rounds))
+              dc_rounds=list(ls.dc_rounds), wan=ls.wan)
 
 
 # Config fields added after runs may have started: absent from an older run's
@@ -339,7 +346,9 @@ ADDED_SECTIONS = {('compression', 'dgc'): dict(momentum=0.0, clip_norm=0.0, warm
                   ('train', 'target_loss'): tasks.TARGET_FIELDS['language_model'][1],
                   ('train', 'sim_time_budget_s'): 0.0, ('sync', 'k_min_ratio'): 0.0,
                   ('sync', 'lr_scaling'): 'none', ('sync', 'prox_mu'): 0.0,
-                  ('sync', 'progress_test'): 'endpoints'}
+                  ('sync', 'progress_test'): 'endpoints',
+                  ('sync', 'fragments'): 1, ('sync', 'overlap_steps'): 0,
+                  ('sync', 'mixing_alpha'): 0.0, ('sync', 'eager'): False}
 
 
 def upgrade_config(old: dict) -> dict:
@@ -366,7 +375,7 @@ def from_host(host: Mapping[str, Any], schedule: schedule_lib.Schedule) -> LoopS
       schedule.plan(sched), host['best_test_accuracy'], host.get('best_test_loss'),
       host['time_to_target_s'], host['rounds_to_target'], host['last_eval'],
       tuple(host['round_loss']), float(host['wall_time_s']),
-      tuple(host.get('dc_rounds', ())))
+      tuple(host.get('dc_rounds', ())), host.get('wan'))
 
 
 def _check_workdir_config(workdir: str, config) -> list[str]:
@@ -439,7 +448,7 @@ def account_iteration(ls: LoopState, net: network.NetworkModel, m: Mapping[str, 
 
 def account_round(ls: LoopState, net: network.NetworkModel, schedule: schedule_lib.Schedule,
                   m: Mapping[str, np.ndarray], present: np.ndarray, steps: int,
-                  train_loss: float) -> LoopState:
+                  train_loss: float, overlap_steps: int = 0) -> LoopState:
   """Ends a round: the inter-DC exchange, its result reaching the workers over the
   LAN (bits and :func:`hfl.network.advance_round`), and the next round's plan.
 
@@ -452,16 +461,44 @@ def account_round(ls: LoopState, net: network.NetworkModel, schedule: schedule_l
     present: bool [D], the DCs that took part.
     steps: iterations the round ran.
     train_loss: the round's mean train loss.
+    overlap_steps: τ, iterations the exchange overlaps (Streaming DiLoCo): only
+      the part of it longer than τ iterations of the DC is charged
+      (:func:`hfl.network.exposed_comm_time`).
   """
   wan_bits = m['wan_bits']
   bits = _add_bits(ls.bits, inter_dc=network.link_bits(wan_bits, present),
                    intra_down=m['round_down_bits'].sum())
-  clock = network.advance_round(
-      ls.clock, network.round_comm_time(net, wan_bits, present)
-      + network.lan_time(net, m['round_down_bits']), present)
+  comm = (network.round_comm_time(net, wan_bits, present)
+          + network.lan_time(net, m['round_down_bits']))
+  exposed = network.exposed_comm_time(
+      comm, overlap_steps * network.iteration_time(net, m['up_bits'], m['down_bits']))
+  clock = network.advance_round(ls.clock, exposed, present)
   plan, sched = schedule.next_round(ls.schedule, train_loss)
   return ls._replace(step=ls.step + steps, round=ls.round + 1, bits=bits, clock=clock,
-                     schedule=sched, plan=plan, round_loss=ls.round_loss + (train_loss,))
+                     schedule=sched, plan=plan, round_loss=ls.round_loss + (train_loss,),
+                     wan=account_wan(ls.wan, wan_bits, present, exposed))
+
+
+def account_wan(wan: Mapping[str, Any] | None, wan_bits: np.ndarray, present: np.ndarray,
+                exposed: np.ndarray) -> dict:
+  """The run's WAN exposure and peaks after one sync event (round).
+
+  Returns:
+    ``{'exposed_s'``: seconds of round communication not hidden by compute,
+    summed over rounds (the slowest present DC's); ``'peak_bits'``: the largest
+    total of one round's WAN bits (:func:`hfl.network.link_bits`);
+    ``'peak_dc_bits'``: the largest bits one DC's WAN link carried in one round,
+    max(egress, ingress)}``.
+  """
+  wan = dict(wan or dict(exposed_s=0.0, peak_bits=0, peak_dc_bits=0))
+  present = np.asarray(present, bool)
+  bits = np.where(present, np.asarray(wan_bits, np.int64), 0)
+  peers = max(int(present.sum()) - 1, 0)
+  dc = int(np.max(np.where(present, np.maximum(bits * peers, bits.sum() - bits), 0)))
+  wan['exposed_s'] += float(np.max(np.where(present, exposed, 0.0)))
+  wan['peak_bits'] = max(wan['peak_bits'], network.link_bits(wan_bits, present))
+  wan['peak_dc_bits'] = max(wan['peak_dc_bits'], dc)
+  return wan
 
 
 def eval_record(ls: LoopState, task: tasks.Task, accuracy: float, loss: float,
@@ -614,7 +651,8 @@ def _init_fn(s: Setup) -> Callable:
     params = s.model.init(key, sample)['params']
     return step_lib.init_state(params, s.optimizer, s.outer, s.comps, s.num_dcs,
                                s.workers_per_dc, jax.random.fold_in(key, 1),
-                               dgc_momentum=s.dgc.momentum > 0, shard_state=s.shard_state)
+                               dgc_momentum=s.dgc.momentum > 0, shard_state=s.shard_state,
+                               stream=s.stream)
   return init
 
 
@@ -625,7 +663,8 @@ def make_runtime(s: Setup, workdir: str, wall0: float) -> Runtime:
   init_fn = _init_fn(s)
   state_shape = jax.eval_shape(init_fn)
   make = lambda comps: step_lib.make_step(apply_fn, s.optimizer, s.outer, comps, s.mesh,
-                                          state_shape, s.dgc, prox_mu=s.loop.prox_mu)
+                                          state_shape, s.dgc, prox_mu=s.loop.prox_mu,
+                                          stream=s.stream)
   step_fns = {None: make(s.comps)}
   evaluate = make_eval(s.model, s.mesh, s.dataset.test_images, s.dataset.test_labels,
                        s.loop.eval_batch_size)
@@ -712,8 +751,8 @@ def _run_iteration(rt: Runtime, state, step: int, active, weights, do_round: boo
   act = active if lr_scale is None else np.where(active, lr_scale, 0.0).astype(np.float32)
   state, m = step_fn(state, batch, rt.put(act, P(mesh_lib.DC)), rt.put(weights), do_round)
   jax.block_until_ready(m)
-  rt.timer.iteration((stage, do_round), t_start)
-  return state, m, step_fn.info[do_round]
+  rt.timer.iteration((stage, step_lib.syncs(do_round), do_round), t_start)
+  return state, m, step_fn.info[step_lib.program_key(do_round)]
 
 
 def run_round(rt: Runtime, state, ls: LoopState):
@@ -731,6 +770,8 @@ def run_round(rt: Runtime, state, ls: LoopState):
   """
   s, plan = rt.s, ls.plan
   kmax = int(np.max(plan.k_d))
+  if s.stream is not None:  # one fragment's sync event every K / P iterations
+    kmax = int(s.config.sync.k) // len(s.stream.fragments)
   present = s.present_fn(ls.round)
   start = None if np.all(present) else rt.jitted['round_start'](state)
   pending, weights = [], np.zeros(s.num_dcs, np.float32)
@@ -742,8 +783,10 @@ def run_round(rt: Runtime, state, ls: LoopState):
     do_round = it + 1 >= kmax or ls.step + it + 1 == cap
     if do_round:
       weights = _round_weights(s, plan, it, active, present)
-    state, m, info = _run_iteration(rt, state, ls.step + it, active, weights, do_round,
-                                    lr_scale)
+    key = (streaming.event_at(ls.step + it + 1, int(s.config.sync.k),
+                              len(s.stream.fragments), int(s.config.sync.overlap_steps))
+           if s.stream is not None else do_round)
+    state, m, info = _run_iteration(rt, state, ls.step + it, active, weights, key, lr_scale)
     pending.append((m, active, info))
     if do_round:
       break
@@ -773,7 +816,10 @@ def account(rt: Runtime, ls: LoopState, pending, weights, present):
     if at < end and at % s.loop.log_every == 0:
       _log_progress(rt, ls, at, losses[-1])
   round_loss = sum(losses) / len(losses)
-  ls = account_round(ls, s.net, s.schedule, m, present, len(pending), round_loss)
+  # The exchange overlaps the next τ iterations, unless none follow (the last round).
+  tau = (int(s.config.sync.get('overlap_steps', 0))
+         if s.stream is not None and end < s.loop.num_steps else 0)
+  ls = account_round(ls, s.net, s.schedule, m, present, len(pending), round_loss, tau)
   diag = round_diagnostics(ls.round, [act for _, act, _ in pending], present,
                            s.workers_per_dc * s.loop.batch_size, weights, m)
   diag['train_loss'] = round_loss  # what the K schedule saw (hfl.sync.schedule)
@@ -915,6 +961,10 @@ def _log_policies(s: Setup) -> None:
   if c.wan.name != 'identity':
     logging.info('Compression policy (inter-DC):\n%s',
                  policy.describe(s.comps.wan, s.params_shape))
+  if s.stream is not None:
+    logging.info('Streaming DiLoCo fragments (one syncs every %d iterations):\n%s',
+                 s.config.sync.k // len(s.stream.fragments),
+                 streaming.describe(s.stream.fragments, s.params_shape))
 
 
 def _write_config(rt: Runtime) -> None:
@@ -964,7 +1014,43 @@ def summarize(rt: Runtime, state, ls: LoopState) -> dict:
       wall_time_s=rt.wall_s(ls), time_to_target_s=ls.time_to_target_s,
       rounds_to_target=ls.rounds_to_target, step_wall_s=wall_stats(rt.timer.step_wall),
       stop=rt.s.loop.stop.to_json(), eval_history=eval_history(records),
-      config=json.loads(rt.s.config.to_json()))
+      **wan_summary(rt.s, ls), config=json.loads(rt.s.config.to_json()))
+
+
+def wan_summary(s: Setup, ls: LoopState) -> dict:
+  """The summary's WAN exposure fields (Streaming DiLoCo's comparison; every run).
+
+  ``exposed_wan_s``: simulated seconds of round communication (WAN + the round's
+  LAN delivery) not hidden behind compute; ``compute_s``: the slowest DC's
+  compute, iterations x ``network.compute_time_s`` / speed; ``compute_utilisation``
+  = compute_s / sim_time_s; ``peak_wan_bytes_per_sync``: the most bytes one sync
+  event (round) put on the WAN; ``wan_mbps_for_95pct_utilisation``: per-DC WAN
+  bandwidth (Mbit/s) at which the model's steady state spends at least 95% of
+  its wall time outside WAN stalls (:func:`hfl.network.wan_bandwidth_for_utilisation`
+  with the largest per-DC event, iterations per event = iterations / rounds, an
+  iteration's time t = (sim_time_s - exposed_wan_s) / iterations counted whole
+  as busy time (the LAN is not the WAN's to hide) and τ = ``sync.overlap_steps``;
+  null when no bandwidth suffices, e.g. the latency alone stalls more, or no
+  round ran); ``wan_mbps_for_95pct_without_latency``: the same with the WAN
+  latency taken as 0 (the bandwidth term alone).
+  """
+  wan = ls.wan or dict(exposed_s=0.0, peak_bits=0, peak_dc_bits=0)
+  compute = ls.step * float(np.max(s.net.compute_s))
+  now = ls.clock.now
+  need = {}
+  if ls.round and ls.step:
+    t = (now - wan['exposed_s']) / ls.step
+    for name, latency in (('', s.net.wan_latencies_per_round * s.net.wan_latency_s),
+                          ('_without_latency', 0.0)):
+      b = network.wan_bandwidth_for_utilisation(
+          wan['peak_dc_bits'], ls.step / ls.round, t, t,
+          int(s.config.sync.get('overlap_steps', 0)), latency)
+      need[name] = b / 1e6 if np.isfinite(b) else None
+  return dict(exposed_wan_s=wan['exposed_s'], compute_s=compute,
+              compute_utilisation=compute / now if now > 0 else None,
+              peak_wan_bytes_per_sync=_bytes(wan['peak_bits']),
+              wan_mbps_for_95pct_utilisation=need.get(''),
+              wan_mbps_for_95pct_without_latency=need.get('_without_latency'))
 
 
 HISTORY_KEYS = ('step', 'round', 'sim_time_s', 'test_accuracy', 'test_loss')

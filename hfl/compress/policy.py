@@ -23,6 +23,7 @@ import numpy as np
 from hfl.compress import base
 from hfl.compress import co3
 from hfl.compress import lowrank
+from hfl.compress import minifloat
 from hfl.compress import quantize
 from hfl.compress import sparse
 
@@ -65,6 +66,7 @@ register('qsgd', quantize.qsgd, ('levels', 'bucket_size'))
 register('sign', quantize.sign)
 register('powersgd', lowrank.powersgd, ('rank',))
 register('co3', co3.co3, ('fmt', 'gamma', 'coder', 'refit_every'))
+register('e3m0', minifloat.e3m0)
 
 
 def _get(spec, name, default=None):

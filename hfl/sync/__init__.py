@@ -8,6 +8,8 @@ Modules:
                (JAX, jit-compatible).
   outer:       outer optimizers on the pseudo-gradient (avg, sgd, DiLoCo nesterov).
   faults:      the ``sync.faults`` outage spec -> ``present(round) -> bool [D]``.
+  streaming:   Streaming DiLoCo: fragments of the model by layer order, which
+               fragment syncs / merges at which iteration (hfl.step.stream_event).
 
 How the training loop uses them, per inter-DC round r::
 
