@@ -132,7 +132,9 @@ def validate_streaming(config: ml_collections.ConfigDict) -> None:
   Raises:
     ValueError: a field out of range (:func:`hfl.sync.streaming.check`); streaming
       with another ``sync.strategy`` than 'periodic', FedNova, progress-aware K,
-      ``sync.faults`` or a ``train.num_steps`` that is not a multiple of
+      ``sync.faults``, ``sync.prox_mu``, ``sync.lr_scaling``, a
+      ``train.sim_time_budget_s`` (streaming stops at ``train.num_steps``) or a
+      ``train.num_steps`` that is not a multiple of
       ``sync.k / sync.fragments``.
   """
   s = config.sync
@@ -145,7 +147,11 @@ def validate_streaming(config: ml_collections.ConfigDict) -> None:
   for field, value, allowed in (('sync.strategy', s.strategy, 'periodic'),
                                 ('sync.aggregation', s.aggregation, 'fedavg'),
                                 ('sync.progress_aware', s.progress_aware, False),
-                                ('sync.faults', s.faults, '')):
+                                ('sync.faults', s.faults, ''),
+                                ('sync.prox_mu', s.get('prox_mu', 0.0), 0.0),
+                                ('sync.lr_scaling', s.get('lr_scaling', 'none'), 'none'),
+                                ('train.sim_time_budget_s',
+                                 config.train.get('sim_time_budget_s', 0.0), 0.0)):
     if value != allowed:
       raise ValueError(f'{field}={value!r}: {what} needs {field}={allowed!r}')
   if config.train.num_steps % (s.k // p):

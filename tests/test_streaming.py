@@ -239,6 +239,10 @@ STREAM_BAD = [
     ({'sync.fragments': 2, 'sync.faults': '1:1-2'}, "sync.faults='1:1-2'"),
     ({'sync.fragments': 2, 'sync.k': 4, 'train.num_steps': 13}, 'train.num_steps=13'),
     ({'sync.fragments': 4, 'sync.k': 4}, 'sync.fragments=4 exceeds the model'),
+    ({'sync.fragments': 2, 'sync.prox_mu': 0.1}, 'sync.prox_mu=0.1'),
+    ({'sync.fragments': 2, 'sync.lr_scaling': 'inverse_k'}, "sync.lr_scaling='inverse_k'"),
+    ({'sync.fragments': 2, 'train.num_steps': 0, 'train.sim_time_budget_s': 1.0},
+     'train.sim_time_budget_s=1.0'),
 ]
 
 
