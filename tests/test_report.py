@@ -365,20 +365,16 @@ def test_partial_seed_success_is_reported(tmp_path):
                                                 (2, 0.6, 3.0, (2, 2, 2))], summary={})
   table = tables.build_table(report.load([str(tmp_path)], target=0.88))
   assert len(table) == 1 and table.iloc[0]['time_to_target_s_n'] == 1
-  assert '(1/2 reached)' in tables.to_markdown(table, 0.88)
+  assert '(1/2 reached)' in tables.to_markdown(table, runs_lib.Target('test_accuracy', True, 0.88))
 
 
 def test_plots_are_written(runs, tmp_path):
   frame = report.load(runs)
   curves = [plots.Curves(r.name, [r.metrics]) for r in frame['run']]
   paths = plots.write_plots(curves, str(tmp_path / 'p'), target=0.88, prefix='x_')
-  assert sorted(os.path.basename(p) for p in paths) == sorted(
-      'x_' + a.filename for a in plots.AXES)
-  points = [plots.FactorPoint('base', 1.0, 0.9, 0.01, 3),
-            plots.FactorPoint('ρ=1%', 50.0, 0.89, 0.02, 3, -0.5, 0.2, 3)]
-  paths.append(plots.plot_accuracy_vs_factor(points, str(tmp_path / 'f.png'), 't', 'x', 0.5,
-                                             shade=(270, 600, 'published'), line=(20, 'l')))
-  assert plots.plot_accuracy_vs_factor(points[:1], str(tmp_path / 'g.png'), 't', 'x', 0.5) is None
+  assert sorted(os.path.basename(p) for p in paths) == [
+      'x_accuracy_vs_bytes.png', 'x_accuracy_vs_inter_dc_rounds.png',
+      'x_accuracy_vs_sim_time.png']
   for p in paths:
     with open(p, 'rb') as f:
       data = f.read()

@@ -335,7 +335,7 @@ def test_sweep_points_land_in_the_expected_workdirs(root):
   assert len(comp.points) == 13
   semi = by_name['semisync']
   assert [p.spec.name for p in semi.points] == list(SEMI.values())
-  assert semi.target == 0.85 and comp.target == 0.88
+  assert semi.target.value == 0.85 and comp.target.value == 0.88 and semi.target.higher_is_better
   iid, hfl = by_name['co3_iid'], by_name['co3_paper']
   assert [p.spec.name for p in iid.points] == [co3_name(IID_OVERRIDES, g, s)
                                                for g, s in IID_POINTS]
@@ -646,7 +646,7 @@ def test_page_structure_plots_and_missing_runs(root, tmp_path):
   for claim in ('up to 66%', 'up to 43%', 'up to 92%', '≈ 95%', '270–600×',
                 'no loss (Δ ≈ 0 pts)', 'arXiv:2203.09044', 'Deep Gradient Compression'):
     assert claim in text, claim
-  expected = sorted([f'{k}_{a.filename}' for k in ('semisync', 'compression', 'co3')
+  expected = sorted([f'{k}_accuracy_vs_{a.filename}.png' for k in ('semisync', 'compression', 'co3')
                      for a in results.plots.AXES] + ['compression_accuracy_vs_ratio.png'])
   assert sorted(os.path.basename(p) for p in written['plots']) == expected
   assert sorted(os.listdir(out / 'results')) == sorted(expected + ['keep.txt'])
@@ -704,7 +704,7 @@ def test_cli_no_run_from_another_directory(tmp_path):
   assert 'make_results.py --root workdirs --out o' in text
   assert '--workdir=workdirs/semisync/sync.strategy=sync__train.eval_every=40' in text
   assert sorted(os.listdir(tmp_path / 'o' / 'results')) == sorted(
-      f'semisync_{a.filename}' for a in results.plots.AXES)
+      f'semisync_accuracy_vs_{a.filename}.png' for a in results.plots.AXES)
 
 
 def test_cli_runs_the_missing_sweeps_first(tmp_path, caplog, monkeypatch):
