@@ -511,6 +511,7 @@ def extras(t: Table, spec_module, published: dict) -> dict:
   lan = c.get('network.lan_bandwidth_gbps')
   return dict(
       baseline=t.labels.get(t.base_gid, 'missing'), bar=f'{spec_module.BAR:g}',
+      loss_bar=f'{getattr(spec_module, "LOSS_BAR", 0.05):g}',
       target=_target_value(t.target), lan=_lan(lan),
       partition={'iid': 'IID', 'dirichlet': 'non-IID (Dirichlet α = '
                  f'{c.get("dataset.dirichlet_alpha")})'}.get(part, f'`{part}`'),
@@ -804,8 +805,9 @@ def section(sec: dict, by_name: dict, spec_module, published: dict, root_display
     lines += table_block(t, sec, spec_module, extras(t, spec_module, published), by_name,
                          root_display, first)
   judged = [judge(c, by_name) for c in sec['claims']]
-  lines += [f'**Published vs ours** {sec.get("claims_caption", "")}:'.replace(' :', ':'), '']
-  lines += claims_table(judged, spec_module.SOURCES)
+  if judged:  # a section of readings only has no published-vs-ours table
+    lines += [f'**Published vs ours** {sec.get("claims_caption", "")}:'.replace(' :', ':'), '']
+    lines += claims_table(judged, spec_module.SOURCES)
   notes = [f'- {text(ts[0], n, ctx)}' for n in sec.get('notes', [])]
   notes += [f'- Not met: {spec_module.SOURCES[j.claim["source"]]["short"]}, '
             f'{j.claim["quantity"]} — {j.verdict}.' for j in judged if j.met is False]
