@@ -11,6 +11,12 @@ caller's. What the page says is data in the spec (``docs/results/claims.py``,
 whose docstring defines its vocabulary); this script only loads, computes
 (with :mod:`hfl.report`) and renders. Only runs with ``summary.json`` enter the
 numbers; the others are listed as missing, with their progress.
+
+Cost: without ``--no-run`` every missing run of every sweep trains, including
+the CIFAR-10 (3,000 iterations) and character-LM (2,000 iterations; Streaming
+DiLoCo 512) sweeps, which take hours each on a 2-core CPU (measured costs in
+their sweep files); ``--no-run`` renders their sections from whatever runs
+exist and lists the rest as missing.
 """
 
 import argparse
