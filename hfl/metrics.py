@@ -271,24 +271,28 @@ def crossing(prev: Mapping[str, Any] | None, cur: Mapping[str, Any], target: flo
 
 
 def time_to_target(records: Sequence[Mapping[str, Any]], target: float,
-                   key: str = 'sim_time_s') -> float | None:
-  """The x at which test accuracy first reaches ``target`` (see :func:`crossing`).
+                   key: str = 'sim_time_s', metric: str = 'test_accuracy',
+                   higher_is_better: bool = True) -> float | None:
+  """The x at which ``metric`` first reaches ``target`` (see :func:`crossing`).
 
   Args:
     records: evaluations in step order, as in metrics.jsonl; those whose
-      accuracy or x is missing or not finite are skipped.
-    target: accuracy (fraction).
+      metric or x is missing or not finite are skipped.
+    target: the metric's target: accuracy (fraction) or loss (nats).
     key: dotted key of x: ``'sim_time_s'`` (s), ``'round'``, ``'step'``,
       ``'bytes.inter_dc'`` or ``'bytes.total'`` (bytes).
+    metric: the records' key of the metric (``'test_accuracy'``, ``'test_loss'``).
+    higher_is_better: True for an accuracy (reached at or above ``target``),
+      False for a loss (at or below).
 
   Returns:
     The interpolated x, or None if the target is never reached.
   """
   prev = None
   for r in records:
-    if not (finite(r.get('test_accuracy')) and finite(value(r, key))):
+    if not (finite(r.get(metric)) and finite(value(r, key))):
       continue
-    if r['test_accuracy'] >= target:
-      return crossing(prev, r, target, key)
+    if r[metric] >= target if higher_is_better else r[metric] <= target:
+      return crossing(prev, r, target, key, metric, higher_is_better)
     prev = r
   return None

@@ -335,7 +335,7 @@ def test_sweep_points_land_in_the_expected_workdirs(root):
   assert len(comp.points) == 13
   semi = by_name['semisync']
   assert [p.spec.name for p in semi.points] == list(SEMI.values())
-  assert semi.target == 0.85 and comp.target == 0.88
+  assert semi.target.value == 0.85 and comp.target.value == 0.88 and semi.target.higher_is_better
   iid, hfl = by_name['co3_iid'], by_name['co3_paper']
   assert [p.spec.name for p in iid.points] == [co3_name(IID_OVERRIDES, g, s)
                                                for g, s in IID_POINTS]
@@ -617,6 +617,14 @@ def test_co3_hfl_setting_table_is_context(root):
   assert len(sections['co3'].judged) == 1 and 'Not met' not in md
 
 
+COMPARISON_HEADS = [
+    '### 1. Periodic and semi-sync vs synchronous HPS, 4 heterogeneous DCs',
+    '### 2. Bidirectional top-k + bf16 small tensors vs uncompressed (1 Gbit/s LAN)',
+    '### 3. CO3 fp4 vs uncompressed, synchronous PS over IID shards (`{}`, lr {})']
+CIFAR_HEADS = COMPARISON_HEADS[:2] + [COMPARISON_HEADS[2].format('sgd', 0.01)]
+LM_HEADS = COMPARISON_HEADS[:2] + [COMPARISON_HEADS[2].format('adamw', 0.002)]
+
+
 def test_page_structure_plots_and_missing_runs(root, tmp_path):
   out = tmp_path / 'docs'
   (out / 'results').mkdir(parents=True)
@@ -634,19 +642,26 @@ def test_page_structure_plots_and_missing_runs(root, tmp_path):
       '## CO3: convert, compress, correct',
       "### The CO3 paper's setting: synchronous PS over IID shards",
       "### hfl's setting: hierarchical PS, non-IID (Dirichlet α = 0.5) shards, periodic K = 4",
+      '## Streaming DiLoCo vs DiLoCo and data parallel (issue 14)',
+      '## CIFAR-10: the seed comparisons (issue 13)', *CIFAR_HEADS,
+      '## Tiny Shakespeare (character LM): the seed comparisons (issue 13)', *LM_HEADS,
+      '### DiLoCo check: K = 16 with FedAvg and with the Nesterov outer optimizer vs K = 1 '
+      '(issue 13: within 0.05 nats)',
       '## Sources']
-  assert text.count('**Published vs ours**') == 4
-  assert text.count('| source | where in the source | claim | published | ours | verdict |') == 4
+  assert text.count('**Published vs ours**') == 5
+  assert text.count('| source | where in the source | claim | published | ours | verdict |') == 5
   # 74 runs (5 semisync, 30 semisync_budget, 15 compression, 15 co3_iid, 9 co3_paper),
-  # 43 missing; rows not finished: 5 semisync, 2 x 5 semisync_budget.
-  assert 'Incomplete: 31 of 74 runs have finished.' in text
-  assert text.count('| *not finished* |') == 15
+  # 43 missing; rows not finished: 5 semisync, 2 x 5 semisync_budget; and 66 LM and
+  # CIFAR-10 runs, none here: 24 rows not finished (3 + 2 streaming, 3 + 2 + 3
+  # CIFAR-10, 3 + 2 + 3 + 3 Shakespeare).
+  assert 'Incomplete: 31 of 140 runs have finished.' in text
+  assert text.count('| *not finished* |') == 15 + 24
   assert 'Generated 2025-01-02 03:04 UTC' in text
   assert 'python3 docs/results/make_results.py --root' in text
   for claim in ('up to 66%', 'up to 43%', 'up to 92%', '≈ 95%', '270–600×',
                 'no loss (Δ ≈ 0 pts)', 'arXiv:2203.09044', 'Deep Gradient Compression'):
     assert claim in text, claim
-  expected = sorted([f'{k}_{a.filename}' for k in ('semisync', 'compression', 'co3')
+  expected = sorted([f'{k}_accuracy_vs_{a.filename}.png' for k in ('semisync', 'compression', 'co3')
                      for a in results.plots.AXES] + ['compression_accuracy_vs_ratio.png'])
   assert sorted(os.path.basename(p) for p in written['plots']) == expected
   assert sorted(os.listdir(out / 'results')) == sorted(expected + ['keep.txt'])
@@ -660,19 +675,21 @@ def test_page_structure_plots_and_missing_runs(root, tmp_path):
 def test_empty_root_lists_everything_as_missing(tmp_path):
   written = results.write_results(SPEC, str(tmp_path / 'none'), str(tmp_path / 'out'), now=NOW)
   text = open(written['results.md'], encoding='utf-8').read()
-  assert 'Incomplete: 0 of 74 runs have finished.' in text
-  assert text.count(': not started (`') == 74
-  # Rows: 5 semisync, 5 + 5 semisync_budget, 5 + 2 compression (seed groups), 5 + 5 CO3.
-  assert text.count('| *not finished* |') == 32
-  assert written['plots'] == [] and text.count('*No plots yet') == 4
-  assert text.count('| not measured') == 15
+  assert 'Incomplete: 0 of 140 runs have finished.' in text
+  # Every run is listed once per table it is in: the 6 DiLoCo and streaming runs twice.
+  assert text.count(': not started (`') == 140 + 6
+  # Rows: 5 semisync, 5 + 5 semisync_budget, 5 + 2 compression (seed groups), 5 + 5 CO3;
+  # 3 + 2 streaming, 3 + 2 + 3 CIFAR-10, 3 + 2 + 3 + 3 Shakespeare.
+  assert text.count('| *not finished* |') == 32 + 24
+  assert written['plots'] == [] and text.count('*No plots yet') == 7
+  assert text.count('| not measured') == 15 + 3
 
 
 def test_spec_is_consistent():
   """Every claim names existing tables, valid expressions and a known source."""
   tables = {t['name']: t for s in SPEC.SECTIONS for t in s['tables']}
   ids = [c['id'] for s in SPEC.SECTIONS for c in s['claims']]
-  assert len(ids) == len(set(ids)) == 15
+  assert len(ids) == len(set(ids)) == 18
   for s in SPEC.SECTIONS:
     for c in s['claims'] + s.get('readings', []):
       assert set(c['tables']) <= set(tables)
@@ -699,12 +716,12 @@ def test_cli_no_run_from_another_directory(tmp_path):
                      cwd=tmp_path, capture_output=True, text=True, timeout=600, check=False)
   assert p.returncode == 0, p.stderr
   assert p.stdout.splitlines()[0] == os.path.join('o', 'results.md')
-  assert '69 runs not finished' in p.stderr
+  assert '135 runs not finished' in p.stderr
   text = (tmp_path / 'o' / 'results.md').read_text(encoding='utf-8')
   assert 'make_results.py --root workdirs --out o' in text
   assert '--workdir=workdirs/semisync/sync.strategy=sync__train.eval_every=40' in text
   assert sorted(os.listdir(tmp_path / 'o' / 'results')) == sorted(
-      f'semisync_{a.filename}' for a in results.plots.AXES)
+      f'semisync_accuracy_vs_{a.filename}.png' for a in results.plots.AXES)
 
 
 def test_cli_runs_the_missing_sweeps_first(tmp_path, caplog, monkeypatch):
@@ -719,11 +736,17 @@ def test_cli_runs_the_missing_sweeps_first(tmp_path, caplog, monkeypatch):
   assert results.main(['--root', root, '--out', str(tmp_path / 'o')]) == 0
   assert [r for r, _ in launched] == [os.path.join(root, n)
                                       for n in ('semisync', 'semisync_budget', 'compression',
-                                                'co3_iid', 'co3_paper')]
-  # Said once, before the first launch: 69 runs are missing.
+                                                'co3_iid', 'co3_paper', 'shakespeare_streaming',
+                                                'cifar10_semisync', 'cifar10_compression',
+                                                'cifar10_co3', 'shakespeare_semisync',
+                                                'shakespeare_compression', 'shakespeare_co3',
+                                                'shakespeare_diloco')]
+  # Said once, before the first launch: 135 runs are missing.
   assert launched[0][1][0].startswith(
-      f'69 runs missing (semisync_budget: 30, compression: 15, co3_iid: 15, co3_paper: 9) '
-      f'under {root}: launching')
+      f'135 runs missing (semisync_budget: 30, compression: 15, co3_iid: 15, co3_paper: 9, '
+      'shakespeare_streaming: 9, cifar10_semisync: 9, cifar10_compression: 6, cifar10_co3: 9, '
+      'shakespeare_semisync: 9, shakespeare_compression: 6, shakespeare_co3: 9, '
+      f'shakespeare_diloco: 9) under {root}: launching')
 
 
 def test_cli_on_ctrl_c_prints_one_line(tmp_path, capsys, monkeypatch):
@@ -994,3 +1017,153 @@ def test_acc_at_iterations_interpolates_between_evaluations():
   assert results.acc_at_iterations(recs, 200) == pytest.approx(0.6)
   assert results.acc_at_iterations(recs, 300) == 0.7
   assert results.acc_at_iterations(recs, 301) is None and results.acc_at_iterations(recs, 99) is None
+
+
+# ---------------------------------------------------------------------------
+# Language-model sections: Streaming DiLoCo (issue 14) and the workloads (issue 13).
+
+STREAMING_SWEEP = os.path.join(REPO, 'configs', 'sweeps', 'shakespeare_streaming.py')
+
+
+def _lm_points(sweep_file, root_name, root):
+  """(arm, seed, RunSpec) of an LM sweep's points under ROOT/root_name."""
+  base, grid = sweep.load_sweep(sweep_file)
+  sweep_root = os.path.join(root, root_name)
+  specs = sweep.make_runs(sweep.resolve_base(base, sweep_root, write=False), grid, sweep_root)
+  arm = lambda o: ('dp' if o.get('sync.strategy') == 'sync' else
+                   'stream' if o.get('sync.fragments', 1) > 1 else 'diloco')
+  return [(arm(s.overrides), s.overrides.get('seed', 0), s) for s in specs]
+
+
+def _lm_run(spec, losses, summary=None, done=True):
+  """An LM workdir: evaluations (step, validation loss, sim time), summary fields."""
+  os.makedirs(spec.workdir, exist_ok=True)
+  config = _config('configs/shakespeare.py', **spec.overrides)
+  with open(os.path.join(spec.workdir, 'config.json'), 'w') as f:
+    json.dump(config, f)
+  with open(os.path.join(spec.workdir, 'metrics.jsonl'), 'w') as f:
+    for i, (step, loss, t) in enumerate(losses):
+      f.write(json.dumps({'step': step, 'round': step // 4, 'test_loss': loss,
+                          'test_bits_per_char': loss / math.log(2), 'test_accuracy': 0.4,
+                          'sim_time_s': t, 'bytes': {'intra_up': 0, 'intra_down': 0,
+                                                     'inter_dc': 1e6 * (i + 1)}}) + '\n')
+  if done:
+    with open(os.path.join(spec.workdir, 'summary.json'), 'w') as f:
+      json.dump(dict(final_test_loss=losses[-1][1], best_test_loss=min(l for _, l, _ in losses),
+                     final_test_bits_per_char=losses[-1][1] / math.log(2),
+                     final_test_accuracy=0.4, best_test_accuracy=0.4,
+                     target_metric='test_loss', target=1.7, inter_dc_rounds=losses[-1][0] // 4,
+                     intra_dc_iterations=losses[-1][0], sim_time_s=losses[-1][2],
+                     bytes={'intra_up': 0, 'intra_down': 0, 'inter_dc': 1e6 * len(losses)},
+                     config=config, **(summary or {})), f)
+
+
+# arm -> (final loss per seed, peak WAN bytes per sync, Mbit/s for 95% (None: none
+# suffices), the same at latency 0)
+STREAMING_ARMS = {'dp': ((2.00, 2.01, 2.02), 8e6, None, 400.0),
+                  'diloco': ((2.07, 2.08, 2.09), 8e6, 40.0, 20.0),
+                  'stream': ((2.01, 2.02, 2.03), 2.5e5, 2.0, 1.0)}
+
+
+def write_streaming(root, arms=STREAMING_ARMS, unfinished=(('stream', 2),)):
+  for arm, seed, spec in _lm_points(STREAMING_SWEEP, 'shakespeare_streaming', root):
+    finals, peak, mbps, mbps0 = arms[arm]
+    losses = [(256, 2.6, 100.0), (512, finals[seed], 200.0)]
+    _lm_run(spec, losses, dict(peak_wan_bytes_per_sync=peak, exposed_wan_s=3.0,
+                               compute_s=25.6, compute_utilisation=0.5,
+                               wan_mbps_for_95pct_utilisation=mbps,
+                               wan_mbps_for_95pct_without_latency=mbps0),
+            done=(arm, seed) not in unfinished)
+
+
+def _section(sections, key):
+  return next(s for s in sections if s.key == key)
+
+
+def test_streaming_table_goal_and_lower_is_better_verdicts(tmp_path):
+  """Issue 14's table and goal, from fake runs: ratios and relative loss change by hand."""
+  root = str(tmp_path / 'w')
+  write_streaming(root)
+  sections, by_name = results.build(SPEC, root)
+  t = by_name['streaming']
+  dp, dl, st = (_gid(t, l) for l in (
+      'data parallel (K=1)', 'DiLoCo (H=16, nesterov outer)',
+      'Streaming DiLoCo (H=16, P=4, τ=1, α=0.5, WAN e3m0)'))
+  # Means: dp 2.01, diloco 2.08, streaming (seeds 0, 1) 2.015.
+  assert results.number(t, st, 'final_loss') == pytest.approx(2.015)
+  assert results.number(t, st, 'change:final_loss') == pytest.approx(2.015 / 2.01 - 1)
+  assert results.number(t, st, 'paired:final_loss') == pytest.approx(0.01)
+  assert results.number(t, dl, 'paired:final_loss') == pytest.approx(0.07)
+  assert results.number(t, st, 'factor:peak_wan_bytes_per_sync') == pytest.approx(32.0)
+  assert results.number(t, st, 'factor:wan_mbps_for_95pct_without_latency') == 400.0
+  # Data parallel needs more than any bandwidth (null in its summaries): ∞×.
+  assert results.number(t, st, 'factor:wan_mbps_for_95pct_utilisation') == math.inf
+  cells = _cells(t, 'data parallel (K=1)')
+  assert 'none suffices' in cells and '2.010 ± 0.010 nats' in cells
+  row = _cells(t, 'Streaming DiLoCo (H=16, P=4, τ=1, α=0.5, WAN e3m0)')
+  assert '+0.010 ± 0.000 nats (n=2)' in row and '+0.25%' in row and '32.0×' in row
+  assert '2 Mbit/s' in row and '∞×' in row and '50.00%' in row
+  sec = _section(sections, 'streaming')
+  by_id = {j.claim['id']: j for j in sec.judged}
+  assert by_id['streaming_vs_dp'].met and '∞×' in by_id['streaming_vs_dp'].verdict
+  assert by_id['streaming_vs_diloco'].value == pytest.approx(40.0 / 2.0)
+  assert by_id['streaming_vs_diloco'].met
+  loss = by_id['streaming_loss']
+  assert loss.met and loss.verdict.startswith('met: relative change +0.25% ≤ +1.00%')
+  assert '(provisional' not in loss.verdict  # not a paired value
+  # ✓ within 0.05 nats for streaming (+0.010), ✗ for DiLoCo (+0.070).
+  assert '- ✗ 1 fragment(s), H=16: +0.070 ± 0.000 nats (n=3)' in sec.markdown
+  assert '- ✓ 4 fragment(s), H=16: +0.010 ± 0.000 nats (n=2), 2 of 3 seeds' in sec.markdown
+  # Lower is better: with no pick, a loss reading takes the row with the *smallest*
+  # paired Δ (streaming), where the largest would be DiLoCo.
+  j = results.judge(dict(tables=['streaming'], value='paired:final_loss'), by_name)
+  assert j.row == (t, st)
+  assert results.better('final_loss') == -1 and results.better('final_acc') == 1
+  assert results.better('reduction:final_loss') == 1 and results.better('paired:final_loss') == -1
+
+
+def test_streaming_goal_not_met(tmp_path):
+  """Streaming's loss 2% above data parallel's and only 2× less bandwidth than DiLoCo."""
+  root = str(tmp_path / 'w')
+  arms = dict(STREAMING_ARMS, stream=((2.04, 2.05, 2.06), 2.5e5, 20.0, 10.0))
+  write_streaming(root, arms, unfinished=())
+  sections, _ = results.build(SPEC, root)
+  by_id = {j.claim['id']: j for j in _section(sections, 'streaming').judged}
+  # 2.05 / 2.01 − 1 = +1.99%.
+  assert by_id['streaming_loss'].met is False
+  assert by_id['streaming_loss'].verdict == 'not met: relative change +1.99% > +1.00%'
+  assert by_id['streaming_vs_diloco'].met is False
+  assert by_id['streaming_vs_diloco'].verdict == 'not met: factor 2.0× < 4.0×'
+
+
+def test_streaming_plots_of_loss(tmp_path):
+  root, out = str(tmp_path / 'w'), tmp_path / 'docs'
+  write_streaming(root)
+  written = results.write_results(SPEC, root, str(out), now=NOW)
+  names = sorted(os.path.basename(p) for p in written['plots'])
+  assert names == ['streaming_loss_vs_sim_time.png', 'streaming_loss_vs_wan_bytes.png']
+  text = (out / 'results.md').read_text(encoding='utf-8')
+  assert 'dashed line: target 1.7 nats/char' in text
+  for p in written['plots']:
+    with open(p, 'rb') as f:
+      assert f.read(8) == PNG_MAGIC
+  # The unfinished streaming seed: its last validation loss, not an accuracy.
+  assert 'running or interrupted: step 512/512, round 128, last validation loss 2.030' in text
+
+
+def test_lm_sections_render_with_missing_runs(tmp_path):
+  """--no-run on an empty root: the LM sections list every run as missing, claim nothing."""
+  written = results.write_results(SPEC, str(tmp_path / 'none'), str(tmp_path / 'out'), now=NOW)
+  text = open(written['results.md'], encoding='utf-8').read()
+  for title in ('## Streaming DiLoCo vs DiLoCo and data parallel (issue 14)',
+                '## CIFAR-10: the seed comparisons (issue 13)',
+                '## Tiny Shakespeare (character LM): the seed comparisons (issue 13)'):
+    body = text.split(title, 1)[1].split('\n## ', 1)[0]
+    assert '**Missing runs' in body and '*No plots yet' in body
+    assert ': not started (`' in body and 'met: ' not in body
+  stream = text.split('## Streaming DiLoCo', 1)[1].split('\n## ', 1)[0]
+  assert stream.count('| not measured') == 3
+  assert 'target: validation loss ≤ 1.700 nats/char (`train.target_loss`)' in stream
+  lm = text.split('## Tiny Shakespeare', 1)[1].split('\n## ', 1)[0]
+  assert '**Published vs ours**' not in lm  # readings only: no published number judged
+  assert '**DiLoCo check: K=16 with the Nesterov outer optimizer against K=1**: not measured' in lm

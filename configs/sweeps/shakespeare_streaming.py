@@ -25,7 +25,7 @@ iterations). Each run's summary.json holds the table's columns:
 
   python -m hfl.sweep --sweep=configs/sweeps/shakespeare_streaming.py \\
       --root=workdirs/shakespeare_streaming
-  python3 docs/results/streaming_table.py workdirs/shakespeare_streaming
+  python3 docs/results/make_results.py --no-run   # the results page's section
 """
 
 from configs.sweeps.workloads import SEEDS

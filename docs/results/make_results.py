@@ -11,6 +11,12 @@ caller's. What the page says is data in the spec (``docs/results/claims.py``,
 whose docstring defines its vocabulary); this script only loads, computes
 (with :mod:`hfl.report`) and renders. Only runs with ``summary.json`` enter the
 numbers; the others are listed as missing, with their progress.
+
+Cost: without ``--no-run`` every missing run of every sweep trains, including
+the CIFAR-10 (3,000 iterations) and character-LM (2,000 iterations; Streaming
+DiLoCo 512) sweeps, which take hours each on a 2-core CPU (measured costs in
+their sweep files); ``--no-run`` renders their sections from whatever runs
+exist and lists the rest as missing.
 """
 
 import argparse
@@ -42,6 +48,16 @@ from hfl.report import stats
 from hfl.report import tables as tables_lib
 # pylint: enable=g-import-not-at-top,wrong-import-position
 
+
+def _import_here(name: str):
+  spec = importlib.util.spec_from_file_location(f'_results_{name}', os.path.join(HERE, f'{name}.py'))
+  module = importlib.util.module_from_spec(spec)
+  spec.loader.exec_module(module)
+  return module
+
+
+factor_plot_lib = _import_here('factor_plot')
+
 PLOTS_DIR = 'results'
 COMMAND = 'python3 docs/results/make_results.py'
 _OPS = {'>=': (operator.ge, '≥'), '>': (operator.gt, '>'), '<=': (operator.le, '≤'),
@@ -51,7 +67,16 @@ _WORDS = {'bytes.intra': 'intra-DC bytes', 'bytes.intra_up': 'uplink bytes',
           'bytes.intra_down': 'downlink bytes', 'bytes.inter_dc': 'inter-DC bytes',
           'bytes.total': 'bytes', 'time_to_target_s': 'simulated time to target',
           'rounds_to_target': 'inter-DC rounds to target', 'final_acc': 'final accuracy',
-          'acc_at_iters': 'accuracy at equal iterations'}
+          'acc_at_iters': 'accuracy at equal iterations', 'final_loss': 'final validation loss',
+          'best_loss': 'best validation loss', 'final_bpc': 'final bits per character',
+          'peak_wan_bytes_per_sync': 'peak WAN bytes per sync event',
+          'wan_mbps_for_95pct_utilisation': 'WAN bandwidth for 95% compute utilisation',
+          'wan_mbps_for_95pct_without_latency': 'WAN bandwidth for 95% utilisation at zero '
+          'latency', 'exposed_wan_s': 'exposed WAN time',
+          'compute_utilisation': 'compute utilisation'}
+# Metrics whose value null in a finished run's summary.json means "no value suffices"
+# (hfl.train.wan_summary: not even an infinite WAN bandwidth keeps 95% utilisation).
+NONE_SUFFICES = {'wan_mbps_for_95pct_utilisation', 'wan_mbps_for_95pct_without_latency'}
 # A metric of this page only (not of hfl.report): a table's ``equal_iterations`` = N
 # gives each run its test accuracy after N iterations of the fastest DC.
 runs_lib.METRICS.setdefault('acc_at_iters', 'fraction')
@@ -91,7 +116,7 @@ class Table(NamedTuple):
     base_gid: the baseline's group id (None when the sweep has none).
     frame: the finished runs (:func:`hfl.report.runs.run_frame`, column ``gid``).
     summary: :func:`hfl.report.stats.summarize` of ``frame`` by ``gid``.
-    target: the target accuracy (fraction).
+    target: the runs' headline metric and its target (:class:`hfl.report.runs.Target`).
     extra: directories under the sweep root that are no point of the sweep.
     base_cfg: the sweep's base config, flattened (what the sweep file gives now).
     cache: paired statistics computed so far.
@@ -106,7 +131,7 @@ class Table(NamedTuple):
   base_gid: str | None
   frame: pd.DataFrame
   summary: pd.DataFrame
-  target: float
+  target: runs_lib.Target
   extra: list
   base_cfg: dict
   cache: dict
@@ -191,11 +216,12 @@ def load_table(spec: dict, root: str) -> Table:
     return g != base_gid, v is None, v if isinstance(v, (int, float)) else 0, str(v)
   groups = sorted(firsts, key=order)  # stable
   done = [p for p in points if p.status == 'done']
-  targets = sorted({float(p.config.get('train.target_accuracy', 0.88)) for p in points}) or [0.88]
+  targets = list(dict.fromkeys(runs_lib.target_of(p.config) for p in points))
+  targets = targets or [runs_lib.Target('test_accuracy', True, 0.88)]
   if len(targets) > 1:
-    logging.warning('%s: runs disagree on the target accuracy %s; using %s', spec['name'],
+    logging.warning('%s: runs disagree on the target %s; using %s', spec['name'],
                     targets, targets[0])
-  frame = runs_lib.run_frame([p.run for p in done], targets[0])
+  frame = runs_lib.run_frame([p.run for p in done], targets[0].value)
   frame['gid'] = [p.group for p in done]
   if spec.get('equal_iterations'):
     frame['acc_at_iters'] = [acc_at_iterations(p.run.metrics, spec['equal_iterations'])
@@ -244,13 +270,18 @@ def metric_stat(t: Table, gid: str, metric: str) -> stats.Stat:
   return stats.group_stat(t.summary, gid, metric) if done(t, gid) else stats.Stat(None, None, 0)
 
 
+def _scale(metric: str) -> float:
+  """Δ of a fraction (accuracy) in pts; of any other metric in its own unit."""
+  return 100.0 if runs_lib.METRICS[metric] == 'fraction' else 1.0
+
+
 def paired(t: Table, gid: str, metric: str) -> tuple[stats.Stat, dict]:
   """The group's paired Δ (pts for accuracies) vs the baseline, and its per-seed values."""
   if t.base_gid is None or gid == t.base_gid or not done(t, gid) or not done(t, t.base_gid):
     return stats.Stat(None, None, 0), {}
   if (gid, metric) not in t.cache:
-    scale = 100.0 if runs_lib.METRICS[metric] == 'fraction' else 1.0
-    t.cache[gid, metric] = stats.paired(t.frame, t.frame['gid'], gid, t.base_gid, metric, scale)
+    t.cache[gid, metric] = stats.paired(t.frame, t.frame['gid'], gid, t.base_gid, metric,
+                                        _scale(metric))
   return t.cache[gid, metric]
 
 
@@ -263,10 +294,14 @@ def number(t: Table, gid: str, expr: str) -> float | None:
   if kind == 'paired':
     return paired(t, gid, metric)[0].mean
   base = metric_stat(t, t.base_gid, metric).mean if t.base_gid else None
+  if kind == 'factor' and base is None and ours and none_suffices(t, t.base_gid, metric):
+    return math.inf  # the baseline needs more than any value (bandwidth) gives
   if ours is None or base is None or (gid == t.base_gid and kind != 'bits'):
     return None
   if kind == 'delta':
-    return (100.0 if runs_lib.METRICS[metric] == 'fraction' else 1.0) * (ours - base)
+    return _scale(metric) * (ours - base)
+  if kind == 'change':
+    return ours / base - 1.0 if base > 0 else None
   if kind in ('reduction', 'saved'):
     return stats.reduction(ours, base)
   if kind == 'factor':
@@ -276,13 +311,31 @@ def number(t: Table, gid: str, expr: str) -> float | None:
   raise ValueError(f'unknown expression {expr!r} in the results spec')
 
 
+def none_suffices(t: Table, gid: str | None, metric: str) -> bool:
+  """The group has finished runs and ``metric`` (of :data:`NONE_SUFFICES`) is null in all."""
+  return (metric in NONE_SUFFICES and gid is not None and done(t, gid)
+          and metric_stat(t, gid, metric).n == 0)
+
+
+def better(expr: str) -> int:
+  """+1 when a larger value of ``expr`` is better, −1 when a smaller one is: reductions
+  and factors are savings (+1), bits per entry a cost (−1); a metric, its Δ and its
+  relative change follow the metric (:func:`hfl.report.runs.higher_is_better`)."""
+  kind, _, metric = expr.partition(':') if ':' in expr else ('metric', '', expr)
+  if kind in ('reduction', 'saved', 'factor', 'bits'):
+    return -1 if kind == 'bits' else 1
+  return 1 if runs_lib.higher_is_better(metric) else -1
+
+
 def fmt_number(expr: str, x: float | None) -> str:
   """A number of :func:`number` as printed."""
   kind, _, metric = expr.partition(':') if ':' in expr else ('metric', '', expr)
   if x is None:
     return '–'
   if kind in ('delta', 'paired'):
-    return tables_lib.fmt_points(x)
+    return tables_lib.fmt_points(x, unit=runs_lib.METRICS[metric])
+  if kind == 'change':
+    return f'{100 * x:+.2f}%'.replace('-', '−')
   if kind == 'reduction':
     return tables_lib.fmt_pct(x)
   if kind == 'factor':
@@ -320,6 +373,8 @@ def cell(t: Table, gid: str, expr: str) -> str:
     idle = run.summary.get('idle_s')
     return ' / '.join(f'{x:.1f}' for x in idle) if isinstance(idle, list) else '–'
   if kind in runs_lib.METRICS:
+    if none_suffices(t, gid, kind):
+      return 'none suffices'
     n = sum(p.group == gid and p.status == 'done' for p in t.points)
     return tables_lib.fmt_stat(metric_stat(t, gid, kind), runs_lib.METRICS[kind], n,
                                to_target='to_target' in kind)
@@ -327,7 +382,7 @@ def cell(t: Table, gid: str, expr: str) -> str:
     return 'baseline'
   if kind == 'paired':
     st = paired(t, gid, arg)[0]
-    return tables_lib.fmt_points(st.mean, st.std, st.n or None)
+    return tables_lib.fmt_points(st.mean, st.std, st.n or None, runs_lib.METRICS[arg])
   if kind == 'saved':
     r, f = number(t, gid, expr), number(t, gid, f'factor:{arg}')
     return '–' if r is None else f'{100 * r:.2f}% ({tables_lib.fmt_factor(f)})'
@@ -341,11 +396,14 @@ def prose(t: Table, gid: str, expr: str) -> str:
   words = _WORDS.get(metric, metric)
   x = number(t, gid, expr)
   if kind == 'paired':
-    st = paired(t, gid, metric)[0]
-    se = f', standard error {st.sem:.2f} pts' if st.sem is not None else ''
-    return f'paired Δ {tables_lib.fmt_points(st.mean, st.std)} (n={st.n}{se})'
+    st, unit = paired(t, gid, metric)[0], runs_lib.METRICS[metric]
+    se = (f', standard error {tables_lib.fmt_points(st.sem, unit=unit).lstrip("+")}'
+          if st.sem is not None else '')
+    return f'paired Δ {tables_lib.fmt_points(st.mean, st.std, unit=unit)} (n={st.n}{se})'
   if kind == 'delta':
     return f'Δ of the seed means {fmt_number(expr, x)}'
+  if kind == 'change':
+    return f'{words} {fmt_number(expr, x)} relative to the baseline'
   if kind == 'saved':
     f = tables_lib.fmt_factor(number(t, gid, 'factor:' + metric))
     return f'{fmt_number(expr, x)} fewer {words} ({f})'
@@ -380,7 +438,8 @@ def _rule(text: str) -> tuple[str, str, float]:
 
 def _name(expr: str) -> str:
   return {'paired': 'paired Δ (mean)', 'delta': 'Δ', 'factor': 'factor', 'reduction': 'reduction',
-          'saved': 'reduction', 'bits': 'bits per entry'}.get(expr.partition(':')[0], expr)
+          'saved': 'reduction', 'bits': 'bits per entry',
+          'change': 'relative change'}.get(expr.partition(':')[0], expr)
 
 
 def _bound(expr: str, op: str, threshold: float) -> str:
@@ -411,12 +470,13 @@ def judge(claim: dict, by_name: dict) -> Judged:
   if not measured or (not cands and not claim.get('require')):
     return Judged(claim, None, None, None, '–', 'not measured (no finished row with a '
                   'finished baseline of the same seed)')
-  if not cands:
-    closest = max(measured, key=lambda r: number(*r, rexpr) if number(*r, rexpr) is not None
-                  else -math.inf)
+  if not cands:  # closest to passing: the largest for a lower bound, the smallest for an upper
+    sign = 1 if rop in ('>=', '>') else -1
+    closest = max(measured, key=lambda r: sign * number(*r, rexpr)
+                  if number(*r, rexpr) is not None else -math.inf)
     return Judged(claim, None, None, False, f'none (closest: {_row_name(closest, claim)}, '
                   f'{prose(*closest, rexpr)})', f'not met: no row with {_require_text(claim)}')
-  row = max(cands, key=lambda r: number(*r, pick))
+  row = max(cands, key=lambda r: better(pick) * number(*r, pick))  # the best by ``pick``
   x = number(*row, value)
   first = prose(*row, value) if value.startswith('paired:') else fmt_number(value, x)
   ours = first + ''.join(f', {prose(*row, e)}' for e in claim.get('show', ())
@@ -457,10 +517,17 @@ def extras(t: Table, spec_module, published: dict) -> dict:
   lan = c.get('network.lan_bandwidth_gbps')
   return dict(
       baseline=t.labels.get(t.base_gid, 'missing'), bar=f'{spec_module.BAR:g}',
-      target=tables_lib.fmt_acc(t.target), lan=_lan(lan),
+      loss_bar=f'{getattr(spec_module, "LOSS_BAR", 0.05):g}',
+      target=_target_value(t.target), lan=_lan(lan),
       partition={'iid': 'IID', 'dirichlet': 'non-IID (Dirichlet α = '
                  f'{c.get("dataset.dirichlet_alpha")})'}.get(part, f'`{part}`'),
       **{f'@{k}': v for k, v in published.items()})
+
+
+def _target_value(target: runs_lib.Target) -> str:
+  """'88.00%' or '1.70 nats/char'."""
+  return (tables_lib.fmt_acc(target.value) if target.higher_is_better
+          else f'{target.value:g} nats/char')
 
 
 def _lan(gbps) -> str:
@@ -528,8 +595,8 @@ def settings_lines(t: Table, root_display: str) -> list[str]:
                          f'until the simulated clock reaches `train.sim_time_budget_s` = '
                          f'{g("train.sim_time_budget_s"):g} s (hfl.budget)')
       + f', batch {g("train.batch_size")} per worker, evaluation every '
-      f'`train.eval_every` inter-DC rounds; target accuracy {tables_lib.fmt_acc(t.target)} '
-      '(`train.target_accuracy`).',
+      f'`train.eval_every` inter-DC rounds; target: {tables_lib.fmt_target(t.target)} (`train.'
+      + ('target_accuracy' if t.target.higher_is_better else 'target_loss') + '`).',
       f'- **Mesh**: {g("mesh.num_dcs")} DCs × {g("mesh.workers_per_dc")} workers per DC; data '
       f'`{g("dataset.name")}`, partition `{g("dataset.partition")}`'
       + (f' (Dirichlet α = {g("dataset.dirichlet_alpha")})'
@@ -565,9 +632,12 @@ def progress(t: Table, p: Point) -> str:
   steps = p.config.get('train.num_steps')
   if not m:
     return f'running or interrupted: no evaluation yet (of {steps} steps)'
+  loss = m[-1].get('test_loss')
+  last = (f'last test accuracy {tables_lib.fmt_acc(m[-1].get("test_accuracy"))}'
+          if t.target.higher_is_better else
+          f'last validation loss {"–" if loss is None else f"{loss:.3f} nats/char"}')
   return (f'running or interrupted: step {m[-1].get("step")}/{steps}, round '
-          f'{m[-1].get("round")}, last test accuracy '
-          f'{tables_lib.fmt_acc(m[-1].get("test_accuracy"))}')
+          f'{m[-1].get("round")}, {last}')
 
 
 def missing_lines(t: Table, root_display: str) -> list[str]:
@@ -586,24 +656,28 @@ def missing_lines(t: Table, root_display: str) -> list[str]:
 
 
 def paired_list_lines(t: Table, spec: dict, bar: float, ctx: dict) -> list[str]:
-  """Per non-baseline row: ✓/✗ against the bar, paired Δ ± std (n) and its seeds."""
+  """Per non-baseline row: ✓/✗ against the bar (``spec['bar']``, default ``bar``, in the
+  Δ's unit: Δ ≥ −bar when higher is better, Δ ≤ +bar for a loss), paired Δ ± std (n)
+  and its seeds."""
   lines = ['', text(t, spec['title'], ctx) + ':', '']
+  metric = spec.get('metric', 'final_acc')
+  unit, edge = runs_lib.METRICS[metric], -better(metric) * spec.get('bar', bar)
   for g in t.groups:
     if g == t.base_gid:
       continue
     name = Template(t.flats[g]).format(spec['name'])
-    st, per_seed = paired(t, g, spec.get('metric', 'final_acc'))
+    st, per_seed = paired(t, g, metric)
     if st.mean is None:
       lines.append(f'- {name}: not measured yet')
       continue
     total = sum(p.group == g for p in t.points)
-    s = (('✓' if st.mean >= -bar else '✗')
-         + f' {name}: {tables_lib.fmt_points(st.mean, st.std, st.n)}')
+    s = (('✓' if better(metric) * (st.mean - edge) >= 0 else '✗')
+         + f' {name}: {tables_lib.fmt_points(st.mean, st.std, st.n, unit)}')
     s += f', {st.n} of {total} seeds' if st.n < total else ''
     if len(per_seed) > 1:
-      s += ' — per seed: ' + ', '.join(f'{k}: {tables_lib.fmt_points(v)}'
+      s += ' — per seed: ' + ', '.join(f'{k}: {tables_lib.fmt_points(v, unit=unit)}'
                                        for k, v in per_seed.items())
-    if st.sem is not None and abs(st.mean + bar) < st.sem:
+    if st.sem is not None and abs(st.mean - edge) < st.sem:
       s += ' — within one standard error of the bar'
     lines.append('- ' + s)
   return lines
@@ -620,12 +694,13 @@ def same_as_lines(t: Table, spec: dict, by_name: dict) -> list[str]:
     q = twins.get(strip(p))
     if p.status != 'done' or q is None:
       continue
-    a, b = (runs_lib.run_metrics(r.run, t.target)[metric] for r in (p, q))
-    (same if a == b else diff).append((run_label(t, p), 100 * (a - b)))
+    a, b = (runs_lib.run_metrics(r.run, t.target.value)[metric] for r in (p, q))
+    (same if a == b else diff).append((run_label(t, p), _scale(metric) * (a - b)))
   if diff:
+    unit = runs_lib.METRICS[metric]
     return ['', f'- ⚠ {_WORDS.get(metric, metric).capitalize()} differs from the same run in '
-            f'the table above ({key} aside): ' + ', '.join(f'{l}: {tables_lib.fmt_points(d)}'
-                                                          for l, d in diff)
+            f'the table above ({key} aside): ' + ', '.join(
+                f'{l}: {tables_lib.fmt_points(d, unit=unit)}' for l, d in diff)
             + '; the runs were not trained identically (e.g. by different code versions).']
   if same:
     return ['', f'- {_WORDS.get(metric, metric).capitalize()} equals that of the same run in '
@@ -736,8 +811,9 @@ def section(sec: dict, by_name: dict, spec_module, published: dict, root_display
     lines += table_block(t, sec, spec_module, extras(t, spec_module, published), by_name,
                          root_display, first)
   judged = [judge(c, by_name) for c in sec['claims']]
-  lines += [f'**Published vs ours** {sec.get("claims_caption", "")}:'.replace(' :', ':'), '']
-  lines += claims_table(judged, spec_module.SOURCES)
+  if judged:  # a section of readings only has no published-vs-ours table
+    lines += [f'**Published vs ours** {sec.get("claims_caption", "")}:'.replace(' :', ':'), '']
+    lines += claims_table(judged, spec_module.SOURCES)
   notes = [f'- {text(ts[0], n, ctx)}' for n in sec.get('notes', [])]
   notes += [f'- Not met: {spec_module.SOURCES[j.claim["source"]]["short"]}, '
             f'{j.claim["quantity"]} — {j.verdict}.' for j in judged if j.met is False]
@@ -763,8 +839,9 @@ def section_plots(sec: dict, by_name: dict, plot_dir: str) -> list[str]:
   if not curves:
     return []
   target = by_name[spec['tables'][0]].target
-  written = plots.write_plots(curves, plot_dir, target, prefix=f'{sec["key"]}_',
-                              title=spec['title'])
+  axes = [plots.AXIS_BY_KEY[k] for k in spec['axes']] if spec.get('axes') else plots.AXES
+  written = plots.write_plots(curves, plot_dir, target.value, prefix=f'{sec["key"]}_',
+                              title=spec['title'], y=plots.y_axis(target.metric), axes=axes)
   if spec.get('factor'):
     path = factor_plot(by_name[spec['factor']['table']], spec['factor'],
                        os.path.join(plot_dir, f'{sec["key"]}_accuracy_vs_ratio.png'))
@@ -784,9 +861,9 @@ def factor_plot(t: Table, spec: dict, path: str) -> str | None:
       continue
     st = paired(t, g, 'final_acc')[0]
     name = t.labels[g] if g == t.base_gid else Template(t.flats[g]).format(spec['name'])
-    pts.append(plots.FactorPoint(name, x, acc.mean, acc.std, acc.n, st.mean, st.std, st.n))
+    pts.append(factor_plot_lib.FactorPoint(name, x, acc.mean, acc.std, acc.n, st.mean, st.std, st.n))
   ctx = dict(lan=_lan(t.flats[t.groups[0]].get('network.lan_bandwidth_gbps')))
-  return plots.plot_accuracy_vs_factor(
+  return factor_plot_lib.plot_accuracy_vs_factor(
       pts, path, text(t, spec['title'], ctx), spec['xlabel'], bar=0.5,
       shade=tuple(spec['shade']) if spec.get('shade') else None,
       line=tuple(spec['line']) if spec.get('line') else None)
@@ -822,7 +899,7 @@ def render_page(spec_module, sections: Sequence[Section], plot_files: dict, root
       target = s.tables[0].target
       lines += ['**Plots** (one line per finished point: mean over its finished seeds, shaded '
                 f'±1 std where there are several, (n=…) seeds; dashed line: target '
-                f'{tables_lib.fmt_acc(target)}):', '']
+                f'{_target_value(target)}):', '']
       lines += [f'![{os.path.splitext(os.path.basename(f))[0]}]({f})' for f in files] + ['']
     else:
       lines += ['*No plots yet: no finished run in this section.*', '']

@@ -33,9 +33,10 @@ def load(paths: Sequence[str], target: float | None = None,
          exclude: Sequence[str] = ()) -> pd.DataFrame:
   """:func:`hfl.report.runs.run_frame` of the workdirs among and below ``paths``.
 
-  ``target`` (accuracy, fraction) defaults to the runs' common
-  ``train.target_accuracy`` (else 0.88) and is kept in ``frame.attrs['target']``;
-  ``exclude``: directories not searched.
+  ``target``: the value of the runs' headline metric to reach (accuracy fraction,
+  or validation loss in nats); default the runs' common one
+  (:func:`hfl.report.runs.default_target`); the :class:`~hfl.report.runs.Target`
+  used is kept in ``frame.attrs['target']``. ``exclude``: directories not searched.
 
   Raises:
     FileNotFoundError: a path is missing or holds no workdir.
@@ -45,9 +46,10 @@ def load(paths: Sequence[str], target: float | None = None,
     if not r.finished:
       logging.warning('%s has no summary.json (unfinished run); using its metrics.jsonl',
                       r.workdir)
-  target = runs.default_target(loaded) if target is None else target
-  frame = runs.run_frame(loaded, target)
-  frame.attrs['target'] = target
+  t = runs.default_target(loaded)
+  t = t if target is None else t._replace(value=float(target))
+  frame = runs.run_frame(loaded, t.value)
+  frame.attrs['target'] = t
   return frame
 
 
@@ -64,7 +66,8 @@ def write_report(paths: Sequence[str], out_dir: str, target: float | None = None
   """
   frame = load(paths, target, exclude=[out_dir])
   target = frame.attrs['target']
-  table = tables.build_table(frame, label_by, baseline)
+  table = tables.build_table(frame, label_by, baseline,
+                             metric='final_acc' if target.higher_is_better else 'final_loss')
   os.makedirs(out_dir, exist_ok=True)
   written = {}
   for name, text in (('results.md', tables.to_markdown(table, target)),
@@ -76,5 +79,6 @@ def write_report(paths: Sequence[str], out_dir: str, target: float | None = None
     from hfl.report import plots as plots_lib  # pylint: disable=g-import-not-at-top
     curves = [plots_lib.Curves(r['label'], [frame.at[i, 'run'].metrics for i in r['runs']])
               for _, r in table.iterrows()]
-    written.update({os.path.basename(p): p for p in plots_lib.write_plots(curves, out_dir, target)})
+    written.update({os.path.basename(p): p for p in plots_lib.write_plots(
+        curves, out_dir, target.value, y=plots_lib.y_axis(target.metric))})
   return written

@@ -20,8 +20,8 @@ def parse_args(argv: Sequence[str] | None = None) -> argparse.Namespace:
       epilog='example: python -m hfl.report workdirs/semisync  (writes workdirs/semisync/report)')
   p.add_argument('dirs', nargs='+', metavar='DIR', help='workdirs, or directories above them')
   p.add_argument('--out', help='output directory (default with one DIR: DIR/report)')
-  p.add_argument('--target', type=float, help="target test accuracy (fraction); default: the "
-                 "runs' train.target_accuracy, else 0.88")
+  p.add_argument('--target', type=float, help="target of the runs' headline metric: test "
+                 "accuracy (fraction) or validation loss (nats); default: the runs' own")
   p.add_argument('--label-by', '--label_by', dest='label_by', help='comma-separated config '
                  'keys for labels (and rows), e.g. sync.strategy,compression.uplink.name or seed')
   p.add_argument('--baseline', help='label of the row to compare with (default: the closest '
@@ -43,8 +43,7 @@ def main(argv: Sequence[str] | None = None) -> int:
   try:
     if os.path.exists(out) and not os.path.isdir(out):
       raise ValueError(f'--out={out!r} exists and is not a directory')
-    written = report.write_report(args.dirs, out,
-                                  target=args.target, label_by=label_by,
+    written = report.write_report(args.dirs, out, target=args.target, label_by=label_by,
                                   baseline=args.baseline, plots=args.plots)
   except (FileNotFoundError, ValueError) as e:
     print(f'error: {e}', file=sys.stderr)

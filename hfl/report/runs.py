@@ -4,7 +4,8 @@ A workdir (written by ``main.py``; formats in the README) holds ``summary.json``
 (finished runs only), ``metrics.jsonl`` (one record per evaluation) and
 ``config.json``. :func:`run_frame` gives one pandas row per run: the
 :data:`METRICS` (summary values, or an unfinished run's last evaluation; time
-and rounds to target recomputed from ``metrics.jsonl``) and the flattened config.
+and rounds to target recomputed from ``metrics.jsonl`` for the run's headline
+metric, :func:`target_of`) and the flattened config.
 """
 
 import json
@@ -16,21 +17,53 @@ from typing import Any, Iterable, Mapping, NamedTuple, Sequence
 import pandas as pd
 
 from hfl import metrics as metrics_lib
+from hfl.data import TEXT_DATASETS
 
 RUN_FILES = ('summary.json', 'metrics.jsonl')
-# Per-run quantities (columns of run_frame) and their units.
+# hfl.train.wan_summary's fields (summary.json only; Mbit/s: None where no bandwidth
+# suffices) and their units.
+WAN_FIELDS = {'exposed_wan_s': 's', 'compute_s': 's', 'compute_utilisation': 'fraction',
+              'peak_wan_bytes_per_sync': 'bytes', 'wan_mbps_for_95pct_utilisation': 'Mbit/s',
+              'wan_mbps_for_95pct_without_latency': 'Mbit/s'}
+# Per-run quantities (columns of run_frame) and their units: accuracies are fractions,
+# validation losses nats and bits per character (hfl.tasks).
 METRICS = {
-    'final_acc': 'fraction', 'best_acc': 'fraction', 'rounds_to_target': 'rounds',
-    'time_to_target_s': 's', 'bytes.intra_up': 'bytes', 'bytes.intra_down': 'bytes',
-    'bytes.inter_dc': 'bytes', 'bytes.intra': 'bytes', 'bytes.total': 'bytes',
-    'inter_dc_rounds': 'rounds', 'intra_dc_iterations': 'iterations', 'sim_time_s': 's',
-    'wall_time_s': 's'}
+    'final_acc': 'fraction', 'best_acc': 'fraction', 'final_loss': 'nats', 'best_loss': 'nats',
+    'final_bpc': 'bits', 'rounds_to_target': 'rounds', 'time_to_target_s': 's',
+    'bytes.intra_up': 'bytes', 'bytes.intra_down': 'bytes', 'bytes.inter_dc': 'bytes',
+    'bytes.intra': 'bytes', 'bytes.total': 'bytes', 'inter_dc_rounds': 'rounds',
+    'intra_dc_iterations': 'iterations', 'sim_time_s': 's', 'wall_time_s': 's', **WAN_FIELDS}
 # metric -> (summary.json key, metrics.jsonl key of an unfinished run's last evaluation)
 _FROM_SUMMARY = {'final_acc': ('final_test_accuracy', 'test_accuracy'),
+                 'final_loss': ('final_test_loss', 'test_loss'),
+                 'final_bpc': ('final_test_bits_per_char', 'test_bits_per_char'),
                  'inter_dc_rounds': ('inter_dc_rounds', 'round'),
                  'intra_dc_iterations': ('intra_dc_iterations', 'step'),
                  'sim_time_s': ('sim_time_s', 'sim_time_s'),
-                 'wall_time_s': ('wall_time_s', 'wall_time_s')}
+                 'wall_time_s': ('wall_time_s', 'wall_time_s'),
+                 **{k: (k, None) for k in WAN_FIELDS}}
+
+
+def higher_is_better(metric: str) -> bool:
+  """True for the fractions of :data:`METRICS` (accuracy, utilisation); every other
+  metric (loss, bytes, time, rounds, bandwidth needed) is better when lower."""
+  return METRICS.get(metric) == 'fraction'
+
+
+class Target(NamedTuple):
+  """A run's headline metric (hfl.tasks): metrics.jsonl key, direction, target value."""
+  metric: str
+  higher_is_better: bool
+  value: float
+
+
+def target_of(config: Mapping[str, Any]) -> Target:
+  """The headline metric of a flattened config: ``test_loss`` ≤ ``train.target_loss``
+  (nats per character, default 1.7) for a text dataset, else ``test_accuracy`` ≥
+  ``train.target_accuracy`` (fraction, default 0.88)."""
+  if config.get('dataset.name') in TEXT_DATASETS:
+    return Target('test_loss', False, float(config.get('train.target_loss', 1.7)))
+  return Target('test_accuracy', True, float(config.get('train.target_accuracy', 0.88)))
 
 
 class Run(NamedTuple):
@@ -127,28 +160,33 @@ def _number(x: Any) -> float | None:
   return float(x) if metrics_lib.finite(x) else None
 
 
-def run_metrics(run: Run, target: float) -> dict[str, float | None]:
+def run_metrics(run: Run, target: float | None = None) -> dict[str, float | None]:
   """The :data:`METRICS` of one run (None where unknown): summary values, else (an
-  unfinished run) its last evaluation's; time and rounds to ``target`` recomputed
-  by :func:`hfl.metrics.time_to_target`."""
+  unfinished run) its last evaluation's; time and rounds to ``target`` (of the run's
+  headline metric, :func:`target_of`; default its config's) recomputed by
+  :func:`hfl.metrics.time_to_target`."""
   last = run.metrics[-1] if run.metrics else {}
-  accs = [m['test_accuracy'] for m in run.metrics if _number(m.get('test_accuracy')) is not None]
   out = {k: _number(run.summary.get(s, last.get(m))) for k, (s, m) in _FROM_SUMMARY.items()}
-  out['best_acc'] = _number(run.summary.get('best_test_accuracy', max(accs, default=None)))
+  for name, key, best in (('best_acc', 'test_accuracy', max), ('best_loss', 'test_loss', min)):
+    seen = [m[key] for m in run.metrics if _number(m.get(key)) is not None]
+    out[name] = _number(run.summary.get(f'best_{key}', best(seen, default=None)))
   links = run.summary.get('bytes') or last.get('bytes') or {}
   for link in metrics_lib.LINKS:
     out[f'bytes.{link}'] = _number(links.get(link))
   up, down, inter = (out[f'bytes.{l}'] for l in metrics_lib.LINKS)
   out['bytes.intra'] = None if None in (up, down) else up + down
   out['bytes.total'] = None if None in (up, down, inter) else up + down + inter
-  out['time_to_target_s'] = metrics_lib.time_to_target(run.metrics, target, 'sim_time_s')
-  out['rounds_to_target'] = metrics_lib.time_to_target(run.metrics, target, 'round')
+  t = target_of(flatten(run.config))
+  value = t.value if target is None else float(target)
+  for key, name in (('sim_time_s', 'time_to_target_s'), ('round', 'rounds_to_target')):
+    out[name] = metrics_lib.time_to_target(run.metrics, value, key, t.metric, t.higher_is_better)
   return out
 
 
-def run_frame(runs: Sequence[Run], target: float) -> pd.DataFrame:
+def run_frame(runs: Sequence[Run], target: float | None = None) -> pd.DataFrame:
   """One row per run: ``workdir``, ``name``, ``finished``, ``seed``, ``run``
-  (the :class:`Run`), the :data:`METRICS` and ``config`` (flattened dict)."""
+  (the :class:`Run`), the :data:`METRICS` (to ``target``, default each run's own)
+  and ``config`` (flattened dict)."""
   rows = []
   for r in runs:
     flat = flatten(r.config)
@@ -158,10 +196,10 @@ def run_frame(runs: Sequence[Run], target: float) -> pd.DataFrame:
   return pd.DataFrame(rows, columns=columns)
 
 
-def default_target(runs: Sequence[Run], fallback: float = 0.88) -> float:
-  """The runs' common ``train.target_accuracy``, else ``fallback``."""
-  targets = {metrics_lib.value(r.config, 'train.target_accuracy') for r in runs} - {None}
+def default_target(runs: Sequence[Run]) -> Target:
+  """The runs' common headline target (:func:`target_of`; the first run's when they
+  disagree, with a warning; test accuracy ≥ 0.88 without runs)."""
+  targets = list(dict.fromkeys(target_of(flatten(r.config)) for r in runs))
   if len(targets) > 1:
-    logging.warning('runs disagree on train.target_accuracy %s; using %s',
-                    sorted(targets), fallback)
-  return float(targets.pop()) if len(targets) == 1 else fallback
+    logging.warning('runs disagree on the target %s; using %s', targets, targets[0])
+  return targets[0] if targets else Target('test_accuracy', True, 0.88)

@@ -1,14 +1,15 @@
 """Result tables from runs: one row per seed group, as Markdown and CSV.
 
 Accuracies are fractions in CSV, percent in Markdown; accuracy differences (Δ)
-are percentage points (pts), ours − baseline. Bytes are raw in CSV and decimal
+are percentage points (pts), loss differences nats, ours − baseline. Bytes are raw in CSV and decimal
 units in Markdown (:func:`hfl.metrics.format_bytes`); times are seconds
 (``sim_time_s``: the network model's clock; ``wall_time_s``: the job's real
 time). A row is a seed group (:mod:`hfl.report.stats`), mean ± sample std over
 its runs; time and rounds to target average the runs that reached it. Each row
 is compared with a baseline row (default: the uncompressed group closest to it
 in config): compression = 1 − B / B_base (factor B_base / B), B the mean total
-bytes over all links, and the paired Δ of the final accuracy.
+bytes over all links, and the paired Δ of the headline metric (final accuracy, or
+final validation loss for a language model; lower is better for a loss).
 """
 
 import math
@@ -58,12 +59,26 @@ def fmt_acc(x: float | None, std: float | None = None) -> str:
   return f'{100 * x:.2f}%' if std is None else f'{100 * x:.2f} ± {100 * std:.2f}%'
 
 
-def fmt_points(x: float | None, std: float | None = None, n: int | None = None) -> str:
-  """Points: ``'−0.45 pts'``, ``'−0.45 ± 0.21 pts (n=2)'``."""
+_DELTA_UNITS = {'fraction': ('pts', 2), 'nats': ('nats', 3), 'bits': ('bits', 3)}
+
+
+def fmt_points(x: float | None, std: float | None = None, n: int | None = None,
+               unit: str = 'fraction') -> str:
+  """A Δ of a metric of ``unit`` (:data:`hfl.report.runs.METRICS`): accuracy points
+  ``'−0.45 pts'``, ``'−0.45 ± 0.21 pts (n=2)'``; losses ``'+0.012 nats'``."""
   if x is None:
     return '–'
-  return (f'{x:+.2f}'.replace('-', '−') + ('' if std is None else f' ± {std:.2f}') + ' pts'
-          + ('' if n is None else f' (n={n})'))
+  name, d = _DELTA_UNITS.get(unit, (unit, 3))
+  return (f'{x:+.{d}f}'.replace('-', '−') + ('' if std is None else f' ± {std:.{d}f}')
+          + f' {name}' + ('' if n is None else f' (n={n})'))
+
+
+def fmt_target(target: runs_lib.Target) -> str:
+  """``'test accuracy ≥ 88.00%'`` or ``'validation loss ≤ 1.700 nats/char'``."""
+  if target.higher_is_better:
+    return f'test accuracy ≥ {fmt_acc(target.value)}'
+  return f'validation loss ≤ {target.value:.3f} nats/char'
+
 
 
 def fmt_pct(x: float | None, digits: int = 1) -> str:
@@ -82,7 +97,10 @@ _UNIT_FORMAT = {  # unit -> (format(value, unit of the mean), unit of a mean or 
     's': (format_seconds, time_unit),
     'rounds': (lambda v, u: f'{v:.0f}', None),
     'iterations': (lambda v, u: f'{v:.0f}', None),
+    'nats': (lambda v, u: f'{v:.3f}', None), 'bits': (lambda v, u: f'{v:.3f}', None),
+    'Mbit/s': (lambda v, u: f'{v:.3g}', None),
 }
+_SUFFIX = {'fraction': '%', 'nats': ' nats', 'bits': ' bits', 'Mbit/s': ' Mbit/s'}
 
 
 def fmt_stat(st: stats.Stat, unit: str, n_runs: int | None = None,
@@ -96,8 +114,7 @@ def fmt_stat(st: stats.Stat, unit: str, n_runs: int | None = None,
   if unit == 'rounds' and to_target:  # interpolated: a fraction of a round
     fmt = lambda v, u: f'{v:.1f}'
   u = unit_of(st.mean) if unit_of else None
-  s = fmt(st.mean, u) + (f' ± {fmt(st.std, u)}' if st.std else '') + (
-      '%' if unit == 'fraction' else '')
+  s = fmt(st.mean, u) + (f' ± {fmt(st.std, u)}' if st.std else '') + _SUFFIX.get(unit, '')
   return s + (f' ({st.n}/{n_runs} reached)' if to_target and n_runs and st.n < n_runs else '')
 
 
@@ -178,7 +195,7 @@ def closest_baselines(flats: Sequence[Mapping[str, Any]],
 # The table of a set of runs.
 
 def build_table(frame: pd.DataFrame, label_by: Sequence[str] | None = None,
-                baseline: str | None = None) -> pd.DataFrame:
+                baseline: str | None = None, metric: str = 'final_acc') -> pd.DataFrame:
   """One row per seed group of ``frame`` (:func:`hfl.report.runs.run_frame`).
 
   Args:
@@ -187,11 +204,12 @@ def build_table(frame: pd.DataFrame, label_by: Sequence[str] | None = None,
       named here splits the groups too (one row per seed).
     baseline: label of the row every row is compared with; default
       :func:`closest_baselines`.
+    metric: the metric of the paired Δ (a fraction's Δ is in pts).
 
   Returns:
     :func:`hfl.report.stats.summarize` plus ``label``, ``baseline``,
-    ``compression_ratio``, ``compression_factor`` and the paired Δ of the final
-    accuracy in pts (``paired_delta``, ``paired_std``, ``paired_n``, ``paired_sem``).
+    ``compression_ratio``, ``compression_factor`` and the paired Δ of ``metric``
+    (``paired_delta``, ``paired_std``, ``paired_n``, ``paired_sem``).
 
   Raises:
     ValueError: ``baseline`` is not a label.
@@ -210,7 +228,8 @@ def build_table(frame: pd.DataFrame, label_by: Sequence[str] | None = None,
   for gid, b in zip(ids, bases):
     base = None if b is None else ids[b]
     ours, theirs = table.at[gid, 'bytes.total'], base and table.at[base, 'bytes.total']
-    p = (stats.paired(frame, groups, gid, base)[0] if base not in (None, gid)
+    scale = 100.0 if runs_lib.METRICS[metric] == 'fraction' else 1.0
+    p = (stats.paired(frame, groups, gid, base, metric, scale)[0] if base not in (None, gid)
          else stats.Stat(None, None, 0))
     rows.append(dict(label=labels[ids.index(gid)], baseline=base and labels[b],
                      compression_ratio=stats.reduction(ours, theirs),
@@ -219,15 +238,15 @@ def build_table(frame: pd.DataFrame, label_by: Sequence[str] | None = None,
   return table.join(pd.DataFrame(rows, index=table.index, dtype=object))
 
 
-MD_COLUMNS = ('label', 'runs', 'final acc (%)', 'best acc (%)', 'rounds to target',
-              'sim time to target', 'intra-DC up', 'intra-DC down', 'inter-DC',
-              'compression (vs baseline)', 'paired Δ final acc (vs baseline)',
+MD_COLUMNS = ('label', 'runs', 'final acc (%)', 'best acc (%)', 'final loss (nats)',
+              'rounds to target', 'sim time to target', 'intra-DC up', 'intra-DC down',
+              'inter-DC', 'compression (vs baseline)', 'paired Δ {} (vs baseline)',
               'inter-DC rounds', 'sim time', 'wall time')
-_MD_METRICS = ('final_acc', 'best_acc', 'rounds_to_target', 'time_to_target_s',
+_MD_METRICS = ('final_acc', 'best_acc', 'final_loss', 'rounds_to_target', 'time_to_target_s',
                'bytes.intra_up', 'bytes.intra_down', 'bytes.inter_dc')
 
 
-def _md_row(table: pd.DataFrame, gid: str) -> list[str]:
+def _md_row(table: pd.DataFrame, gid: str, unit: str) -> list[str]:
   row, n = table.loc[gid], len(table.at[gid, 'runs'])
   cell = lambda m: fmt_stat(stats.group_stat(table, gid, m), runs_lib.METRICS[m], n,
                             to_target='to_target' in m)
@@ -235,34 +254,37 @@ def _md_row(table: pd.DataFrame, gid: str) -> list[str]:
   comp = ('–' if ratio is None else '100% (∞×)' if math.isinf(fac)
           else f'{100 * ratio:.1f}% ({fac:.1f}×)')
   return [row['label'], str(n), *(cell(m) for m in _MD_METRICS), comp,
-          fmt_points(row['paired_delta'], row['paired_std'], row['paired_n']),
+          fmt_points(row['paired_delta'], row['paired_std'], row['paired_n'], unit),
           *(cell(m) for m in ('inter_dc_rounds', 'sim_time_s', 'wall_time_s'))]
 
 
-def to_markdown(table: pd.DataFrame, target: float) -> str:
-  """The table as a Markdown document: table, notes, and the workdirs of each row."""
+def to_markdown(table: pd.DataFrame, target: runs_lib.Target) -> str:
+  """The table as a Markdown document: table, notes, and the workdirs of each row;
+  the paired Δ is of the final loss when the ``target`` is a loss, else of accuracy."""
   baselines = ', '.join(f'`{b}`' for b in sorted({b for b in table['baseline'] if b})) or 'none'
-  lines = ['# Results', '', *markdown_table(MD_COLUMNS, [_md_row(table, g) for g in table.index]),
-           '', '## Notes', '',
-           f'- Target test accuracy: {100 * target:.2f}%. Rounds (inter-DC) and simulated time '
-           'to target: first crossing, linearly interpolated between evaluations '
+  loss = not target.higher_is_better
+  header = [c.format('final loss' if loss else 'final acc') for c in MD_COLUMNS]
+  rows = [_md_row(table, g, 'nats' if loss else 'fraction') for g in table.index]
+  lines = ['# Results', '', *markdown_table(header, rows), '', '## Notes', '',
+           f'- Target: {fmt_target(target)}. Rounds (inter-DC) and simulated time to target: first crossing, linearly interpolated between evaluations '
            '(`hfl.metrics.time_to_target`); `never` = not reached; (k/n reached): the mean is '
            'over the k seeds that did.',
            '- `runs` > 1: configs differ only in `seed`; cells are mean ± sample std (ddof=1).',
            '- Bytes: totals per link over the run, 1 MB = 10^6 bytes (raw in `results.csv`).',
            '- Compression = 1 − total bytes / baseline total bytes (all links), and the × '
-           'factor. Paired Δ: final accuracy minus the baseline run with the same seed, mean '
-           f'± sample std over the seeds both have (n). Baseline: {baselines} (the closest '
+           f'factor. Paired Δ: final {"loss (lower is better)" if loss else "accuracy"} minus '
+           'the baseline run with the same seed, mean ± sample std over the seeds both have (n). Baseline: {baselines} (the closest '
            'uncompressed row unless `--baseline` is given).', '', '## Runs', '']
   lines += [f'- {r["label"]}: ' + ', '.join(f'`{w}`' for w in r['workdirs'])
             for _, r in table.iterrows()]
   return '\n'.join(lines) + '\n'
 
 
-_CSV_NAMES = {'final_acc': 'final_test_accuracy', 'best_acc': 'best_test_accuracy'}
+_CSV_NAMES = {'final_acc': 'final_test_accuracy', 'best_acc': 'best_test_accuracy',
+              'final_loss': 'final_test_loss', 'best_loss': 'best_test_loss'}
 
 
-def to_csv(table: pd.DataFrame, target: float) -> str:
+def to_csv(table: pd.DataFrame, target: runs_lib.Target) -> str:
   """The table as CSV: raw numbers (fractions, bytes, seconds, pts); '' when unknown."""
   out = pd.DataFrame({'label': table['label'], 'n_runs': table['runs'].map(len),
                       'seeds': table['seeds'].map(lambda s: ';'.join(map(str, s))),
@@ -270,7 +292,8 @@ def to_csv(table: pd.DataFrame, target: float) -> str:
   for m in runs_lib.METRICS:
     name = _CSV_NAMES.get(m, m.replace('.', '_'))
     out[f'{name}_mean'], out[f'{name}_std'] = table[m], table[f'{m}_std']
-  out['n_reached_target'], out['target_accuracy'] = table['time_to_target_s_n'], target
+  out['n_reached_target'] = table['time_to_target_s_n']
+  out['target_metric'], out['target'] = target.metric, target.value
   for c in ('baseline', 'compression_ratio', 'compression_factor', 'paired_delta',
             'paired_std', 'paired_n', 'paired_sem'):
     out[c] = table[c]
