@@ -837,9 +837,7 @@ def make_step(apply_fn: Callable, optimizer: optax.GradientTransformation,
 
   def body(state, images, labels, active, weights, do_round):
     keys = step_keys(state.key, state.step, setup.num_dcs)
-    act, lr_scale = active[0], None
-    if act.dtype != jnp.bool_:  # a float ``active`` is the DC's learning-rate multiplier
-      act, lr_scale = act > 0, act.astype(jnp.float32)
+    act, lr_scale = split_active(active[0])
     local, loss, it = intra_dc_iteration(setup, to_local(state, specs), images[0, 0],
                                          labels[0, 0], act, keys, lr_scale)
     local, rnd = _end_iteration(setup, local, weights, keys.dc, do_round, num_leaves)
@@ -858,15 +856,21 @@ def make_step(apply_fn: Callable, optimizer: optax.GradientTransformation,
   compiled = {False: build(False), True: build(True)}
 
   def step(state, batch, active, weights, do_round):
-    images, labels = batch
     key = program_key(do_round)
-    fn = compiled[key] if key in compiled else compiled.setdefault(key, build(key))
-    return fn(state, images, labels, active, weights)
+    if key not in compiled:
+      compiled[key] = build(key)
+    return compiled[key](state, *batch, active, weights)
 
-  step.jitted = compiled
-  step.info = info
-  step.num_workers = setup.num_workers
+  step.jitted, step.info, step.num_workers = compiled, info, setup.num_workers
   return step
+
+
+def split_active(active):
+  """(bool[] this DC runs the iteration, f32[] its learning-rate multiplier or None):
+  a bool ``active`` is the mask alone; a float one is the multiplier, 0 = inactive."""
+  if active.dtype == jnp.bool_:
+    return active, None
+  return active > 0, active.astype(jnp.float32)
 
 
 def _end_iteration(setup: Setup, state: TrainState, weights, key, do_round, num_leaves: int):

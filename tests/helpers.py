@@ -117,6 +117,27 @@ def final_state(workdir):
   return last, ocp.PyTreeCheckpointer().restore(os.path.join(ckpts, str(last), 'state'))
 
 
+def crash_then_resume(config_fn, workdir, monkeypatch, crash_step):
+  """Trains ``config_fn()`` in ``workdir`` until the batch of ``crash_step`` is
+  drawn (a simulated crash: KeyboardInterrupt, no summary.json written), then
+  reruns it to the end; returns the rerun's summary."""
+  import pytest  # pylint: disable=g-import-not-at-top
+  from hfl import data as data_lib  # pylint: disable=g-import-not-at-top
+  from hfl import train  # pylint: disable=g-import-not-at-top
+  real = data_lib.batch_indices
+
+  def crash(part, batch_size, step, seed):
+    if step == crash_step:
+      raise KeyboardInterrupt('simulated crash')
+    return real(part, batch_size, step, seed)
+  monkeypatch.setattr(data_lib, 'batch_indices', crash)
+  with pytest.raises(KeyboardInterrupt):
+    train.train_and_evaluate(config_fn(), workdir)
+  assert not os.path.exists(os.path.join(workdir, 'summary.json'))
+  monkeypatch.setattr(data_lib, 'batch_indices', real)
+  return train.train_and_evaluate(config_fn(), workdir)
+
+
 # ------------------------------------------------------------------------------
 # The step on a (D=2, W=4) mesh, B examples of 8x8x1 per worker.
 # ------------------------------------------------------------------------------

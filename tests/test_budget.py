@@ -10,8 +10,7 @@ import pytest
 
 from hfl import budget, train
 from hfl import config as config_lib
-from hfl import data as data_lib
-from tests.helpers import final_state, smoke_config
+from tests.helpers import crash_then_resume, final_state, smoke_config
 
 # A network whose LAN and WAN transfers are negligible (1e18 bit/s: the smoke MLP's
 # payloads cost < 1e-11 s) and whose only latency is the WAN's: every clock below
@@ -142,18 +141,8 @@ def test_budget_on_hand_computed_clocks(fake_data, tmp_path, strategy, budget_s,
 def test_interrupted_budget_run_resumes_bitwise(fake_data, budget_run, tmp_path, monkeypatch):
   ref_dir, ref = budget_run
   cut_dir = str(tmp_path / 'cut')
-  real = data_lib.batch_indices
-
-  def crash_at_step_10(part, batch_size, step, seed):  # inside round 3
-    if step == 10:
-      raise KeyboardInterrupt('simulated crash')
-    return real(part, batch_size, step, seed)
-  monkeypatch.setattr(data_lib, 'batch_indices', crash_at_step_10)
-  with pytest.raises(KeyboardInterrupt):
-    train.train_and_evaluate(budget_config(fake_data, 0.5), cut_dir)
-  assert not os.path.exists(os.path.join(cut_dir, 'summary.json'))
-  monkeypatch.setattr(data_lib, 'batch_indices', real)
-  summary = train.train_and_evaluate(budget_config(fake_data, 0.5), cut_dir)
+  # step 10 is inside round 3
+  summary = crash_then_resume(lambda: budget_config(fake_data, 0.5), cut_dir, monkeypatch, 10)
   step_a, a = final_state(ref_dir)
   step_b, b = final_state(cut_dir)
   assert step_a == step_b == 16

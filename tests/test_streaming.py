@@ -266,25 +266,15 @@ def test_streaming_run_resumes_bitwise_and_records_the_wan_exposure(fake_data, t
   """2 fragments, τ = 1, eager, E3M0 WAN: a run interrupted at step 5 resumes to
   the uninterrupted run's state; the summary holds the WAN exposure fields, with
   a sync event every 2 iterations moving one fragment."""
-  from hfl import data as data_lib, train
-  from tests.helpers import final_state, smoke_config
+  from hfl import train
+  from tests.helpers import crash_then_resume, final_state, smoke_config
   cfg = {'sync.k': 4, 'sync.fragments': 2, 'sync.overlap_steps': 1, 'sync.eager': True,
          'compression.wan.name': 'e3m0', 'sync.outer.name': 'nesterov',
          'sync.outer.learning_rate': 0.7, 'sync.outer.momentum': 0.9,
          'train.num_steps': 8, 'train.eval_every': 2, 'train.checkpoint_every': 1}
   ref_dir, cut_dir = str(tmp_path / 'ref'), str(tmp_path / 'cut')
   ref = train.train_and_evaluate(smoke_config(fake_data, **cfg), ref_dir)
-  real = data_lib.batch_indices
-
-  def crash_at_step_5(part, batch_size, step, seed):
-    if step == 5:
-      raise KeyboardInterrupt('simulated crash')
-    return real(part, batch_size, step, seed)
-  monkeypatch.setattr(data_lib, 'batch_indices', crash_at_step_5)
-  with pytest.raises(KeyboardInterrupt):
-    train.train_and_evaluate(smoke_config(fake_data, **cfg), cut_dir)
-  monkeypatch.setattr(data_lib, 'batch_indices', real)
-  summary = train.train_and_evaluate(smoke_config(fake_data, **cfg), cut_dir)
+  summary = crash_then_resume(lambda: smoke_config(fake_data, **cfg), cut_dir, monkeypatch, 5)
   chex_equal = lambda a, b: jax.tree.all(jax.tree.map(np.array_equal, a, b))
   assert chex_equal(final_state(ref_dir)[1], final_state(cut_dir)[1])
   for key in ('bytes', 'sim_time_s', 'exposed_wan_s', 'peak_wan_bytes_per_sync',

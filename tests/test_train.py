@@ -18,7 +18,7 @@ from hfl import step as step_lib
 from hfl import network, tasks, train
 from hfl.compress import dgc
 from hfl.sync import schedule as schedule_lib
-from tests.helpers import final_state, smoke_config
+from tests.helpers import crash_then_resume, final_state, smoke_config
 
 REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 
@@ -102,18 +102,7 @@ def test_interrupted_run_resumes_bitwise(fake_data, tmp_path, monkeypatch):
   cfg = dict(**{'optimizer.name': 'momentum', 'sync.k': 3, 'train.num_steps': 12})
   train.train_and_evaluate(smoke_config(fake_data, **cfg), ref_dir)
 
-  real = data_lib.batch_indices
-
-  def crash_at_step_8(part, batch_size, step, seed):
-    if step == 8:
-      raise KeyboardInterrupt('simulated crash')
-    return real(part, batch_size, step, seed)
-  monkeypatch.setattr(data_lib, 'batch_indices', crash_at_step_8)
-  with pytest.raises(KeyboardInterrupt):
-    train.train_and_evaluate(smoke_config(fake_data, **cfg), cut_dir)
-  assert not os.path.exists(os.path.join(cut_dir, 'summary.json'))
-  monkeypatch.setattr(data_lib, 'batch_indices', real)
-  summary = train.train_and_evaluate(smoke_config(fake_data, **cfg), cut_dir)
+  summary = crash_then_resume(lambda: smoke_config(fake_data, **cfg), cut_dir, monkeypatch, 8)
 
   step_a, a = final_state(ref_dir)
   step_b, b = final_state(cut_dir)

@@ -21,7 +21,8 @@ from hfl import mesh as mesh_lib
 from hfl import metrics, models, optim, tasks, train
 from hfl import step as step_lib
 from hfl.data import augment
-from tests.helpers import final_state, mlp_identity, make_tree, set_overrides, write_archive
+from tests.helpers import crash_then_resume, final_state, mlp_identity, make_tree
+from tests.helpers import set_overrides, write_archive
 
 D, W = 2, 4
 
@@ -31,17 +32,7 @@ def _crash_and_resume(config_fn, tmp_path, monkeypatch, crash_step=8):
   at ``crash_step`` and is rerun."""
   ref_dir, cut_dir = str(tmp_path / 'ref'), str(tmp_path / 'cut')
   train.train_and_evaluate(config_fn(), ref_dir)
-  real = data_lib.batch_indices
-
-  def crash(part, batch_size, step, seed):
-    if step == crash_step:
-      raise KeyboardInterrupt('simulated crash')
-    return real(part, batch_size, step, seed)
-  monkeypatch.setattr(data_lib, 'batch_indices', crash)
-  with pytest.raises(KeyboardInterrupt):
-    train.train_and_evaluate(config_fn(), cut_dir)
-  monkeypatch.setattr(data_lib, 'batch_indices', real)
-  train.train_and_evaluate(config_fn(), cut_dir)
+  crash_then_resume(config_fn, cut_dir, monkeypatch, crash_step)
   return ref_dir, cut_dir
 
 

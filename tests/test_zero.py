@@ -18,11 +18,10 @@ import pytest
 
 from configs import default
 from hfl import config as config_lib
-from hfl import data as data_lib
 from hfl import mesh as mesh_lib, models, step as step_lib, train
 from hfl.compress import base, dgc, sparse
 from tests.helpers import B, D, W, step_batches as _batches, run_steps as _run
-from tests.helpers import final_state, mlp_identity, smoke_config
+from tests.helpers import crash_then_resume, final_state, mlp_identity, smoke_config
 
 assert D == 2 and W == 4 and B
 
@@ -200,17 +199,7 @@ def test_sharded_run_matches_unsharded_and_resumes_bitwise(fake_data, tmp_path, 
   cfg['optimizer.shard_state'] = True
   s_ref = train.train_and_evaluate(smoke_config(fake_data, **cfg), ref_dir)
 
-  real = data_lib.batch_indices
-
-  def crash_at_step_5(part, batch_size, step, seed):
-    if step == 5:
-      raise KeyboardInterrupt('simulated crash')
-    return real(part, batch_size, step, seed)
-  monkeypatch.setattr(data_lib, 'batch_indices', crash_at_step_5)
-  with pytest.raises(KeyboardInterrupt):
-    train.train_and_evaluate(smoke_config(fake_data, **cfg), cut_dir)
-  monkeypatch.setattr(data_lib, 'batch_indices', real)
-  s_cut = train.train_and_evaluate(smoke_config(fake_data, **cfg), cut_dir)
+  s_cut = crash_then_resume(lambda: smoke_config(fake_data, **cfg), cut_dir, monkeypatch, 5)
 
   _, a = final_state(ref_dir)
   _, b = final_state(cut_dir)
