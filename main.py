@@ -47,7 +47,9 @@ class _LibraryInfoFilter:
 
 def main(argv):
   if len(argv) > 1:
-    raise app.UsageError(f'Unexpected arguments: {argv[1:]}')
+    print(f'error: unexpected arguments {argv[1:]}; main.py takes only flags: --config=FILE, '
+          '--workdir=DIR, --config.FIELD=VALUE (e.g. --config.sync.k=8).', file=sys.stderr)
+    sys.exit(2)
   try:
     config = _CONFIG.value
     num_devices = config.mesh.num_dcs * config.mesh.workers_per_dc
@@ -129,7 +131,7 @@ def _parse_flags(argv):
   try:
     return flags.FLAGS(argv)
   except flags.Error as e:
-    msg = ' '.join(str(e).split())
+    msg = ' '.join(str(e).split()).rstrip('.')
     if 'boolean' in msg:
       msg += ' (a boolean field takes true or false)'
     print(f'error: {msg}. Pass --helpfull to see the flags.', file=sys.stderr)

@@ -13,6 +13,7 @@ and :func:`unknown_field` (the "did you mean" of a misspelled field).
 
 import difflib
 import importlib.util
+import math
 import os
 import sys
 from typing import Any, Mapping
@@ -57,15 +58,38 @@ def _choice(value, path, allowed):
     raise ValueError(f'{path}={value!r} is unknown; allowed: {", ".join(allowed)}')
 
 
+def non_finite_field(config: ml_collections.ConfigDict,
+                     prefix: str = '') -> tuple[str, float] | None:
+  """(dotted name, value) of the first float field (or tuple/list entry) of
+  ``config`` that is ``inf`` or ``nan``, else None. No hfl field takes a non-finite value:
+  "off" is 0, "no limit" has its own spelling in each field's doc."""
+  for key, value in config.items():
+    if isinstance(value, ml_collections.ConfigDict):
+      bad = non_finite_field(value, f'{prefix}{key}.')
+      if bad:
+        return bad
+      continue
+    entries = value if isinstance(value, (tuple, list)) else (value,)
+    for i, v in enumerate(entries):
+      if isinstance(v, float) and not math.isfinite(v):
+        return f'{prefix}{key}' + (f'[{i}]' if entries is value else ''), v
+  return None
+
+
 def validate(config: ml_collections.ConfigDict) -> ml_collections.ConfigDict:
   """Checks ``config`` and returns it (unchanged).
 
   Raises:
-    ValueError: the first invalid field, e.g. ``sync.k=0 must be >= 1``.
+    ValueError: the first invalid field, e.g. ``sync.k=0 must be >= 1``, or
+      any float field that is ``inf``/``nan``.
   """
   for key in REQUIRED:
     if key not in config:
       raise ValueError(f'config is missing the section/field {key!r}; start from configs/default.py')
+  bad = non_finite_field(config)
+  if bad:
+    raise ValueError(f'{bad[0]}={bad[1]!r} must be a finite number (inf and nan are never '
+                     'allowed in a config)')
   _int(config, 'seed', 0)
   _int(config, 'mesh.num_dcs', 1)
   _int(config, 'mesh.workers_per_dc', 1)
@@ -111,7 +135,10 @@ def validate_heterogeneity_options(config: ml_collections.ConfigDict) -> None:
   Raises:
     ValueError: ``sync.k_min_ratio`` not in [0, 1]; ``sync.lr_scaling`` not one
       of :data:`LR_SCALINGS`; ``sync.prox_mu`` not a finite number >= 0;
-      ``sync.progress_test`` not one of ``hfl.sync.schedule.PROGRESS_TESTS``.
+      ``sync.progress_test`` not one of ``hfl.sync.schedule.PROGRESS_TESTS``;
+      ``sync.k_min_ratio`` > 0 or ``sync.lr_scaling`` != 'none' with a strategy
+      other than 'semi_sync', or ``sync.progress_test`` != 'endpoints' without
+      ``sync.progress_aware`` (each would silently do nothing).
   """
   s = config.sync
   r = _number(s.get('k_min_ratio', 0.0), 'sync.k_min_ratio')
@@ -120,6 +147,18 @@ def validate_heterogeneity_options(config: ml_collections.ConfigDict) -> None:
                      "of the round's largest K_d any DC runs)")
   _choice(s.get('lr_scaling', 'none'), 'sync.lr_scaling', LR_SCALINGS)
   _choice(s.get('progress_test', 'endpoints'), 'sync.progress_test', schedule_lib.PROGRESS_TESTS)
+  # A remedy set where it cannot act is a mistake in the experiment, not a no-op.
+  semi = s.strategy == 'semi_sync'  # the only strategy whose DCs run different K_d
+  for field, value, acts in (('k_min_ratio', r, semi or r == 0),
+                             ('lr_scaling', s.get('lr_scaling', 'none'),
+                              semi or s.get('lr_scaling', 'none') == 'none')):
+    if not acts:
+      raise ValueError(f'sync.{field}={value!r} has no effect with sync.strategy='
+                       f"{s.strategy!r}: it acts only on 'semi_sync' (per-DC K_d); unset it")
+  if s.get('progress_test', 'endpoints') != 'endpoints' and not s.get('progress_aware', False):
+    raise ValueError(f'sync.progress_test={s.progress_test!r} has no effect without '
+                     'sync.progress_aware=True (it is the plateau test of the progress-aware '
+                     'K adjustment); unset it or set sync.progress_aware=True')
   mu = _number(s.get('prox_mu', 0.0), 'sync.prox_mu')
   if not 0 <= mu < float('inf'):
     raise ValueError(f'sync.prox_mu={mu} must be a finite number >= 0 (FedProx mu; 0: off)')

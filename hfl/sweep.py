@@ -48,8 +48,7 @@ sweep file: a Python file defining get_sweep() -> (base, grid)
     return 'configs/default.py', {
         'sync.strategy': ['sync', 'periodic'],
         'compression.uplink.name': ['identity', 'topk'],
-        'train.num_steps': 400,          # one fixed value
-        'seed': [0, 1, 2]}
+        'train.num_steps': 400, 'seed': [0, 1, 2]}  # 400: one fixed value
 
 --grid KEY=V1,V2,...  a grid axis on the command line (Python literals, else strings;
   tuples in parentheses); several --grid flags: their cartesian product, with --sweep
@@ -123,10 +122,11 @@ def load_sweep(path: str) -> tuple[Any, Any]:
 
 
 def _literal(text: str) -> Any:
+  """A --grid value as ``--config.KEY=VALUE`` reads it (``inf``/``nan``: a float)."""
   try:
     return ast.literal_eval(text)
   except (ValueError, SyntaxError):
-    return text
+    return float(text) if text.strip().lower().lstrip('+-') in ('inf', 'nan') else text
 
 
 def parse_grid(flags: Sequence[str]) -> dict[str, list]:
@@ -298,11 +298,9 @@ def check_runs(base: Any, config_arg: str, runs: Sequence[RunSpec]) -> None:
     return
   import ml_collections  # pylint: disable=g-import-not-at-top
   from hfl import config as config_lib  # pylint: disable=g-import-not-at-top
-  if isinstance(base, str):
-    base_config = config_lib.load_file(config_arg)
-  else:
-    base_config = ml_collections.ConfigDict(copy.deepcopy(
-        base.to_dict() if hasattr(base, 'to_dict') else dict(base)))
+  base_config = config_lib.load_file(config_arg) if isinstance(base, str) else (
+      ml_collections.ConfigDict(copy.deepcopy(base.to_dict() if hasattr(base, 'to_dict')
+                                              else dict(base))))
   for r in runs:
     config = copy.deepcopy(base_config)
     try:

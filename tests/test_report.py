@@ -356,6 +356,9 @@ def test_markdown_and_csv(runs, tmp_path):
   assert float(b['compression_ratio']) == pytest.approx(0.68)
   assert float(b['paired_delta']) == pytest.approx(-20.0)
   assert recs['sync, up=identity']['final_test_accuracy_std'] == ''
+  notes = md.split('## Notes')[1]
+  assert '{' not in notes  # every placeholder filled
+  assert 'Baseline: `periodic, up=identity`, `sync, up=identity` (the closest' in notes
 
 
 def test_partial_seed_success_is_reported(tmp_path):
@@ -403,6 +406,15 @@ def test_cli(runs, tmp_path, capsys):
   assert float(rec['time_to_target_s_mean']) == pytest.approx(22.5)
   assert report_cli.main([str(tmp_path / 'nope'), '--out', str(out)]) == 2
   assert report_cli.main([*runs[:2]]) == 2  # several DIRs need --out
+  capsys.readouterr()
+  # Bad input, refused with the reason (an accuracy target in percent; an unknown key).
+  assert report_cli.main([*runs, '--out', str(tmp_path / 'bad'), '--target', '88']) == 2
+  assert capsys.readouterr().err == ('error: --target=88.0 must be an accuracy fraction in '
+                                     '(0, 1], e.g. 0.88\n')
+  assert report_cli.main([*runs, '--out', str(tmp_path / 'bad'), '--label-by', 'sync.kk']) == 2
+  err = capsys.readouterr().err
+  assert err.startswith('error: --label-by sync.kk: no run has this config key (e.g. seed, ')
+  assert not (tmp_path / 'bad').exists()
 
 
 def _env():
@@ -635,6 +647,9 @@ def test_subprocess_runner_logs_and_returns_status(tmp_path):
      'optimizer.learning_rate=-0.1 must be > 0'),
     ({'sync.k': ['4']}, "run 'sync.k=4' (nothing was launched): sync.k='4' has type str; "
      'the field takes int'),
+    ({'optimizer.learning_rate': [float('inf')]}, "run 'optimizer.learning_rate=inf' (nothing "
+     'was launched): optimizer.learning_rate=inf must be a finite number (inf and nan are '
+     'never allowed in a config)'),
     ({'compression.uplink.name': ['topk'], 'compression.uplink.density': [2.0]},
      "run 'compression.uplink.density=2.0__compression.uplink.name=topk' (nothing was "
      "launched): compression.uplink.density=2.0: density must be a number in (0, 1] "
@@ -655,7 +670,8 @@ def test_sweep_checks_every_config_before_launching(tmp_path, capsys, grid, prob
   assert runner.calls == [] and not root.exists()
   # The CLI: one line, exit status 2.
   sweep_file = tmp_path / 'bad_sweep.py'
-  sweep_file.write_text(f'def get_sweep():\n  return "configs/default.py", {grid!r}\n')
+  sweep_file.write_text('inf = float("inf")\n'  # repr(inf) is 'inf'
+                        f'def get_sweep():\n  return "configs/default.py", {grid!r}\n')
   capsys.readouterr()
   assert sweep.main(['--sweep', str(sweep_file), '--root', str(root)]) == 2
   assert capsys.readouterr().err == f'error: {problem}\n'
@@ -767,6 +783,9 @@ def test_grid_on_the_command_line():
   assert sweep.expand_grid(both) == [
       {'sync.strategy': 'sync', 'seed': 0}, {'sync.strategy': 'sync', 'seed': 1},
       {'sync.strategy': 'periodic', 'seed': 0}, {'sync.strategy': 'periodic', 'seed': 1}]
+  # inf/nan read as floats, as --config.KEY=inf does, so validation names the field.
+  inf = sweep.parse_grid(['optimizer.learning_rate=inf,nan,-inf'])['optimizer.learning_rate']
+  assert inf[0] == float('inf') and inf[1] != inf[1] and inf[2] == -float('inf')
   for bad in (['sync.k'], ['sync.k='], ['=1,2'], ['seed=0', 'seed=1']):
     with pytest.raises(ValueError, match='--grid'):
       sweep.parse_grid(bad)

@@ -162,6 +162,16 @@ BAD = [
     ({'dataset.dirichlet_alpha': 0.0}, 'dataset.dirichlet_alpha'),
     ({'train.target_accuracy': 88.0}, 'train.target_accuracy'),
     ({'optimizer.learning_rate': -0.1}, 'optimizer.learning_rate'),
+    # Non-finite floats: inf once passed every range check and failed at the first
+    # JSON write, leaving an empty checkpoints/ behind.
+    ({'optimizer.learning_rate': float('inf')}, 'optimizer.learning_rate=inf must be a finite number'),
+    ({'network.lan_latency_s': float('nan')}, 'network.lan_latency_s=nan must be a finite number'),
+    ({'network.dc_speed': (1.0, float('inf'))}, 'network.dc_speed[1]=inf must be a finite number'),
+    # Options that would silently do nothing where they are set.
+    ({'sync.k_min_ratio': 0.5}, "sync.k_min_ratio=0.5 has no effect with sync.strategy='periodic'"),
+    ({'sync.lr_scaling': 'inverse_k'}, "sync.lr_scaling='inverse_k' has no effect with"),
+    ({'sync.progress_test': 'window_means'},
+     "sync.progress_test='window_means' has no effect without sync.progress_aware=True"),
 ]
 
 
@@ -254,6 +264,11 @@ def test_main_cli_runs_and_rejects_bad_flags(fake_data, tmp_path):
                           capture_output=True, text=True, timeout=300, cwd=REPO)
     assert typo.returncode == 2, flag
     assert typo.stderr == expected + help_line + '\n', flag
+  assert not os.path.exists(tmp_path / 'typo')
+  extra = subprocess.run(base + [f'--workdir={tmp_path / "typo"}', 'extra'], env=env,
+                         capture_output=True, text=True, timeout=300, cwd=REPO)
+  assert extra.returncode == 2  # a stray word: one line, not absl's full help
+  assert extra.stderr.startswith("error: unexpected arguments ['extra']; main.py takes only flags")
   assert not os.path.exists(tmp_path / 'typo')
 
 

@@ -17,6 +17,7 @@ target are :func:`hfl.metrics.format_bytes` and :func:`hfl.metrics.time_to_targe
 """
 
 import logging
+import math
 import os
 from typing import Sequence
 
@@ -39,7 +40,8 @@ def load(paths: Sequence[str], target: float | None = None,
   used is kept in ``frame.attrs['target']``. ``exclude``: directories not searched.
 
   Raises:
-    FileNotFoundError: a path is missing or holds no workdir.
+    FileNotFoundError: a path is missing or holds no workdir. ValueError: a ``target``
+      outside the headline metric's range (accuracy: (0, 1]; loss: > 0).
   """
   loaded = [runs.load_run(d) for d in runs.find_runs(paths, exclude)]
   for r in loaded:
@@ -47,6 +49,9 @@ def load(paths: Sequence[str], target: float | None = None,
       logging.warning('%s has no summary.json (unfinished run); using its metrics.jsonl',
                       r.workdir)
   t = runs.default_target(loaded)
+  if target is not None and not (0 < target <= 1 if t.higher_is_better else 0 < target < math.inf):
+    raise ValueError(f'--target={target} must be ' + ('an accuracy fraction in (0, 1], e.g. 0.88'
+                     if t.higher_is_better else f'a finite loss > 0 (nats; metric {t.metric})'))
   t = t if target is None else t._replace(value=float(target))
   frame = runs.run_frame(loaded, t.value)
   frame.attrs['target'] = t

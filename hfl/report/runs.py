@@ -39,8 +39,7 @@ _FROM_SUMMARY = {'final_acc': ('final_test_accuracy', 'test_accuracy'),
                  'final_bpc': ('final_test_bits_per_char', 'test_bits_per_char'),
                  'inter_dc_rounds': ('inter_dc_rounds', 'round'),
                  'intra_dc_iterations': ('intra_dc_iterations', 'step'),
-                 'sim_time_s': ('sim_time_s', 'sim_time_s'),
-                 'wall_time_s': ('wall_time_s', 'wall_time_s'),
+                 **{k: (k, k) for k in ('sim_time_s', 'wall_time_s')},
                  **{k: (k, None) for k in WAN_FIELDS}}
 
 

@@ -97,9 +97,7 @@ def paired(frame: pd.DataFrame, groups: pd.Series, group: str, base: str,
 
 def reduction(ours: float | None, base: float | None) -> float | None:
   """1 − ours / base; None when either is missing or base ≤ 0."""
-  if ours is None or base is None or base <= 0:
-    return None
-  return 1.0 - ours / base
+  return None if ours is None or base is None or base <= 0 else 1.0 - ours / base
 
 
 def factor(ours: float | None, base: float | None) -> float | None:

@@ -54,9 +54,8 @@ def format_seconds(s: float | None, unit: tuple[str, float] | None = None) -> st
 
 def fmt_acc(x: float | None, std: float | None = None) -> str:
   """Accuracy fraction in percent: ``'89.25%'`` or ``'89.38 ± 0.80%'``."""
-  if x is None:
-    return '–'
-  return f'{100 * x:.2f}%' if std is None else f'{100 * x:.2f} ± {100 * std:.2f}%'
+  std_text = '' if std is None else f' ± {100 * std:.2f}'
+  return '–' if x is None else f'{100 * x:.2f}{std_text}%'
 
 
 _DELTA_UNITS = {'fraction': ('pts', 2), 'nats': ('nats', 3), 'bits': ('bits', 3)}
@@ -78,7 +77,6 @@ def fmt_target(target: runs_lib.Target) -> str:
   if target.higher_is_better:
     return f'test accuracy ≥ {fmt_acc(target.value)}'
   return f'validation loss ≤ {target.value:.3f} nats/char'
-
 
 
 def fmt_pct(x: float | None, digits: int = 1) -> str:
@@ -130,10 +128,8 @@ def markdown_table(header: Sequence[str], rows: Sequence[Sequence[Any]]) -> list
 
 def short_key(key: str) -> str:
   """How a config key is named in a label: ``'up'``, ``'k'``, ``''`` (the strategy)."""
-  if key in _SHORT_NAMES:
-    return _SHORT_NAMES[key]
   parts = key.split('.')
-  return parts[-2] if parts[-1] == 'name' and len(parts) >= 2 else parts[-1]
+  return _SHORT_NAMES.get(key, parts[-2] if parts[-1] == 'name' and len(parts) >= 2 else parts[-1])
 
 
 def unused_hyper(flat: Mapping[str, Any], key: str) -> bool:
@@ -160,6 +156,9 @@ def make_labels(flats: Sequence[Mapping[str, Any]], names: Sequence[str],
   ``'periodic, up=topk'`` or ``'seed=1'``, from ``label_by`` (default
   :func:`label_keys`); duplicates get the fallback ``names`` appended."""
   keys = list(label_by) if label_by else label_keys([f for f in flats if f])
+  if label_by and (unknown := [k for k in keys if not any(k in f for f in flats)]):
+    raise ValueError(f'--label-by {",".join(unknown)}: no run has this config key (e.g. seed, '
+                     f'{", ".join(label_keys([f for f in flats if f]))})')
   labels = []
   for flat, name in zip(flats, names):
     parts = []
@@ -273,7 +272,7 @@ def to_markdown(table: pd.DataFrame, target: runs_lib.Target) -> str:
            '- Bytes: totals per link over the run, 1 MB = 10^6 bytes (raw in `results.csv`).',
            '- Compression = 1 − total bytes / baseline total bytes (all links), and the × '
            f'factor. Paired Δ: final {"loss (lower is better)" if loss else "accuracy"} minus '
-           'the baseline run with the same seed, mean ± sample std over the seeds both have (n). Baseline: {baselines} (the closest '
+           f'the baseline run with the same seed, mean ± sample std over the seeds both have (n). Baseline: {baselines} (the closest '
            'uncompressed row unless `--baseline` is given).', '', '## Runs', '']
   lines += [f'- {r["label"]}: ' + ', '.join(f'`{w}`' for w in r['workdirs'])
             for _, r in table.iterrows()]
