@@ -54,7 +54,9 @@ def main(argv):
     config = _CONFIG.value
     num_devices = config.mesh.num_dcs * config.mesh.workers_per_dc
   except (OSError, AttributeError, KeyError) as e:
-    detail = ' '.join(str(e).split())
+    path = config_flags.get_config_filename(flags.FLAGS['config']).partition(':')[0]
+    detail = (f'{path} not found from {os.getcwd()}' if not os.path.isfile(path)
+              else ' '.join(str(e).split()))
     print(f'error: could not load --config ({detail}); pass a config file such as '
           'configs/default.py.', file=sys.stderr)
     sys.exit(2)

@@ -69,6 +69,9 @@ def _value(train, name, default):
   return train.get(name, default) if hasattr(train, 'get') else getattr(train, name, default)
 
 
+MAX_STEPS = 2**31 - 1  # iterations: optax counts optimizer steps in int32
+
+
 def from_config(train, optimizer=None) -> Stop:
   """The validated :class:`Stop` of a ``train`` config section.
 
@@ -79,16 +82,17 @@ def from_config(train, optimizer=None) -> Stop:
       (None: not checked).
 
   Raises:
-    ValueError: naming the field: ``train.num_steps`` not an integer >= 0,
+    ValueError: naming the field: ``train.num_steps`` not an integer in
+      [0, :data:`MAX_STEPS`],
       ``train.sim_time_budget_s`` not a finite number >= 0, both set or both
       unset, or a decaying ``optimizer.schedule`` without
       ``optimizer.decay_steps`` under a budget.
   """
   n = _value(train, 'num_steps', 0)
   b = _value(train, 'sim_time_budget_s', 0.0)
-  if isinstance(n, bool) or not isinstance(n, int) or n < 0:
-    raise ValueError(f'train.num_steps={n!r} must be an integer >= 0 (0 = unset: '
-                     'train.sim_time_budget_s governs)')
+  if isinstance(n, bool) or not isinstance(n, int) or not 0 <= n <= MAX_STEPS:
+    raise ValueError(f'train.num_steps={n!r} must be an integer in [0, {MAX_STEPS}] (0 = '
+                     'unset: train.sim_time_budget_s governs; optax counts steps in int32)')
   if isinstance(b, bool) or not isinstance(b, (int, float)) or not 0 <= b < math.inf:
     raise ValueError(f'train.sim_time_budget_s={b!r} must be a finite number of simulated '
                      'seconds >= 0 (0 = unset: train.num_steps governs)')

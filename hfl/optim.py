@@ -59,6 +59,9 @@ def make_schedule(cfg, total_steps: int | None = None):
   if name == 'constant':
     if not warm:
       return lr
+    if total_steps and warm >= total_steps:
+      raise ValueError(f'optimizer.warmup_steps={warm} must be < train.num_steps={total_steps}: '
+                       'the run would end before reaching optimizer.learning_rate')
     return optax.join_schedules([optax.linear_schedule(0.0, lr, warm),
                                  optax.constant_schedule(lr)], [warm])
   decay = decay or total_steps
@@ -69,6 +72,9 @@ def make_schedule(cfg, total_steps: int | None = None):
     raise ValueError(f'optimizer.decay_steps={decay} (0 = train.num_steps) must exceed '
                      f'optimizer.warmup_steps={warm}: the decay starts after the warm-up')
   end = lr * float(ratio)
+  if not warm:  # the same schedules without optax's warning about a 0-step warm-up
+    return (optax.cosine_decay_schedule(lr, decay, end / lr if lr else 0.0) if name == 'cosine'
+            else optax.linear_schedule(lr, end, decay))
   if name == 'cosine':
     return optax.warmup_cosine_decay_schedule(0.0, lr, warm, decay, end)
   return optax.join_schedules([optax.linear_schedule(0.0, lr, warm),

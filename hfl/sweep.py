@@ -353,11 +353,9 @@ def stop_children(grace_s: float = 2.0, timeout_s: float = 10.0) -> None:
     while time.monotonic() < deadline and any(p.poll() is None for p in procs):
       time.sleep(0.05)
     return [p for p in procs if p.poll() is None]
-  procs = running_after(procs, grace_s)
-  for p in procs:
+  for p in (procs := running_after(procs, grace_s)):
     p.send_signal(signal.SIGINT)
-  procs = running_after(procs, timeout_s)
-  for p in procs:
+  for p in running_after(procs, timeout_s):
     p.kill()
     p.wait()
 
@@ -497,9 +495,8 @@ def run_sweep(base: Any, grid: Any, root: str, *, runner: Runner | None = None,
   elif report:
     logging.warning('no finished runs; no report written')
   skipped = [r.name for r in runs if status[r.name] == 'done']
-  out(f'sweep {os.path.abspath(root)}: {len(runs)} runs, {len(skipped)} '
-      f'skipped (done), {len(ran)} finished now, {len(failed)} failed, '
-      f'{len(rest)} left by --max_runs'
+  out(f'sweep {os.path.abspath(root)}: {len(runs)} runs, {len(skipped)} skipped (done), '
+      f'{len(ran)} finished now, {len(failed)} failed, {len(rest)} left by --max_runs'
       + (f'; report in {os.path.join(root, REPORT_DIR)}' if written else ''))
   if failed:
     out('failed: ' + ', '.join(failed))

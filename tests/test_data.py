@@ -100,6 +100,16 @@ def test_idx_missing_file(tmp_path):
                 'missing')
 
 
+def test_missing_relative_data_dir_names_both_places_tried(tmp_path, monkeypatch):
+  monkeypatch.chdir(tmp_path)
+  with pytest.raises(FileNotFoundError) as e:
+    data.load('cifar10', os.path.join('..', 'nope', 'cifar.tar.gz'))
+  msg = str(e.value)
+  assert msg.startswith("dataset.data_dir='../nope/cifar.tar.gz' does not exist")
+  assert str(tmp_path.parent / 'nope' / 'cifar.tar.gz') in msg  # from the working directory
+  assert os.path.normpath(os.path.join(data.REPO_ROOT, '..', 'nope', 'cifar.tar.gz')) in msg
+
+
 def test_idx_missing_dir(tmp_path):
   missing = tmp_path / 'nope'
   with pytest.raises(FileNotFoundError) as e:

@@ -6,6 +6,7 @@ import importlib.util
 import json
 import math
 import os
+import shutil
 import subprocess
 import sys
 
@@ -172,6 +173,14 @@ def test_load_run_reads_workdir(runs):
   assert runs_lib.load_run(runs[2]).config['compression']['uplink']['name'] == 'topk'
 
 
+def test_load_run_names_a_file_that_is_not_json(tmp_path, runs):
+  bad = tmp_path / 'bad'
+  shutil.copytree(runs[0], bad)
+  (bad / 'summary.json').write_text('garbage')
+  with pytest.raises(ValueError, match=f"{bad / 'summary.json'} is not valid JSON"):
+    runs_lib.load_run(str(bad))
+
+
 def test_load_run_tolerates_resume_duplicates_and_torn_line(tmp_path):
   d = tmp_path / 'w'
   d.mkdir()
@@ -198,6 +207,10 @@ def test_find_runs_below_a_sweep_root(tmp_path, runs):
   assert runs_lib.find_runs([str(root)], exclude=[str(root / 'b')]) == [runs[0], runs[1], runs[3]]
   with pytest.raises(FileNotFoundError, match='no training workdir'):
     runs_lib.find_runs([str(root / 'report')])
+  # A run reached twice (the same path, a parent, another spelling) is one run, not an error.
+  everything = runs_lib.find_runs([str(root)])
+  assert runs_lib.find_runs([runs[0], runs[0] + os.sep]) == [runs[0]]
+  assert runs_lib.find_runs([str(root), runs[0]]) == everything
   with pytest.raises(FileNotFoundError, match='not a directory'):
     runs_lib.find_runs([str(root / 'nope')])
 

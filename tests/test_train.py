@@ -167,6 +167,9 @@ BAD = [
     ({'optimizer.learning_rate': float('inf')}, 'optimizer.learning_rate=inf must be a finite number'),
     ({'network.lan_latency_s': float('nan')}, 'network.lan_latency_s=nan must be a finite number'),
     ({'network.dc_speed': (1.0, float('inf'))}, 'network.dc_speed[1]=inf must be a finite number'),
+    ({'train.num_steps': 10**20}, 'train.num_steps=100000000000000000000 must be an integer in'),
+    ({'train.num_steps': 8, 'optimizer.warmup_steps': 8},
+     'optimizer.warmup_steps=8 must be < train.num_steps=8'),
     # Options that would silently do nothing where they are set.
     ({'sync.k_min_ratio': 0.5}, "sync.k_min_ratio=0.5 has no effect with sync.strategy='periodic'"),
     ({'sync.lr_scaling': 'inverse_k'}, "sync.lr_scaling='inverse_k' has no effect with"),
@@ -269,6 +272,12 @@ def test_main_cli_runs_and_rejects_bad_flags(fake_data, tmp_path):
                          capture_output=True, text=True, timeout=300, cwd=REPO)
   assert extra.returncode == 2  # a stray word: one line, not absl's full help
   assert extra.stderr.startswith("error: unexpected arguments ['extra']; main.py takes only flags")
+  nope = subprocess.run([sys.executable, os.path.join(REPO, 'main.py'), '--config=configs/nope.py',
+                         f'--workdir={tmp_path / "typo"}'], env=env, capture_output=True,
+                        text=True, timeout=300, cwd=tmp_path)
+  assert nope.returncode == 2
+  assert nope.stderr == (f'error: could not load --config (configs/nope.py not found from '
+                         f'{tmp_path}); pass a config file such as configs/default.py.\n')
   assert not os.path.exists(tmp_path / 'typo')
 
 

@@ -86,6 +86,21 @@ def test_augmented_scheduled_image_folder_run_resumes_bitwise(image_archive, tmp
 # The schedule's count at the step level: optimizer steps, not iterations.
 # ------------------------------------------------------------------------------
 
+@pytest.mark.parametrize('name', ['cosine', 'linear'])
+def test_schedule_without_warmup_is_optax_s_warmup_schedule_at_zero(name):
+  """warmup_steps = 0 builds the decay alone (optax warns about a 0-step warm-up
+  schedule); values bitwise those of optax's warm-up form with 0 warm-up steps."""
+  cfg = ml_collections.ConfigDict(dict(name='sgd', learning_rate=0.1, schedule=name,
+                                       warmup_steps=0, decay_steps=0, final_lr_ratio=0.1))
+  ours = optim.make_schedule(cfg, 800)
+  ref = (optax.warmup_cosine_decay_schedule(0.0, 0.1, 0, 800, 0.1 * 0.1) if name == 'cosine'
+         else optax.join_schedules([optax.linear_schedule(0.0, 0.1, 0),
+                                    optax.linear_schedule(0.1, 0.1 * 0.1, 800)], [0]))
+  count = jnp.arange(0, 900, 7)
+  chex.assert_trees_all_equal(jax.vmap(ours)(count), jax.vmap(ref)(count))
+  assert float(ours(800)) == pytest.approx(0.01)
+
+
 @pytest.mark.parametrize('shard', [False, True])
 def test_schedule_counts_optimizer_steps_of_active_dcs(shard):
   cfg = ml_collections.ConfigDict(dict(name='momentum', learning_rate=0.1, momentum=0.9,

@@ -236,7 +236,15 @@ def load(name: str, data_dir: str = '', cache_dir: str = '',
                      f'{", ".join(TEXT_DATASETS)} (a text file), any name with an '
                      'image-folder dataset.data_dir, '
                      f'{", ".join(TFDS_IMAGE_DATASETS)} (TFDS).')
-  data_dir = resolve_path(data_dir)
+  given, data_dir = data_dir, resolve_path(data_dir)
+  if given and not os.path.isabs(os.path.expanduser(os.fspath(given))) and not os.path.exists(
+      os.path.expanduser(data_dir)):
+    tried = [os.path.abspath(os.path.expanduser(os.fspath(given))),
+             os.path.normpath(os.path.join(REPO_ROOT, os.path.expanduser(os.fspath(given))))]
+    raise FileNotFoundError(
+        f'dataset.data_dir={os.fspath(given)!r} does not exist: a relative path is tried from '
+        f'the working directory ({tried[0]}), then from the repository root ({tried[1]}); '
+        'pass an absolute path (the README\'s dataset.data_dir row says what it holds)')
   kind = source_kind(name, data_dir)
   if kind == 'text':
     return _load_text(name, data_dir, seq_len)

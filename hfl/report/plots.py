@@ -135,8 +135,7 @@ def plot_curves(rows: Sequence[Curves], axis: Axis, path: str, target: float | N
   if target is not None:
     ax.axhline(y.scale * target, color='0.4', linestyle='--', linewidth=1, label='target '
                + (f'{100 * target:.1f}%' if y is ACCURACY else f'{target:.3g} nats/char'))
-  if axis.log:
-    ax.set_xscale('log')
+  ax.set_xscale('log' if axis.log else 'linear')
   ax.set(xlabel=axis.label, ylabel=y.label,
          title=title or f'{y.label.split(" (")[0].capitalize()} vs {axis.label.split(" (")[0]}')
   ax.grid(True, which='major', alpha=0.3)

@@ -93,22 +93,23 @@ def find_runs(paths: Iterable[str], exclude: Iterable[str] = ()) -> list[str]:
     FileNotFoundError: a path does not exist, or holds no workdir.
   """
   skip = {os.path.abspath(p) for p in exclude}
-  found: dict[str, None] = {}
+  found: dict[str, str] = {}  # absolute path -> the path as found (a run reached twice: once)
   for path in paths:
     if not os.path.isdir(path):
       raise FileNotFoundError(f'not a directory: {path}')
-    before = len(found)
+    hit = False
     for top, dirs, _ in os.walk(path):
       dirs.sort()
       if os.path.abspath(top) in skip:
         dirs.clear()
       elif is_run_dir(top):
-        found.setdefault(top)
+        found.setdefault(os.path.abspath(top), top)
         dirs.clear()
-    if len(found) == before:
+        hit = True
+    if not hit:
       raise FileNotFoundError(f'{path}: no training workdir (a directory with '
                               f'{" or ".join(RUN_FILES)}) in it or below it')
-  return list(found)
+  return list(found.values())
 
 
 def read_metrics(path: str) -> list[dict]:
@@ -127,12 +128,18 @@ def load_run(workdir: str) -> Run:
 
   Raises:
     FileNotFoundError: ``workdir`` holds neither summary.json nor metrics.jsonl.
+    ValueError: its summary.json or config.json is not JSON (the path named).
   """
   if not is_run_dir(workdir):
     raise FileNotFoundError(f'{workdir}: not a training workdir (no {" or ".join(RUN_FILES)})')
   path = lambda f: os.path.join(workdir, f)
-  read = lambda f: (json.loads(pathlib.Path(path(f)).read_text(encoding='utf-8'))
-                    if os.path.isfile(path(f)) else {})
+  def read(f):
+    if not os.path.isfile(path(f)):
+      return {}
+    try:
+      return json.loads(pathlib.Path(path(f)).read_text(encoding='utf-8'))
+    except (json.JSONDecodeError, UnicodeDecodeError) as e:
+      raise ValueError(f'{path(f)} is not valid JSON ({e}); fix or remove that run') from None
   summary = read('summary.json')
   config = summary.get('config') or read('config.json')
   config = json.loads(config) if isinstance(config, str) else config  # early workdirs

@@ -102,6 +102,4 @@ def reduction(ours: float | None, base: float | None) -> float | None:
 
 def factor(ours: float | None, base: float | None) -> float | None:
   """base / ours (∞ for ours = 0); None when either is missing."""
-  if ours is None or base is None:
-    return None
-  return math.inf if ours == 0 else base / ours
+  return None if ours is None or base is None else math.inf if ours == 0 else base / ours

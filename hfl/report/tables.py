@@ -47,9 +47,8 @@ def format_seconds(s: float | None, unit: tuple[str, float] | None = None) -> st
     return '–'
   name, scale = unit or time_unit(s)
   v = s / scale
-  if name == 'h':
-    return f'{v:.2f} h'
-  return f'{v:.3g} s' if name == 's' and abs(v) < 1 else f'{v:.1f} {name}'
+  return (f'{v:.2f} h' if name == 'h' else f'{v:.3g} s' if name == 's' and abs(v) < 1
+          else f'{v:.1f} {name}')
 
 
 def fmt_acc(x: float | None, std: float | None = None) -> str:
