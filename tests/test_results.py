@@ -7,10 +7,12 @@ computed by hand from the fake curves.
 """
 
 import datetime
+import difflib
 import importlib.util
 import json
 import math
 import os
+import re
 import subprocess
 import sys
 
@@ -670,6 +672,28 @@ def test_page_structure_plots_and_missing_runs(root, tmp_path):
       assert f.read(8) == PNG_MAGIC
   for n in expected:
     assert f'](results/{n})' in text
+
+
+def test_archive_rebuilds_the_same_page_without_checkpoints(root, tmp_path):
+  """--archive keeps each finished run's record only; the page rebuilt from the
+  archive has the same numbers, and its finished runs count as done for a sweep."""
+  written = results.write_results(SPEC, root, str(tmp_path / 'a'), now=NOW)
+  os.makedirs(os.path.join(written['sections'][0].tables[0].points[0].spec.workdir,
+                           'checkpoints', '4'), exist_ok=True)
+  dest = tmp_path / 'archive'
+  n = results.archive_runs(written['sections'], root, str(dest))
+  assert n == 31  # the finished runs (test_page_structure_plots_and_missing_runs)
+  files = {os.path.basename(f) for _, _, fs in os.walk(dest) for f in fs}
+  assert files <= set(results.RECORD_FILES) and 'summary.json' in files
+  again = results.write_results(SPEC, str(dest), str(tmp_path / 'b'), now=NOW)
+  page = lambda d: (tmp_path / d / 'results.md').read_text(encoding='utf-8').replace(
+      str(dest), '<root>').replace(str(root), '<root>').replace(str(tmp_path / d), '<out>')
+  # Unfinished runs are not archived: there they read "not started" instead of their progress.
+  lines = lambda d: [re.sub(r': (running or interrupted: .*|not started) \(', ': (', l)
+                     for l in page(d).splitlines()]
+  diff = list(difflib.unified_diff(lines('a'), lines('b'), n=0))
+  assert not diff, '\n'.join(diff[:12])
+  assert len(again['plots']) == len(written['plots'])
 
 
 def test_empty_root_lists_everything_as_missing(tmp_path):

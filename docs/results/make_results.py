@@ -1,7 +1,7 @@
 """Regenerates docs/results.md: hfl's sweeps next to the published numbers.
 
   python3 docs/results/make_results.py [--root workdirs] [--out docs] [--no-run]
-      [--parallel N] [--spec docs/results/claims.py]
+      [--parallel N] [--spec docs/results/claims.py] [--archive DEST]
 
 First runs every sweep the spec names (``hfl.sweep``: finished runs are
 skipped, interrupted ones resume; ``--no-run`` skips this), then renders
@@ -28,6 +28,7 @@ import math
 import operator
 import os
 import re
+import shutil
 import string
 import sys
 from typing import Any, NamedTuple, Sequence
@@ -977,6 +978,24 @@ def run_sweeps(spec_module, root: str, parallel: int = 1) -> list:
   return [sweep_lib.run_sweep(b, g, r, parallel=parallel) for b, g, r in todo.values()]
 
 
+RECORD_FILES = ('summary.json', 'config.json', 'metrics.jsonl')  # what the page reads of a run
+
+
+def archive_runs(sections, root: str, dest: str) -> int:
+  """Copies the record (:data:`RECORD_FILES`, no checkpoints) of every finished run
+  of the page from ``ROOT/<path>`` to ``DEST/<path>``, so that ``--root DEST --no-run``
+  rebuilds the same page and ``hfl.sweep`` on DEST skips those runs; returns how many."""
+  done = {p.spec.workdir for s in sections for t in s.tables for p in t.points
+          if p.status == 'done'}
+  for workdir in sorted(done):
+    target = os.path.join(dest, os.path.relpath(workdir, root))
+    os.makedirs(target, exist_ok=True)
+    for name in RECORD_FILES:
+      if os.path.isfile(os.path.join(workdir, name)):
+        shutil.copy2(os.path.join(workdir, name), os.path.join(target, name))
+  return len(done)
+
+
 def parse_args(argv: Sequence[str] | None = None) -> argparse.Namespace:
   """Parses the command line."""
   p = argparse.ArgumentParser(prog=COMMAND, description=__doc__.split('\n\n')[0])
@@ -988,6 +1007,8 @@ def parse_args(argv: Sequence[str] | None = None) -> argparse.Namespace:
   p.add_argument('--no-run', '--no_run', dest='run', action='store_false',
                  help='do not run the sweeps; only rebuild the page')
   p.add_argument('--parallel', type=int, default=1, help='training runs at the same time')
+  p.add_argument('--archive', metavar='DEST', help='also copy every finished run\'s '
+                 'summary.json, config.json and metrics.jsonl to DEST/<sweep>/<run>')
   return p.parse_args(argv)
 
 
@@ -1008,6 +1029,9 @@ def main(argv: Sequence[str] | None = None) -> int:
   written = write_results(spec_module, args.root, args.out)
   print(written['results.md'])
   print('\n'.join(written['plots']))
+  if args.archive:
+    n = archive_runs(written['sections'], args.root, args.archive)
+    print(f'{n} finished runs archived under {args.archive}')
   missing = {p.spec.workdir for s in written['sections'] for t in s.tables for p in t.points
              if p.status != 'done'}
   if missing:
