@@ -171,6 +171,21 @@ def resolve_path(path) -> str:
   return alt if os.path.exists(alt) else path
 
 
+def _existing_data_dir(data_dir) -> str:
+  """:func:`resolve_path` of ``dataset.data_dir``; FileNotFoundError naming both
+  places tried when a relative path exists in neither."""
+  resolved = resolve_path(data_dir)
+  if not data_dir or os.path.isabs(os.path.expanduser(os.fspath(data_dir))) or os.path.exists(
+      os.path.expanduser(resolved)):
+    return resolved
+  full = os.path.expanduser(os.fspath(data_dir))
+  raise FileNotFoundError(
+      f'dataset.data_dir={os.fspath(data_dir)!r} does not exist: a relative path is tried from '
+      f'the working directory ({os.path.abspath(full)}), then from the repository root '
+      f'({os.path.normpath(os.path.join(REPO_ROOT, full))}); pass an absolute path (the '
+      "README's dataset.data_dir row says what it holds)")
+
+
 def task_of(name: str) -> str:
   """The task of dataset ``name``: ``'language_model'`` for TEXT_DATASETS, else
   ``'classification'``."""
@@ -236,15 +251,7 @@ def load(name: str, data_dir: str = '', cache_dir: str = '',
                      f'{", ".join(TEXT_DATASETS)} (a text file), any name with an '
                      'image-folder dataset.data_dir, '
                      f'{", ".join(TFDS_IMAGE_DATASETS)} (TFDS).')
-  given, data_dir = data_dir, resolve_path(data_dir)
-  if given and not os.path.isabs(os.path.expanduser(os.fspath(given))) and not os.path.exists(
-      os.path.expanduser(data_dir)):
-    tried = [os.path.abspath(os.path.expanduser(os.fspath(given))),
-             os.path.normpath(os.path.join(REPO_ROOT, os.path.expanduser(os.fspath(given))))]
-    raise FileNotFoundError(
-        f'dataset.data_dir={os.fspath(given)!r} does not exist: a relative path is tried from '
-        f'the working directory ({tried[0]}), then from the repository root ({tried[1]}); '
-        'pass an absolute path (the README\'s dataset.data_dir row says what it holds)')
+  data_dir = _existing_data_dir(data_dir)
   kind = source_kind(name, data_dir)
   if kind == 'text':
     return _load_text(name, data_dir, seq_len)
