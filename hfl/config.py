@@ -61,8 +61,7 @@ def _choice(value, path, allowed):
 def non_finite_field(config: ml_collections.ConfigDict,
                      prefix: str = '') -> tuple[str, float] | None:
   """(dotted name, value) of the first float field (or tuple/list entry) of
-  ``config`` that is ``inf`` or ``nan``, else None. No hfl field takes a non-finite value:
-  "off" is 0, "no limit" has its own spelling in each field's doc."""
+  ``config`` that is ``inf`` or ``nan``, else None (no hfl field takes either)."""
   for key, value in config.items():
     if isinstance(value, ml_collections.ConfigDict):
       bad = non_finite_field(value, f'{prefix}{key}.')
@@ -148,13 +147,12 @@ def validate_heterogeneity_options(config: ml_collections.ConfigDict) -> None:
   _choice(s.get('lr_scaling', 'none'), 'sync.lr_scaling', LR_SCALINGS)
   _choice(s.get('progress_test', 'endpoints'), 'sync.progress_test', schedule_lib.PROGRESS_TESTS)
   # A remedy set where it cannot act is a mistake in the experiment, not a no-op.
-  semi = s.strategy == 'semi_sync'  # the only strategy whose DCs run different K_d
-  for field, value, acts in (('k_min_ratio', r, semi or r == 0),
-                             ('lr_scaling', s.get('lr_scaling', 'none'),
-                              semi or s.get('lr_scaling', 'none') == 'none')):
-    if not acts:
-      raise ValueError(f'sync.{field}={value!r} has no effect with sync.strategy='
-                       f"{s.strategy!r}: it acts only on 'semi_sync' (per-DC K_d); unset it")
+  if s.strategy != 'semi_sync':  # the only strategy whose DCs run different K_d
+    for field, value, off in (('k_min_ratio', r, 0.0),
+                              ('lr_scaling', s.get('lr_scaling', 'none'), 'none')):
+      if value != off:
+        raise ValueError(f'sync.{field}={value!r} has no effect with sync.strategy='
+                         f"{s.strategy!r}: it acts only on 'semi_sync' (per-DC K_d); unset it")
   if s.get('progress_test', 'endpoints') != 'endpoints' and not s.get('progress_aware', False):
     raise ValueError(f'sync.progress_test={s.progress_test!r} has no effect without '
                      'sync.progress_aware=True (it is the plateau test of the progress-aware '
