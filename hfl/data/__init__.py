@@ -160,7 +160,11 @@ REPO_ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__fi
 def resolve_path(path) -> str:
   """``path`` as given, or, when it is relative and exists only relative to the
   repository root (e.g. configs' ``../shared/data/...`` run from another
-  directory), that path; '' for an empty path."""
+  directory), that path; '' for an empty path.
+
+  Raises:
+    FileNotFoundError: a relative ``path`` that exists in neither place (both named).
+  """
   if not path:
     return ''
   path = os.fspath(path)
@@ -168,22 +172,12 @@ def resolve_path(path) -> str:
   if os.path.isabs(full) or os.path.exists(full):
     return path
   alt = os.path.normpath(os.path.join(REPO_ROOT, full))
-  return alt if os.path.exists(alt) else path
-
-
-def _existing_data_dir(data_dir) -> str:
-  """:func:`resolve_path` of ``dataset.data_dir``; FileNotFoundError naming both
-  places tried when a relative path exists in neither."""
-  resolved = resolve_path(data_dir)
-  if not data_dir or os.path.isabs(os.path.expanduser(os.fspath(data_dir))) or os.path.exists(
-      os.path.expanduser(resolved)):
-    return resolved
-  full = os.path.expanduser(os.fspath(data_dir))
+  if os.path.exists(alt):
+    return alt
   raise FileNotFoundError(
-      f'dataset.data_dir={os.fspath(data_dir)!r} does not exist: a relative path is tried from '
-      f'the working directory ({os.path.abspath(full)}), then from the repository root '
-      f'({os.path.normpath(os.path.join(REPO_ROOT, full))}); pass an absolute path (the '
-      "README's dataset.data_dir row says what it holds)")
+      f'dataset.data_dir={path!r} does not exist: a relative path is tried from the working '
+      f'directory ({os.path.abspath(full)}), then from the repository root ({alt}); pass an '
+      "absolute path (the README's dataset.data_dir row says what it holds)")
 
 
 def task_of(name: str) -> str:
@@ -251,7 +245,7 @@ def load(name: str, data_dir: str = '', cache_dir: str = '',
                      f'{", ".join(TEXT_DATASETS)} (a text file), any name with an '
                      'image-folder dataset.data_dir, '
                      f'{", ".join(TFDS_IMAGE_DATASETS)} (TFDS).')
-  data_dir = _existing_data_dir(data_dir)
+  data_dir = resolve_path(data_dir)
   kind = source_kind(name, data_dir)
   if kind == 'text':
     return _load_text(name, data_dir, seq_len)
