@@ -31,10 +31,10 @@ def get_config(arg: str | None = None):
   c.optimizer.weight_decay = 5e-4
   c.optimizer.schedule = 'cosine'
   c.optimizer.warmup_steps = 100
-  c.train.num_steps = 3000            # x 8 workers x 32 = 15.4 epochs of the 50,000 images
+  c.train.num_steps = 4800            # x 8 workers x 32 = 24.6 epochs of the 50,000 images
   c.train.batch_size = 32
-  c.train.eval_every = 125            # rounds (500 iterations)
-  c.train.checkpoint_every = 125
+  c.train.eval_every = 150            # rounds (600 iterations)
+  c.train.checkpoint_every = 150
   c.train.target_accuracy = 0.75
   c.train.log_every = 100
   return c
