@@ -8,7 +8,7 @@ L2 weight decay 5e-4, and a linear warm-up + cosine learning-rate schedule over
 the run, for the same number of epochs.
 
   python3 bench/cifar_models.py --data=../shared/data/cifar10-jpeg.tar.gz \
-      --models=cnn,convnet3,cifar_cnn --epochs=3
+      --models=cnn,cifar_cnn,convnet3,convnet6 --epochs=3
 
 Prints, per model: parameters, multiply-adds per image, train images/s
 and per CPU-second of this process (the machine is shared: CPU time is the steadier
@@ -38,9 +38,10 @@ CANDIDATES = {
     'convnet3': lambda k: models.ConvNet(k, ((32,), (64,), (128,)), norm=True),
     'convnet3_fc': lambda k: models.ConvNet(k, ((32,), (64,), (128,)), norm=True, dense=256),
     'convnet3_nonorm': lambda k: models.ConvNet(k, ((32,), (64,), (128,)), norm=False),
-    'cifar_cnn': lambda k: models.get_model('cifar_cnn', k),
-    'cifar_cnn_nonorm': lambda k: models.ConvNet(k, ((32, 32), (64, 64), (128, 128)),
-                                                 norm=False),
+    'cifar_cnn': lambda k: models.get_model('cifar_cnn', k),  # = convnet3_fc without norm
+    'convnet6': lambda k: models.ConvNet(k, ((32, 32), (64, 64), (128, 128)), norm=True),
+    'convnet6_nonorm': lambda k: models.ConvNet(k, ((32, 32), (64, 64), (128, 128)),
+                                                norm=False),
     'convnet_wide': lambda k: models.ConvNet(k, ((64, 64), (128, 128), (256, 256)), norm=True),
     'resnet20': lambda k: models.get_model('resnet20', k),
 }
@@ -125,7 +126,7 @@ def run(name, ds, args):
 def main():
   p = argparse.ArgumentParser(description=__doc__.split('\n')[0])
   p.add_argument('--data', default='../shared/data/cifar10-jpeg.tar.gz')
-  p.add_argument('--models', default='cnn,convnet3,cifar_cnn')
+  p.add_argument('--models', default='cnn,cifar_cnn,convnet3,convnet6')
   p.add_argument('--epochs', type=int, default=3)
   p.add_argument('--batch', type=int, default=128)
   p.add_argument('--lr', type=float, default=0.05)

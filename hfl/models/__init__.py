@@ -121,7 +121,8 @@ def cifar_cnn(num_classes: int = 10) -> ConvNet:
   normalisation: 0.62M parameters, 10.8M multiply-adds per 32x32 image.
   Chosen by measurement (docs/benchmarks.md, "The fast CIFAR-10 CNN"): in hfl's
   2x4 step on this 2-core CPU it runs at 0.8x the small ``cnn``'s steps/s and
-  3.4x the six-conv GroupNorm ConvNet's.
+  3.4x the six-conv GroupNorm ConvNet's; configs/cifar10.py reaches 81.3% test
+  accuracy with it in 24 minutes.
   """
   return ConvNet(num_classes, ((32,), (64,), (128,)), norm=False, dense=256)
 
