@@ -65,12 +65,18 @@ def jaxpr_flops(jaxpr) -> float:
   return total
 
 
-def xla_flops(compiled) -> float:
-  """FLOPs of a compiled program from XLA's cost analysis (one device's share for
-  an SPMD program), NaN when the backend gives none."""
+def xla_cost(compiled, key: str = 'flops') -> float:
+  """One figure of XLA's cost analysis of a compiled program (one device's share for
+  an SPMD program): ``'flops'``, or ``'bytes accessed'`` (bytes read and written by
+  its operations); NaN when the backend gives none."""
   ca = compiled.cost_analysis()
   ca = ca[0] if isinstance(ca, (list, tuple)) else ca
-  return float((ca or {}).get('flops', float('nan')))
+  return float((ca or {}).get(key, float('nan')))
+
+
+def xla_flops(compiled) -> float:
+  """FLOPs of a compiled program from XLA's cost analysis (:func:`xla_cost`)."""
+  return xla_cost(compiled, 'flops')
 
 
 def fma_units(vendor: str, family: int, model: int, flags: set) -> tuple[int, str]:

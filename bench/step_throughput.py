@@ -56,7 +56,7 @@ from hfl import config as config_lib, mesh as mesh_lib, models, step as step_lib
 from hfl.compress import base  # noqa: E402
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
-from flops import jaxpr_flops, this_cpu_peak_flops, xla_flops  # noqa: E402
+from flops import jaxpr_flops, this_cpu_peak_flops, xla_cost, xla_flops  # noqa: E402
 
 D, W = 2, 4
 # Per-example image shapes of the datasets hfl reads (HWC).
@@ -109,7 +109,9 @@ def build(name: str, batch: int, rng):
 # ------------------------------------------------------------------------------
 
 def programs(net, x_host, y_host, mesh):
-  """Returns {name: (run(n) -> None, xla FLOPs/step)} and the model FLOPs/step."""
+  """Returns {name: (run(n) -> None, xla FLOPs/step)}, the model FLOPs/step and the
+  MB each device's program reads and writes per step (XLA's "bytes accessed":
+  hierarchical, data parallel)."""
   x0 = jnp.asarray(x_host[0, 0, :1])
   params = net.init(jax.random.PRNGKey(0), x0)['params']
   apply_fn = lambda p, x: net.apply({'params': p}, x)
@@ -133,7 +135,8 @@ def programs(net, x_host, y_host, mesh):
   x, y = jax.device_put(x_host, bsh), jax.device_put(y_host, bsh)
   active = jax.device_put(np.ones(D, bool), NamedSharding(mesh, P('dc')))
   weights = jax.device_put(np.full(D, 1 / D, np.float32), rep)
-  h_flops = xla_flops(hstep.jitted[True].lower(state, x, y, active, weights).compile()) * D * W
+  h_compiled = hstep.jitted[True].lower(state, x, y, active, weights).compile()
+  h_flops = xla_flops(h_compiled) * D * W
   box = {'h': state}
 
   def run_h(n):
@@ -153,7 +156,9 @@ def programs(net, x_host, y_host, mesh):
                              out_specs=(P(), P())), donate_argnums=(0, 1))
   box['dp'] = (jax.device_put(jax.tree.map(jnp.array, params), rep),
                jax.device_put(opt.init(params), rep))
-  dp_flops = xla_flops(dp.lower(*box['dp'], x, y).compile()) * D * W
+  dp_compiled = dp.lower(*box['dp'], x, y).compile()
+  dp_flops = xla_flops(dp_compiled) * D * W
+  mb = tuple(xla_cost(c, 'bytes accessed') / 1e6 for c in (h_compiled, dp_compiled))
 
   def run_dp(n):
     for _ in range(n):
@@ -179,7 +184,7 @@ def programs(net, x_host, y_host, mesh):
 
   progs = {'hierarchical': (run_h, h_flops), 'data parallel': (run_dp, dp_flops),
            'one device': (run_one, one_flops)}
-  return progs, model_flops
+  return progs, model_flops, mb
 
 
 def measure(progs, steps: int, blocks: int) -> dict:
@@ -217,16 +222,17 @@ def main():
   mesh = mesh_lib.make_mesh(D, W)
   print('\n| model | input | model GFLOP/step (jaxpr) | XLA GFLOP/step: hier. / DP / 1 dev. | '
         'hierarchical steps/s | data-parallel steps/s | hier. / DP | one device (jit) steps/s | '
-        'MFU hierarchical | MFU one device |')
-  print('|---|---|---:|---:|---:|---:|---:|---:|---:|---:|', flush=True)
+        'MFU hierarchical | MFU one device | XLA MB accessed/step/device: hier. / DP |')
+  print('|---|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|', flush=True)
   for name in names:  # each row as soon as its model is measured
     net, x, y, desc = build(name, args.batch, np.random.default_rng(0))
-    progs, mf = programs(net, x, y, mesh)
+    progs, mf, mb = programs(net, x, y, mesh)
     r = measure(progs, args.steps, args.blocks)
     xla = ' / '.join(f'{progs[k][1] / 1e9:.3f}' for k in progs)
     h, dp, one = r['hierarchical'], r['data parallel'], r['one device']
     print(f'| {name} | {desc} | {mf / 1e9:.3f} | {xla} | {h:.2f} | {dp:.2f} | {h / dp:.3f} | '
-          f'{one:.2f} | {mf * h / peak:.1%} | {mf * one / peak:.1%} |', flush=True)
+          f'{one:.2f} | {mf * h / peak:.1%} | {mf * one / peak:.1%} | '
+          f'{mb[0]:.1f} / {mb[1]:.1f} |', flush=True)
 
 if __name__ == '__main__':
   main()

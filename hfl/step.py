@@ -221,18 +221,29 @@ FLAG_NAMES = {BAD_INPUT: 'input', BAD_PAYLOAD: 'payload', BAD_RESIDUAL: 'residua
 
 
 def _all_finite(*trees) -> jax.Array:
-  """bool[]: every inexact (float) array in ``trees`` is finite."""
+  """bool[]: every inexact (float) array in ``trees`` is finite.
+
+  One max-reduction per array: max |a| is finite exactly when every entry is
+  (a NaN propagates through the maximum, an infinity is its own maximum).
+  """
   arrays = [a for t in trees for a in jax.tree.leaves(t)
             if jnp.issubdtype(jnp.result_type(a), jnp.inexact)]
   if not arrays:
     return jnp.bool_(True)
-  return jnp.all(jnp.stack([jnp.all(jnp.isfinite(a)) for a in arrays]))
+  return jnp.all(jnp.stack([jnp.isfinite(jnp.max(jnp.abs(a), initial=0)) for a in arrays]))
 
 
-def finiteness_flags(x, payload, decoded, residual) -> jax.Array:
+def finiteness_flags(x, payload, decoded, residual, lossless: bool = False) -> jax.Array:
   """int32[] bit flags of one leaf on one link: BAD_INPUT where ``x`` (the gradient,
   aggregate or pseudo-gradient sent) has a non-finite entry, BAD_PAYLOAD where the
-  payload or its decoded value does, BAD_RESIDUAL where the new residual does."""
+  payload or its decoded value does, BAD_RESIDUAL where the new residual does.
+
+  ``lossless``: the leaf's compressor is lossless (its payload decodes to ``x``
+  exactly and the residual is passed through unchanged, hfl.compress.ef.ef_step),
+  so BAD_PAYLOAD is BAD_INPUT and only ``x`` is read.
+  """
+  if lossless:
+    return jnp.where(_all_finite(x), 0, BAD_INPUT | BAD_PAYLOAD).astype(jnp.int32)
   return (jnp.where(_all_finite(x), 0, BAD_INPUT)
           | jnp.where(_all_finite(payload, decoded), 0, BAD_PAYLOAD)
           | jnp.where(_all_finite(residual), 0, BAD_RESIDUAL)).astype(jnp.int32)
@@ -344,8 +355,8 @@ def exchange(comps: Sequence[base.Compressor], xs, link: LinkState, key, axis: s
   aggs = collectives.run_fused(gens) if fuse else [collectives.run(g) for g in gens]
   bits = [axis_size * chunk_bits(p, axis_size) if sc else c.wire_bits(p)
           for c, p, sc in zip(comps, payloads, scatter)]
-  flags = [finiteness_flags(x, p, s, r) for x, p, s, r in
-           zip(xs32, payloads, sent, treedef.flatten_up_to(residual))]
+  flags = [finiteness_flags(x, p, s, r, c.lossless) for c, x, p, s, r in
+           zip(comps, xs32, payloads, sent, treedef.flatten_up_to(residual))]
   return Exchanged(treedef.unflatten(aggs), LinkState(residual, states), bits, flags,
                    payloads)
 
@@ -373,8 +384,8 @@ def downlink(comps: Sequence[base.Compressor], qs, link: LinkState, key) -> Exch
   payloads, residual, states = ef.tree_ef_step(comps, qs, link.residual,
                                                link.compressor_state, key)
   received = [c.decode(p) for c, p in zip(comps, payloads)]
-  flags = [finiteness_flags(q, p, r, e) for q, p, r, e in
-           zip(leaves, payloads, received, treedef.flatten_up_to(residual))]
+  flags = [finiteness_flags(q, p, r, e, c.lossless) for c, q, p, r, e in
+           zip(comps, leaves, payloads, received, treedef.flatten_up_to(residual))]
   return Exchanged(treedef.unflatten(received), LinkState(residual, states),
                    [c.wire_bits(p) for c, p in zip(comps, payloads)], flags, payloads)
 

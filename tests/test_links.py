@@ -240,6 +240,26 @@ def test_no_compressor_turns_a_non_finite_entry_into_a_finite_level(name, bad):
   assert int(flags) & step_lib.BAD_INPUT and int(flags) & step_lib.BAD_RESIDUAL
 
 
+@pytest.mark.parametrize('bad', [np.inf, -np.inf, np.nan, None])
+def test_finiteness_flags_match_numpy_and_lossless_reads_only_the_input(bad):
+  """The flags' one max-reduction per array agrees with numpy's isfinite (NaN, ±inf,
+  an empty array); a lossless link's flags equal the full check of its payload."""
+  x = np.linspace(-3e38, 3e38, 1001).astype(np.float32).reshape(7, 143)
+  if bad is not None:
+    x[3, 17] = bad
+  ok = bool(np.isfinite(x).all())
+  expect = 0 if ok else step_lib.BAD_INPUT | step_lib.BAD_PAYLOAD
+  empty = np.zeros((0, 3), np.float32)
+  full = jax.jit(lambda v: step_lib.finiteness_flags(v, {'x': v}, v, jnp.ones_like(v)))(x)
+  assert int(full) == expect
+  c = base.identity(x.shape)
+  payload = c.encode(jnp.asarray(x), c.init(), None)[0]
+  short = jax.jit(lambda v, p: step_lib.finiteness_flags(v, p, c.decode(p), jnp.zeros_like(v),
+                                                         c.lossless))(x, payload)
+  assert c.lossless and int(short) == expect
+  assert int(jax.jit(lambda v: step_lib.finiteness_flags(v, v, v, v))(empty)) == 0
+
+
 def test_co3_inf_is_not_saturated_and_ef_does_not_send_the_maximum_forever():
   """Issue 12, fault 3: CO3 fp4 on the 1-entry leaf [inf] decoded to 3.0; with error
   feedback (γ = 1) on [inf, 0.1, 0.1] every later step sent the maximum level."""
