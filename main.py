@@ -54,12 +54,7 @@ def main(argv):
     config = _CONFIG.value
     num_devices = config.mesh.num_dcs * config.mesh.workers_per_dc
   except (OSError, AttributeError, KeyError) as e:
-    path = config_flags.get_config_filename(flags.FLAGS['config']).partition(':')[0]
-    detail = (f'{path} not found from {os.getcwd()}' if not os.path.isfile(path)
-              else ' '.join(str(e).split()))
-    print(f'error: could not load --config ({detail}); pass a config file such as '
-          'configs/default.py.', file=sys.stderr)
-    sys.exit(2)
+    _config_load_failed(config_flags.get_config_filename(flags.FLAGS['config']), e)
   problem = _workdir_problem(_WORKDIR.value)
   if problem:
     print(f'error: --workdir={_WORKDIR.value!r} {problem}', file=sys.stderr)
@@ -138,7 +133,11 @@ def _parse_flags(argv):
       msg += ' (a boolean field takes true or false)'
     print(f'error: {msg}. Pass --helpfull to see the flags.', file=sys.stderr)
     sys.exit(2)
-  except (KeyError, AttributeError, FileNotFoundError, ImportError, SyntaxError) as e:
+  except (KeyError, AttributeError, OSError, ImportError, SyntaxError) as e:
+    config_arg = _config_args(argv)[0]
+    if config_arg and (not os.path.isfile(config_arg.partition(':')[0]) or (
+        isinstance(e, AttributeError) and 'get_config' in str(e))):
+      _config_load_failed(config_arg, e)
     from hfl import config as config_lib  # pylint: disable=g-import-not-at-top
     problem = (_unknown_override(argv, config_lib)
                if isinstance(e, (KeyError, AttributeError)) else None)
@@ -152,13 +151,22 @@ def _parse_flags(argv):
     sys.exit(2)
 
 
-def _unknown_override(argv, config_lib) -> str | None:
-  """The first --config.FIELD of ``argv`` that the --config file lacks, as a message.
+def _config_load_failed(config_arg: str, e: Exception):
+  """Exits (status 2) with one line saying why the --config file did not load."""
+  path = config_arg.partition(':')[0]
+  if not os.path.isfile(path):
+    detail = f'{path} not found from {os.getcwd()}'
+  elif isinstance(e, AttributeError) and 'get_config' in str(e):
+    detail = f'{path} defines no get_config()'
+  else:
+    detail = ' '.join(str(e).split())
+  print(f'error: could not load --config ({detail}); pass a config file such as '
+        'configs/default.py.', file=sys.stderr)
+  sys.exit(2)
 
-  Returns:
-    E.g. "unknown config field 'sync.kk'; did you mean 'sync.k'?", or None when
-    the config file cannot be loaded or every overridden field exists.
-  """
+
+def _config_args(argv) -> tuple:
+  """(the --config value or None, the FIELDs of every --config.FIELD) of ``argv``."""
   config_arg, fields = None, []
   args = list(argv[1:])
   for i, arg in enumerate(args):
@@ -169,6 +177,17 @@ def _unknown_override(argv, config_lib) -> str | None:
       config_arg = value if eq else (args[i + 1] if i + 1 < len(args) else None)
     elif name.startswith(('--config.', '--noconfig.')):
       fields.append(name.split('config.', 1)[1])
+  return config_arg, fields
+
+
+def _unknown_override(argv, config_lib) -> str | None:
+  """The first --config.FIELD of ``argv`` that the --config file lacks, as a message.
+
+  Returns:
+    E.g. "unknown config field 'sync.kk'; did you mean 'sync.k'?", or None when
+    the config file cannot be loaded or every overridden field exists.
+  """
+  config_arg, fields = _config_args(argv)
   if not config_arg:
     return None
   try:

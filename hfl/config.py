@@ -242,6 +242,9 @@ def validate_task(config: ml_collections.ConfigDict) -> None:
     raise ValueError(f'model.name={name!r} takes tokens, but dataset.name={ds.name!r} is an '
                      f'image dataset; allowed: {", ".join(models.IMAGE_MODELS)} (text datasets: '
                      f'{", ".join(data_lib.TEXT_DATASETS)})')
+  if ds.partition in PARTITIONS and ds.partition not in data_lib.PARTITIONS[task]:
+    raise ValueError(f'dataset.partition={ds.partition!r} does not apply to {task} data; '
+                     f'allowed: {", ".join(data_lib.PARTITIONS[task])}')
   _choice(ds.partition, 'dataset.partition', data_lib.PARTITIONS[task])
   augment = ds.get('augment', 'none')
   _choice(augment, 'dataset.augment', data_lib.AUGMENTATIONS)

@@ -70,7 +70,9 @@ def make_schedule(cfg, total_steps: int | None = None):
                      'train.num_steps')
   if decay <= warm:
     raise ValueError(f'optimizer.decay_steps={decay} (0 = train.num_steps) must exceed '
-                     f'optimizer.warmup_steps={warm}: the decay starts after the warm-up')
+                     f'optimizer.warmup_steps={warm}: the decay starts after the warm-up '
+                     '(for a short run lower optimizer.warmup_steps, e.g. '
+                     f'--config.optimizer.warmup_steps={max(0, decay // 10)})')
   end = lr * float(ratio)
   if not warm:  # the same schedules without optax's warning about a 0-step warm-up
     return (optax.cosine_decay_schedule(lr, decay, end / lr if lr else 0.0) if name == 'cosine'

@@ -986,6 +986,16 @@ def _resumed(rt: Runtime, ls: LoopState, changed: list[str]) -> dict | None:
     logging.info('%s already finished %d iterations; nothing to do.', workdir, ls.step)
     with open(summary_path) as f:
       summary = json.load(f)
+    task = rt.s.task
+    retarget = dict(target=task.target, **to_target(task, summary.get('eval_history', [])))
+    if 'target_accuracy' in summary:
+      retarget['target_accuracy'] = task.target
+    if any(summary.get(k) != v for k, v in retarget.items()):
+      logging.info('Target %s=%g: time and rounds to target recomputed from the run\'s '
+                   'evaluations.', task.metric, task.target)
+      summary.update(retarget)
+      if metrics_lib.is_writer():
+        metrics_lib.write_json(summary_path, summary)
     if metrics_lib.is_writer():
       print_results(summary)
     return summary
@@ -1011,8 +1021,8 @@ def summarize(rt: Runtime, state, ls: LoopState) -> dict:
       **tasks.summary_fields(rt.s.task, final, ls._asdict()),
       inter_dc_rounds=ls.round, intra_dc_iterations=ls.step, bytes=byte_totals(ls.bits),
       sim_time_s=ls.clock.now, idle_s=[float(x) for x in ls.clock.idle_s],
-      wall_time_s=rt.wall_s(ls), time_to_target_s=ls.time_to_target_s,
-      rounds_to_target=ls.rounds_to_target, step_wall_s=wall_stats(rt.timer.step_wall),
+      wall_time_s=rt.wall_s(ls), **to_target(rt.s.task, records),
+      step_wall_s=wall_stats(rt.timer.step_wall),
       stop=rt.s.loop.stop.to_json(), eval_history=eval_history(records),
       **wan_summary(rt.s, ls), config=json.loads(rt.s.config.to_json()))
 
@@ -1054,6 +1064,17 @@ def wan_summary(s: Setup, ls: LoopState) -> dict:
 
 
 HISTORY_KEYS = ('step', 'round', 'sim_time_s', 'test_accuracy', 'test_loss')
+
+
+def to_target(task: tasks.Task, records) -> dict:
+  """summary.json's ``time_to_target_s`` (simulated s) and ``rounds_to_target``:
+  where ``records`` (evaluations in step order: metrics.jsonl or ``eval_history``)
+  first reach the task's current target, interpolated (hfl.metrics.time_to_target);
+  None when never. Computed from the whole history, so a target changed on rerun
+  is applied to the evaluations already made."""
+  return {name: metrics_lib.time_to_target(records, task.target, key, task.metric,
+                                           task.higher_is_better)
+          for name, key in (('time_to_target_s', 'sim_time_s'), ('rounds_to_target', 'round'))}
 
 
 def eval_history(records) -> list[dict]:

@@ -272,12 +272,17 @@ def test_main_cli_runs_and_rejects_bad_flags(fake_data, tmp_path):
                          capture_output=True, text=True, timeout=300, cwd=REPO)
   assert extra.returncode == 2  # a stray word: one line, not absl's full help
   assert extra.stderr.startswith("error: unexpected arguments ['extra']; main.py takes only flags")
-  nope = subprocess.run([sys.executable, os.path.join(REPO, 'main.py'), '--config=configs/nope.py',
-                         f'--workdir={tmp_path / "typo"}'], env=env, capture_output=True,
-                        text=True, timeout=300, cwd=tmp_path)
-  assert nope.returncode == 2
-  assert nope.stderr == (f'error: could not load --config (configs/nope.py not found from '
-                         f'{tmp_path}); pass a config file such as configs/default.py.\n')
+  (tmp_path / 'noget.py').write_text('x = 1\n')
+  for config, override, detail in [
+      ('configs/nope.py', [], f'configs/nope.py not found from {tmp_path}'),
+      ('configs/nope.py', ['--config.seed=1'], f'configs/nope.py not found from {tmp_path}'),
+      ('noget.py', ['--config.seed=1'], 'noget.py defines no get_config()')]:
+    nope = subprocess.run([sys.executable, os.path.join(REPO, 'main.py'), f'--config={config}',
+                           f'--workdir={tmp_path / "typo"}'] + override, env=env,
+                          capture_output=True, text=True, timeout=300, cwd=tmp_path)
+    assert nope.returncode == 2, (config, override)
+    assert nope.stderr == (f'error: could not load --config ({detail}); pass a config file '
+                           'such as configs/default.py.\n'), (config, override)
   assert not os.path.exists(tmp_path / 'typo')
 
 

@@ -195,6 +195,20 @@ def test_lm_run_metrics_targets_and_bitwise_resume(corpus, tmp_path, monkeypatch
   assert summary['final_test_loss'] == pytest.approx(nll, rel=1e-5)
   acc = (logits.argmax(-1) == ds.test_labels).mean()
   assert summary['final_test_accuracy'] == pytest.approx(acc, abs=1e-6)
+  # A target changed on rerun of the finished run: the crossing is recomputed from the
+  # evaluations already made (a plain loop over the losses here), and written.
+  new_target = (losses[-1] + losses[-2]) / 2
+  expect = next(r['round'] for r in records if r['test_loss'] <= new_target)
+  i = [r['round'] for r in records].index(expect)
+  if i > 0 and losses[i - 1] > new_target:
+    expect = i + (new_target - losses[i - 1]) / (losses[i] - losses[i - 1])
+  again = train.train_and_evaluate(_lm_config(corpus, **{'train.target_loss': new_target}),
+                                   ref_dir)
+  written = json.load(open(os.path.join(ref_dir, 'summary.json')))
+  for out in (again, written):
+    assert out['target'] == new_target
+    assert out['rounds_to_target'] == pytest.approx(expect)
+    assert out['final_test_loss'] == summary['final_test_loss']
 
 
 # ------------------------------------------------------------------------------
