@@ -1,5 +1,6 @@
 """The LM's DiLoCo check: periodic K = 16 with FedAvg and with DiLoCo's Nesterov outer
-optimizer (lr 0.7, momentum 0.9; Douillard et al. 2023) against K = 1, seeds 0-2.
+optimizer (lr 0.7, momentum 0.9; Douillard et al. 2023; and with momentum 0.5) against
+K = 1, seeds 0-2.
 
 The issue asks K >= 16 with the DiLoCo outer optimizer to end within 0.05 nats
 of K = 1. Evaluations every 400 iterations for every K.
@@ -12,6 +13,9 @@ from configs.sweeps.workloads import SEEDS
 
 DILOCO = {'sync.outer.name': 'nesterov', 'sync.outer.learning_rate': 0.7,
           'sync.outer.momentum': 0.9}
+# DiLoCo's outer optimizer with less momentum for H = 16 (the published 0.9 was tuned
+# for H = 500; at H = 16 it ended 0.078 nats above K = 1, seed 0, docs/results.md).
+DILOCO_H16 = dict(DILOCO, **{'sync.outer.momentum': 0.5})
 
 
 def get_sweep():
@@ -19,4 +23,5 @@ def get_sweep():
       {'seed': SEEDS, 'sync.strategy': 'sync', 'sync.k': 1, 'train.eval_every': 400},
       {'seed': SEEDS, 'sync.k': 16, 'train.eval_every': 25},
       dict(DILOCO, **{'seed': SEEDS, 'sync.k': 16, 'train.eval_every': 25}),
+      dict(DILOCO_H16, **{'seed': SEEDS, 'sync.k': 16, 'train.eval_every': 25}),
   ]
