@@ -987,10 +987,11 @@ def _resumed(rt: Runtime, ls: LoopState, changed: list[str]) -> dict | None:
     with open(summary_path) as f:
       summary = json.load(f)
     task = rt.s.task
-    retarget = dict(target=task.target, **to_target(task, summary.get('eval_history', [])))
+    history = summary.get('eval_history')  # absent in summaries of older runs: kept as is
+    retarget = dict(target=task.target, **to_target(task, history or []))
     if 'target_accuracy' in summary:
       retarget['target_accuracy'] = task.target
-    if any(summary.get(k) != v for k, v in retarget.items()):
+    if history and any(summary.get(k) != v for k, v in retarget.items()):
       logging.info('Target %s=%g: time and rounds to target recomputed from the run\'s '
                    'evaluations.', task.metric, task.target)
       summary.update(retarget)
