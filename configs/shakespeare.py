@@ -18,8 +18,8 @@ DiLoCo (Douillard et al. 2023): the same with the Nesterov outer optimizer,
       --config.sync.outer.momentum=0.9
 
 (DiLoCo's published momentum 0.9 was tuned for H = 500 local steps; at this config's
-H = K = 16 it ended 0.078 nats/char above K = 1 and momentum 0.5 ended 0.012 below,
-seed 0: docs/results.md, "DiLoCo check".) The config reaches 1.585 nats/char in 12
+H = K = 16 it ended 0.078 nats/char above K = 1 (seed 0), momentum 0.5 ended
+-0.005 +- 0.010 from it (seeds 0, 1): docs/results.md, "DiLoCo check".) The config reaches 1.585 nats/char in 12
 minutes on a 2-core CPU (K = 1: 1.572).
 """
 
