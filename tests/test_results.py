@@ -653,11 +653,11 @@ def test_page_structure_plots_and_missing_runs(root, tmp_path):
   assert text.count('**Published vs ours**') == 5
   assert text.count('| source | where in the source | claim | published | ours | verdict |') == 5
   # 74 runs (5 semisync, 30 semisync_budget, 15 compression, 15 co3_iid, 9 co3_paper),
-  # 43 missing; rows not finished: 5 semisync, 2 x 5 semisync_budget; and 66 LM and
-  # CIFAR-10 runs, none here: 24 rows not finished (3 + 2 streaming, 3 + 2 + 3
-  # CIFAR-10, 3 + 2 + 3 + 3 Shakespeare).
-  assert 'Incomplete: 31 of 140 runs have finished.' in text
-  assert text.count('| *not finished* |') == 15 + 24
+  # 43 missing; rows not finished: 5 semisync, 2 x 5 semisync_budget; and 69 LM and
+  # CIFAR-10 runs, none here: 25 rows not finished (3 + 2 streaming, 3 + 2 + 3
+  # CIFAR-10, 3 + 2 + 3 + 4 Shakespeare).
+  assert 'Incomplete: 31 of 143 runs have finished.' in text
+  assert text.count('| *not finished* |') == 15 + 25
   assert 'Generated 2025-01-02 03:04 UTC' in text
   assert 'python3 docs/results/make_results.py --root' in text
   for claim in ('up to 66%', 'up to 43%', 'up to 92%', '≈ 95%', '270–600×',
@@ -699,12 +699,12 @@ def test_archive_rebuilds_the_same_page_without_checkpoints(root, tmp_path):
 def test_empty_root_lists_everything_as_missing(tmp_path):
   written = results.write_results(SPEC, str(tmp_path / 'none'), str(tmp_path / 'out'), now=NOW)
   text = open(written['results.md'], encoding='utf-8').read()
-  assert 'Incomplete: 0 of 140 runs have finished.' in text
+  assert 'Incomplete: 0 of 143 runs have finished.' in text
   # Every run is listed once per table it is in: the 6 DiLoCo and streaming runs twice.
-  assert text.count(': not started (`') == 140 + 6
+  assert text.count(': not started (`') == 143 + 6
   # Rows: 5 semisync, 5 + 5 semisync_budget, 5 + 2 compression (seed groups), 5 + 5 CO3;
-  # 3 + 2 streaming, 3 + 2 + 3 CIFAR-10, 3 + 2 + 3 + 3 Shakespeare.
-  assert text.count('| *not finished* |') == 32 + 24
+  # 3 + 2 streaming, 3 + 2 + 3 CIFAR-10, 3 + 2 + 3 + 4 Shakespeare.
+  assert text.count('| *not finished* |') == 32 + 25
   assert written['plots'] == [] and text.count('*No plots yet') == 7
   assert text.count('| not measured') == 15 + 3
 
@@ -740,7 +740,7 @@ def test_cli_no_run_from_another_directory(tmp_path):
                      cwd=tmp_path, capture_output=True, text=True, timeout=600, check=False)
   assert p.returncode == 0, p.stderr
   assert p.stdout.splitlines()[0] == os.path.join('o', 'results.md')
-  assert '135 runs not finished' in p.stderr
+  assert '138 runs not finished' in p.stderr
   text = (tmp_path / 'o' / 'results.md').read_text(encoding='utf-8')
   assert 'make_results.py --root workdirs --out o' in text
   assert '--workdir=workdirs/semisync/sync.strategy=sync__train.eval_every=40' in text
@@ -765,12 +765,12 @@ def test_cli_runs_the_missing_sweeps_first(tmp_path, caplog, monkeypatch):
                                                 'cifar10_co3', 'shakespeare_semisync',
                                                 'shakespeare_compression', 'shakespeare_co3',
                                                 'shakespeare_diloco')]
-  # Said once, before the first launch: 135 runs are missing.
+  # Said once, before the first launch: 138 runs are missing.
   assert launched[0][1][0].startswith(
-      f'135 runs missing (semisync_budget: 30, compression: 15, co3_iid: 15, co3_paper: 9, '
+      f'138 runs missing (semisync_budget: 30, compression: 15, co3_iid: 15, co3_paper: 9, '
       'shakespeare_streaming: 9, cifar10_semisync: 9, cifar10_compression: 6, cifar10_co3: 9, '
       'shakespeare_semisync: 9, shakespeare_compression: 6, shakespeare_co3: 9, '
-      f'shakespeare_diloco: 9) under {root}: launching')
+      f'shakespeare_diloco: 12) under {root}: launching')
 
 
 def test_cli_on_ctrl_c_prints_one_line(tmp_path, capsys, monkeypatch):
