@@ -1092,7 +1092,7 @@ STREAMING_ARMS = {'dp': ((2.00, 2.01, 2.02), 8e6, None, 400.0),
 def write_streaming(root, arms=STREAMING_ARMS, unfinished=(('stream', 2),)):
   for arm, seed, spec in _lm_points(STREAMING_SWEEP, 'shakespeare_streaming', root):
     finals, peak, mbps, mbps0 = arms[arm]
-    losses = [(256, 2.6, 100.0), (512, finals[seed], 200.0)]
+    losses = [(1000, 2.6, 100.0), (2000, finals[seed], 200.0)]
     _lm_run(spec, losses, dict(peak_wan_bytes_per_sync=peak, exposed_wan_s=3.0,
                                compute_s=25.6, compute_utilisation=0.5,
                                wan_mbps_for_95pct_utilisation=mbps,
@@ -1111,7 +1111,7 @@ def test_streaming_table_goal_and_lower_is_better_verdicts(tmp_path):
   sections, by_name = results.build(SPEC, root)
   t = by_name['streaming']
   dp, dl, st = (_gid(t, l) for l in (
-      'data parallel (K=1)', 'DiLoCo (H=16, nesterov outer)',
+      'data parallel (K=1)', 'DiLoCo (H=16, nesterov outer, momentum 0.5)',
       'Streaming DiLoCo (H=16, P=4, τ=1, α=0.5, WAN e3m0)'))
   # Means: dp 2.01, diloco 2.08, streaming (seeds 0, 1) 2.015.
   assert results.number(t, st, 'final_loss') == pytest.approx(2.015)
@@ -1172,7 +1172,7 @@ def test_streaming_plots_of_loss(tmp_path):
     with open(p, 'rb') as f:
       assert f.read(8) == PNG_MAGIC
   # The unfinished streaming seed: its last validation loss, not an accuracy.
-  assert 'running or interrupted: step 512/512, round 128, last validation loss 2.030' in text
+  assert 'running or interrupted: step 2000/2000, round 500, last validation loss 2.030' in text
 
 
 def test_lm_sections_render_with_missing_runs(tmp_path):

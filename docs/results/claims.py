@@ -444,7 +444,8 @@ _CO3 = dict(
 _STREAMING_SWEEP = 'configs/sweeps/shakespeare_streaming.py'
 _STREAMING_LABELS = [
     ({'sync.strategy': 'sync'}, 'data parallel (K=1)'),
-    ({'sync.fragments': 1}, 'DiLoCo (H={sync.k}, {sync.outer.name} outer)'),
+    ({'sync.fragments': 1}, 'DiLoCo (H={sync.k}, {sync.outer.name} outer, momentum '
+                            '{sync.outer.momentum:g})'),
     ({}, 'Streaming DiLoCo (H={sync.k}, P={sync.fragments}, τ={sync.overlap_steps}, '
          'α={sync.mixing_alpha:g}, WAN {compression.wan.name})'),
 ]
