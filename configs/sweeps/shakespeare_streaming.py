@@ -19,15 +19,17 @@ iterations:
 Everything else is configs/shakespeare.py (AdamW, warm-up + cosine over 2,000
 iterations, 2 DCs x 4 workers, 100 Mbit/s WAN at 20 ms). Arms 1 and 2 are exactly
 the DiLoCo check's K = 1 and momentum-0.5 points (same overrides, hence the same
-workdir names and bitwise the same runs): a run finished under either sweep's root
-can be copied to the other's instead of being trained twice. Evaluations every 400
+workdir names and the same runs): a run finished under either sweep's root can be
+copied to the other's instead of being trained twice. Evaluations every 400
 iterations for every arm (``train.eval_every`` counts rounds, which hold 1, 16 and
 H / P = 4 iterations). A first attempt at 512 iterations was stopped after its
 data-parallel and DiLoCo runs of seed 0: at 512 iterations DiLoCo still trailed
 data parallel by 2.3% (2.059 vs 2.013 nats), far more than at the LM's full length.
-Each run's summary.json holds the table's columns: ``final_test_loss``,
-``bytes.inter_dc``, ``peak_wan_bytes_per_sync``, ``exposed_wan_s``,
-``compute_utilisation`` and ``wan_mbps_for_95pct_utilisation``.
+Cost on the shared 2-core machine (another job running): 17-19 minutes of wall time
+for a data-parallel or DiLoCo run, 22 for a streaming one (seed 0). Each run's
+summary.json holds the table's columns: ``final_test_loss``, ``bytes.inter_dc``,
+``peak_wan_bytes_per_sync``, ``exposed_wan_s``, ``compute_utilisation`` and
+``wan_mbps_for_95pct_utilisation``.
 
   python -m hfl.sweep --sweep=configs/sweeps/shakespeare_streaming.py \\
       --root=workdirs/shakespeare_streaming
