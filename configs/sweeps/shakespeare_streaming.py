@@ -36,11 +36,11 @@ summary.json holds the table's columns: ``final_test_loss``, ``bytes.inter_dc``,
   python3 docs/results/make_results.py --no-run   # the results page's section
 """
 
-from configs.sweeps.shakespeare_diloco import DILOCO_H16
+from configs.sweeps.shakespeare_diloco import DILOCO_H16, H16, K1
 from configs.sweeps.workloads import SEEDS
 
-DP = {'sync.strategy': 'sync', 'sync.k': 1, 'train.eval_every': 400}
-DILOCO = dict(DILOCO_H16, **{'sync.k': 16, 'train.eval_every': 25})
+DP = K1
+DILOCO = dict(DILOCO_H16, **H16)
 STREAMING = dict(DILOCO, **{'sync.fragments': 4, 'sync.overlap_steps': 1,
                             'sync.mixing_alpha': 0.5, 'compression.wan.name': 'e3m0',
                             'train.eval_every': 100})
