@@ -3,7 +3,8 @@ FLOPs utilisation (MFU) against this CPU's peak.
 
 For each model, three programs train the same model on the same global batch
 (D x W workers x --batch examples) with SGD, timed in alternating blocks in one
-process (medians; quote the ratios):
+process (medians; quote the ratios: hier. / DP is the median, with its quartiles, of the
+per-block ratios of adjacent blocks, robust to the shared machine's speed drifting):
   * hierarchical: hfl.step with do_round=True every iteration (intra-DC all-reduce
     over 'worker', optimizer on the workers, inter-DC all-gather of the
     pseudo-gradient over 'dc', outer averaging): the synchronous HPS baseline;
@@ -187,8 +188,10 @@ def programs(net, x_host, y_host, mesh):
   return progs, model_flops, mb
 
 
-def measure(progs, steps: int, blocks: int) -> dict:
-  """Median steps/s of each program over alternating blocks (after 2 warm-up steps)."""
+def measure(progs, steps: int, blocks: int) -> tuple[dict, list]:
+  """Median steps/s of each program over alternating blocks (after 2 warm-up steps),
+  and the per-block ratios hierarchical / data parallel (each from two adjacent
+  blocks, so a slow drift of the shared machine's speed cancels)."""
   for run, _ in progs.values():
     run(2)
   times = {k: [] for k in progs}
@@ -197,7 +200,8 @@ def measure(progs, steps: int, blocks: int) -> dict:
       t0 = time.perf_counter()
       run(steps)
       times[k].append(time.perf_counter() - t0)
-  return {k: steps / float(np.median(v)) for k, v in times.items()}
+  ratios = [d / h for h, d in zip(times['hierarchical'], times['data parallel'])]
+  return {k: steps / float(np.median(v)) for k, v in times.items()}, ratios
 
 
 def main():
@@ -221,16 +225,17 @@ def main():
         f'{D * W * args.batch}; median of {args.blocks} alternating blocks of {args.steps} steps')
   mesh = mesh_lib.make_mesh(D, W)
   print('\n| model | input | model GFLOP/step (jaxpr) | XLA GFLOP/step: hier. / DP / 1 dev. | '
-        'hierarchical steps/s | data-parallel steps/s | hier. / DP | one device (jit) steps/s | '
+        'hierarchical steps/s | data-parallel steps/s | hier. / DP: median (quartiles) of blocks | one device (jit) steps/s | '
         'MFU hierarchical | MFU one device | XLA MB accessed/step/device: hier. / DP |')
   print('|---|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|', flush=True)
   for name in names:  # each row as soon as its model is measured
     net, x, y, desc = build(name, args.batch, np.random.default_rng(0))
     progs, mf, mb = programs(net, x, y, mesh)
-    r = measure(progs, args.steps, args.blocks)
+    r, ratios = measure(progs, args.steps, args.blocks)
+    q1, med, q3 = np.percentile(ratios, [25, 50, 75])
     xla = ' / '.join(f'{progs[k][1] / 1e9:.3f}' for k in progs)
     h, dp, one = r['hierarchical'], r['data parallel'], r['one device']
-    print(f'| {name} | {desc} | {mf / 1e9:.3f} | {xla} | {h:.2f} | {dp:.2f} | {h / dp:.3f} | '
+    print(f'| {name} | {desc} | {mf / 1e9:.3f} | {xla} | {h:.2f} | {dp:.2f} | {med:.3f} ({q1:.3f}–{q3:.3f}) | '
           f'{one:.2f} | {mf * h / peak:.1%} | {mf * one / peak:.1%} | '
           f'{mb[0]:.1f} / {mb[1]:.1f} |', flush=True)
 

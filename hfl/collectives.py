@@ -243,6 +243,28 @@ def split(a, parts: int, index):
   return jax.lax.dynamic_slice_in_dim(pad_flat(a, parts), index * n, n)
 
 
+def share(a, parts: int, index):
+  """Member ``index``'s share of ``a`` for a reduction: (values [ceil(size / parts)],
+  valid bool[same]).
+
+  The entries of :func:`split`'s slice ``index`` without the zero-padding copy: a
+  window of ``a`` flattened, shifted back from the end where it would overrun, with
+  ``valid`` marking the entries that are slice ``index``'s own (the rest belong to
+  slice ``index - 1``). Summing ``where(valid, f(values), 0)`` over members counts
+  every entry once; XLA fuses the window into the reduction, so each member reads
+  only its share. An empty ``a`` gives empty values.
+  """
+  flat = a.reshape(-1)
+  n = flat.shape[0]
+  c = chunk(n, parts)
+  if n == 0:
+    return flat, jnp.zeros((0,), bool)
+  start = index * c
+  window = jax.lax.dynamic_slice_in_dim(flat, jnp.minimum(start, n - c), c)
+  pos = jnp.minimum(start, n - c) + jnp.arange(c)
+  return window, (pos >= start) & (pos < start + c)
+
+
 def split_tree(tree, parts: int, index):
   """:func:`split` of every leaf of ``tree``: leaves [ceil(size / parts)]."""
   return jax.tree.map(lambda a: split(a, parts, index), tree)

@@ -220,8 +220,11 @@ BAD_INPUT, BAD_PAYLOAD, BAD_RESIDUAL = 1, 2, 4
 FLAG_NAMES = {BAD_INPUT: 'input', BAD_PAYLOAD: 'payload', BAD_RESIDUAL: 'residual'}
 
 
-def _all_finite(*trees) -> jax.Array:
+def _all_finite(*trees, part=None) -> jax.Array:
   """bool[]: every inexact (float) array in ``trees`` is finite.
+
+  ``part`` = (index int32[], parts): only slice ``index`` of every array, each
+  flattened and zero-padded to a multiple of ``parts`` (hfl.collectives.split).
 
   An all-reduction of isfinite, not max |a|: XLA:CPU's vectorised max reduction
   drops NaN on arrays of a few thousand entries and more (measured on jax 0.10).
@@ -230,10 +233,14 @@ def _all_finite(*trees) -> jax.Array:
             if jnp.issubdtype(jnp.result_type(a), jnp.inexact)]
   if not arrays:
     return jnp.bool_(True)
-  return jnp.all(jnp.stack([jnp.all(jnp.isfinite(a)) for a in arrays]))
+  if part is None:
+    return jnp.all(jnp.stack([jnp.all(jnp.isfinite(a)) for a in arrays]))
+  shares = [collectives.share(a, part[1], part[0]) for a in arrays]
+  return jnp.all(jnp.stack([jnp.all(jnp.isfinite(v) | ~ok) for v, ok in shares]))
 
 
-def finiteness_flags(x, payload, decoded, residual, lossless: bool = False) -> jax.Array:
+def finiteness_flags(x, payload, decoded, residual, lossless: bool = False,
+                     part=None) -> jax.Array:
   """int32[] bit flags of one leaf on one link: BAD_INPUT where ``x`` (the gradient,
   aggregate or pseudo-gradient sent) has a non-finite entry, BAD_PAYLOAD where the
   payload or its decoded value does, BAD_RESIDUAL where the new residual does.
@@ -241,12 +248,20 @@ def finiteness_flags(x, payload, decoded, residual, lossless: bool = False) -> j
   ``lossless``: the leaf's compressor is lossless (its payload decodes to ``x``
   exactly and the residual is passed through unchanged, hfl.compress.ef.ef_step),
   so BAD_PAYLOAD is BAD_INPUT and only ``x`` is read.
+
+  ``part`` = (index int32[], parts): the four values are identical on ``parts``
+  members (a DC's workers hold the same PS and WAN link), so this member checks
+  only its slice ``index`` of each (flattened, zero-padded: hfl.collectives.split)
+  and the flags of the whole leaf are the OR over the members
+  (:func:`host_metrics` reports them per member, :func:`first_nonfinite` per DC).
+  Each value is then read once per DC instead of once per worker.
   """
+  ok = lambda *t: _all_finite(*t, part=part)
   if lossless:
-    return jnp.where(_all_finite(x), 0, BAD_INPUT | BAD_PAYLOAD).astype(jnp.int32)
-  return (jnp.where(_all_finite(x), 0, BAD_INPUT)
-          | jnp.where(_all_finite(payload, decoded), 0, BAD_PAYLOAD)
-          | jnp.where(_all_finite(residual), 0, BAD_RESIDUAL)).astype(jnp.int32)
+    return jnp.where(ok(x), 0, BAD_INPUT | BAD_PAYLOAD).astype(jnp.int32)
+  return (jnp.where(ok(x), 0, BAD_INPUT)
+          | jnp.where(ok(payload, decoded), 0, BAD_PAYLOAD)
+          | jnp.where(ok(residual), 0, BAD_RESIDUAL)).astype(jnp.int32)
 
 
 class Exchanged(NamedTuple):
@@ -280,14 +295,18 @@ def _collect(c: base.Compressor, sent, payload, axis: str, axis_size: int, weigh
   float32 sum (hfl.compress.ef.aggregate).
   """
   if reduces(c):
-    mine = sent / axis_size if weights is None else sent * weights[jax.lax.axis_index(axis)]
+    # The plain mean divides the sum (one pass fewer than dividing every member's
+    # value first); weights multiply each member's value before the sum.
+    mine = sent if weights is None else sent * weights[jax.lax.axis_index(axis)]
+    mean = (lambda a: a / axis_size) if weights is None else (lambda a: a)
     if scatter:
-      return collectives.psum_scatter_split(mine, axis, axis_size)
+      return mean(collectives.psum_scatter_split(mine, axis, axis_size))
     if split_axis is None:
-      return (yield collectives.Call(lambda a: jax.lax.psum(a, axis), mine, ('psum', axis)))
-    return (yield collectives.Call(
+      return mean((yield collectives.Call(lambda a: jax.lax.psum(a, axis), mine,
+                                          ('psum', axis))))
+    return mean((yield collectives.Call(
         lambda a: collectives.psum_split(a, axis, split_axis, split_size), mine,
-        ('psum_split', axis, split_axis, split_size)))
+        ('psum_split', axis, split_axis, split_size))))
   if split_axis is None:
     gathered = yield collectives.Call(
         lambda a: jax.lax.all_gather(a, axis, to='invarying'), payload,
@@ -355,13 +374,16 @@ def exchange(comps: Sequence[base.Compressor], xs, link: LinkState, key, axis: s
   aggs = collectives.run_fused(gens) if fuse else [collectives.run(g) for g in gens]
   bits = [axis_size * chunk_bits(p, axis_size) if sc else c.wire_bits(p)
           for c, p, sc in zip(comps, payloads, scatter)]
-  flags = [finiteness_flags(x, p, s, r, c.lossless) for c, x, p, s, r in
+  # With split_axis every value here is identical over it: each member checks 1/split_size.
+  part = None if split_axis is None else (jax.lax.axis_index(split_axis), split_size)
+  flags = [finiteness_flags(x, p, s, r, c.lossless, part) for c, x, p, s, r in
            zip(comps, xs32, payloads, sent, treedef.flatten_up_to(residual))]
   return Exchanged(treedef.unflatten(aggs), LinkState(residual, states), bits, flags,
                    payloads)
 
 
-def downlink(comps: Sequence[base.Compressor], qs, link: LinkState, key) -> Exchanged:
+def downlink(comps: Sequence[base.Compressor], qs, link: LinkState, key,
+             parts: Sequence | None = None) -> Exchanged:
   """The PS's downlink: error-feedback-compresses every leaf of the aggregate ``qs``.
 
   p = q + γ e; payload = C(p); e <- p - D(payload) (no residual for lossless
@@ -376,16 +398,19 @@ def downlink(comps: Sequence[base.Compressor], qs, link: LinkState, key) -> Exch
       the aggregate.
     link: the PS's :class:`LinkState` (residual like ``qs``).
     key: PRNG key; leaf i encodes with ``fold_in(key, i)``.
+    parts: per leaf, None or :func:`finiteness_flags`' ``part`` (the leaf's values
+      are identical on the DC's workers, each checks its share); default: None.
 
   Returns:
     :class:`Exchanged` whose ``agg`` is D(payload), what every worker receives.
   """
   leaves, treedef = jax.tree.flatten(qs)
+  parts = [None] * len(leaves) if parts is None else list(parts)
   payloads, residual, states = ef.tree_ef_step(comps, qs, link.residual,
                                                link.compressor_state, key)
   received = [c.decode(p) for c, p in zip(comps, payloads)]
-  flags = [finiteness_flags(q, p, r, e, c.lossless) for c, q, p, r, e in
-           zip(comps, leaves, payloads, received, treedef.flatten_up_to(residual))]
+  flags = [finiteness_flags(q, p, r, e, c.lossless, pt) for c, q, p, r, e, pt in
+           zip(comps, leaves, payloads, received, treedef.flatten_up_to(residual), parts)]
   return Exchanged(treedef.unflatten(received), LinkState(residual, states),
                    [c.wire_bits(p) for c, p in zip(comps, payloads)], flags, payloads)
 
@@ -515,8 +540,10 @@ def ps_downlink(setup: Setup, agg, link: LinkState, key):
     With ZeRO-1 a dense (linear) payload reaches each worker as its slice; any
     other payload whole, and each worker decodes it and keeps its slice.
   """
-  down = downlink(setup.comps.down, agg, link, key)
   w, wk = setup.num_workers, jax.lax.axis_index(WORKER)
+  # A reduce-scattered leaf's aggregate is this worker's own slice: checked whole.
+  down = downlink(setup.comps.down, agg, link, key,
+                  [None if sc else (wk, w) for sc in _scatters(setup)])
   grads, bits = [], []
   for c, g, b, p, scattered in zip(setup.comps.down, jax.tree.leaves(down.agg), down.bits,
                                    down.payloads, _scatters(setup)):
@@ -604,8 +631,10 @@ class RoundCharge(NamedTuple):
   wan: LinkCharge  # static: all WAN bits of the DC's payload (wan_sum + wan_gather)
   wan_sum: int     # static bits of the all-reduced WAN leaves
   wan_gather: int  # static bits of the all-gathered WAN leaves
-  # f32[2] (this DC's): ||x_d - x_global||_2 before the round (the pseudo-gradient's
-  # norm) and ||x_d - x_global'||_2 after it (x_global' the new global model).
+  # f32[2], this worker's share (its slice, hfl.collectives.split) of this DC's
+  # ||x_d - x_global||_2^2 before the round (the pseudo-gradient's squared norm) and
+  # ||x_d - x_global'||_2^2 after it (x_global' the new global model); the host sums
+  # the W shares (host_metrics).
   drift: Any = None
 
 
@@ -633,8 +662,9 @@ def inter_dc_round(setup: Setup, state: TrainState, weights, key):
                  key_offset=WAN_KEY_OFFSET, fuse=True)
   global_params, outer_state = outer_lib.apply_outer(setup.outer, state.global_params,
                                                      wan.agg, state.outer_state)
-  drift = jnp.stack([l2_distance(state.params, state.global_params),
-                     l2_distance(state.params, global_params)])
+  part = (jax.lax.axis_index(WORKER), setup.num_workers)
+  drift = jnp.stack([squared_distance(state.params, state.global_params, part),
+                     squared_distance(state.params, global_params, part)])
   new = state._replace(params=global_params, global_params=global_params,
                        outer_state=outer_state, wan=_keep(present, wan.link, state.wan),
                        local_steps=jnp.zeros_like(state.local_steps))
@@ -644,12 +674,21 @@ def inter_dc_round(setup: Setup, state: TrainState, weights, key):
                           drift)
 
 
-def l2_distance(a, b) -> jax.Array:
-  """f32[]: the L2 norm of ``a - b`` over every leaf of two like pytrees (the
-  squares summed in float32). Local to the device: no collective."""
-  sq = [jnp.sum(jnp.square(x.astype(jnp.float32) - y.astype(jnp.float32)))
-        for x, y in zip(jax.tree.leaves(a), jax.tree.leaves(b))]
-  return jnp.sqrt(sum(sq))
+def squared_distance(a, b, part=None) -> jax.Array:
+  """f32[]: ||a - b||_2^2 over every leaf of two like pytrees (summed in float32).
+  Local to the device: no collective.
+
+  ``part`` = (index int32[], parts): only this member's share of every leaf
+  (hfl.collectives.share); the shares of the ``parts`` members add up to the whole.
+  """
+  total = jnp.float32(0)
+  for x, y in zip(jax.tree.leaves(a), jax.tree.leaves(b)):
+    sq = jnp.square(x.astype(jnp.float32) - y.astype(jnp.float32))
+    if part is not None:
+      sq, ok = collectives.share(sq, part[1], part[0])
+      sq = jnp.where(ok, sq, 0)
+    total = total + jnp.sum(sq)
+  return total
 
 
 def _fragment_exchange(setup: Setup, state: TrainState, weights, key, frag):
@@ -927,8 +966,10 @@ def host_metrics(info: ProgramInfo, metrics, active, weights=None) -> dict:
     'worker'; 0 without a round); ``flags`` int32[D, W, 3, L] (finiteness
     flags of the uplink, downlink and WAN per leaf); ``update_l2`` and
     ``drift_l2`` (float64 [D], :attr:`RoundCharge.drift`: ||x_d - x_global||_2
-    before the round and ||x_d - x_global'||_2 after it, float32 sums; 0 without
-    a round).
+    before the round and ||x_d - x_global'||_2 after it: the W workers' float32
+    sums of squares over their slices, added in float64; 0 without a round).
+    Downlink and WAN flags are each worker's share of its DC's values
+    (:func:`finiteness_flags` ``part``): OR them over the workers for the DC's.
   """
   m = np.asarray(metrics)
   d, w, _ = m.shape
@@ -945,7 +986,8 @@ def host_metrics(info: ProgramInfo, metrics, active, weights=None) -> dict:
     gathered = np.where(present, info.wan_gather + dyn[:, 0, 2], zero)  # same on every worker
     wan = np.where(present, info.wan_sum + gathered, zero)
     round_down = np.full(d, w * (info.wan_sum + int(gathered.sum())), np.int64)
-  drift = np.ascontiguousarray(m[:, 0, 1 + 6 * n:]).view(np.float32).astype(np.float64)
+  shares = np.ascontiguousarray(m[..., 1 + 6 * n:]).view(np.float32).astype(np.float64)
+  drift = np.sqrt(shares.sum(axis=1))  # [D, 2]: the W workers' shares summed
   return dict(loss=loss, up_bits=up, down_bits=down, wan_bits=wan, round_down_bits=round_down,
               flags=m[..., 1 + 3 * n:1 + 6 * n].reshape(d, w, 3, n),
               update_l2=drift[:, 0], drift_l2=drift[:, 1])
@@ -964,18 +1006,21 @@ def first_nonfinite(flags, leaf_names: Sequence[str] | None = None) -> str | Non
   Returns:
     e.g. ``"input of leaf ['Dense_0']['kernel'] on the uplink (DC 0, worker 2)"``
     (the input is the gradient on the uplink, the aggregate on the downlink, the
-    pseudo-gradient on the WAN) — links in the order uplink, downlink, WAN; None
-    when every value was finite.
+    pseudo-gradient on the WAN; the downlink and WAN name the DC only, whose
+    workers each check a share of them) — links in the order uplink, downlink,
+    WAN; None when every value was finite.
   """
   flags = np.asarray(flags)
   for link in range(flags.shape[2]):
     bad = np.argwhere(flags[:, :, link, :] != 0)
     if len(bad):
       d, w, leaf = (int(v) for v in bad[0])
-      what = [name for bit, name in FLAG_NAMES.items() if flags[d, w, link, leaf] & bit]
+      bits = flags[d, w, link, leaf] if link == 0 else np.bitwise_or.reduce(
+          flags[d, :, link, leaf])
+      what = [name for bit, name in FLAG_NAMES.items() if bits & bit]
       name = leaf if leaf_names is None else leaf_names[leaf]
-      return (f'{" and ".join(what)} of leaf {name} on the {LINK_NAMES[link]} '
-              f'(DC {d}, worker {w})')
+      where = f'DC {d}, worker {w}' if link == 0 else f'DC {d}'
+      return f'{" and ".join(what)} of leaf {name} on the {LINK_NAMES[link]} ({where})'
   return None
 
 

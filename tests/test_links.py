@@ -29,6 +29,7 @@ import numpy as np
 import pytest
 from jax.sharding import Mesh, NamedSharding, PartitionSpec as P
 
+from hfl import collectives
 from hfl import step as step_lib
 from hfl.compress import base, policy
 
@@ -262,6 +263,40 @@ def test_finiteness_flags_match_numpy_and_lossless_reads_only_the_input(bad, siz
   assert int(jax.jit(lambda v: step_lib.finiteness_flags(v, v, v, v))(empty)) == 0
 
 
+@pytest.mark.parametrize('size,parts', [(0, 4), (1, 4), (2, 4), (10, 4), (12, 4), (1001, 3)])
+def test_member_shares_cover_every_entry_once(size, parts):
+  """hfl.collectives.share: member i's valid entries are exactly slice i of
+  hfl.collectives.split (no padding), so the shares partition the array."""
+  a = np.arange(1, size + 1, dtype=np.float32)
+  got, chunk = [], -(-size // parts) if size else 0
+  for i in range(parts):
+    v, ok = jax.jit(lambda x, j: collectives.share(x, parts, j))(a, jnp.int32(i))
+    got.append(np.asarray(v)[np.asarray(ok)])
+    assert np.array_equal(got[-1], a[i * chunk:(i + 1) * chunk])
+  assert np.array_equal(np.concatenate(got), a)
+
+
+@pytest.mark.parametrize('parts', [3, 4])
+@pytest.mark.parametrize('where', [0, 17, 1000])
+def test_finiteness_flags_split_over_members_or_to_the_full_check(parts, where):
+  """With ``part`` = (i, parts) member i checks slice i of every value (flattened,
+  zero-padded; 1001 entries do not divide by 3 or 4): exactly the member whose
+  slice holds the bad entry flags it, and the OR over members is the full check."""
+  x = np.linspace(-1, 1, 1001).astype(np.float32).reshape(-1, 7)
+  r = np.zeros_like(x)
+  x.flat[where] = np.nan
+  r.flat[1000 - where] = np.inf
+  chunk = -(-x.size // parts)
+  run = jax.jit(lambda v, e, i: step_lib.finiteness_flags(v, {'x': v}, v, e, part=(i, parts)))
+  got = [int(run(x, r, jnp.int32(i))) for i in range(parts)]
+  for i, g in enumerate(got):
+    assert bool(g & step_lib.BAD_INPUT) == (where // chunk == i)
+    assert bool(g & step_lib.BAD_RESIDUAL) == ((1000 - where) // chunk == i)
+  full = int(jax.jit(lambda v, e: step_lib.finiteness_flags(v, {'x': v}, v, e))(x, r))
+  assert np.bitwise_or.reduce(got) == full == (
+      step_lib.BAD_INPUT | step_lib.BAD_PAYLOAD | step_lib.BAD_RESIDUAL)
+
+
 def test_co3_inf_is_not_saturated_and_ef_does_not_send_the_maximum_forever():
   """Issue 12, fault 3: CO3 fp4 on the 1-entry leaf [inf] decoded to 3.0; with error
   feedback (γ = 1) on [inf, 0.1, 0.1] every later step sent the maximum level."""
@@ -284,9 +319,10 @@ def test_host_names_the_first_non_finite_leaf_and_link():
   assert step_lib.first_nonfinite(flags) is None
   flags[1, 2, 2, 3] = step_lib.BAD_PAYLOAD | step_lib.BAD_RESIDUAL
   flags[0, 3, 1, 4] = step_lib.BAD_INPUT
+  flags[0, 1, 1, 4] = step_lib.BAD_PAYLOAD  # another worker's share of the same DC's leaf
   names = [f'leaf{i}' for i in range(5)]
   assert step_lib.first_nonfinite(flags, names) == (
-      'input of leaf leaf4 on the downlink (DC 0, worker 3)')
+      'input and payload of leaf leaf4 on the downlink (DC 0)')
   flags[1, 0, 0, 1] = step_lib.BAD_INPUT
   assert step_lib.first_nonfinite(flags, names) == (
       'input of leaf leaf1 on the uplink (DC 1, worker 0)')
