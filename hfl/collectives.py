@@ -251,8 +251,8 @@ def share(a, parts: int, index):
   window of ``a`` flattened, shifted back from the end where it would overrun, with
   ``valid`` marking the entries that are slice ``index``'s own (the rest belong to
   slice ``index - 1``). Summing ``where(valid, f(values), 0)`` over members counts
-  every entry once; XLA fuses the window into the reduction, so each member reads
-  only its share. An empty ``a`` gives empty values.
+  every entry once, and each member reads only its window (XLA:CPU may write the
+  window out before reducing it). An empty ``a`` gives empty values.
   """
   flat = a.reshape(-1)
   n = flat.shape[0]

@@ -223,8 +223,8 @@ FLAG_NAMES = {BAD_INPUT: 'input', BAD_PAYLOAD: 'payload', BAD_RESIDUAL: 'residua
 def _all_finite(*trees, part=None) -> jax.Array:
   """bool[]: every inexact (float) array in ``trees`` is finite.
 
-  ``part`` = (index int32[], parts): only slice ``index`` of every array, each
-  flattened and zero-padded to a multiple of ``parts`` (hfl.collectives.split).
+  ``part`` = (index int32[], parts): only member ``index``'s share of every array
+  (hfl.collectives.share: slice ``index`` of ``parts`` of the flattened array).
 
   An all-reduction of isfinite, not max |a|: XLA:CPU's vectorised max reduction
   drops NaN on arrays of a few thousand entries and more (measured on jax 0.10).
@@ -251,8 +251,7 @@ def finiteness_flags(x, payload, decoded, residual, lossless: bool = False,
 
   ``part`` = (index int32[], parts): the four values are identical on ``parts``
   members (a DC's workers hold the same PS and WAN link), so this member checks
-  only its slice ``index`` of each (flattened, zero-padded: hfl.collectives.split)
-  and the flags of the whole leaf are the OR over the members
+  only its share ``index`` of each (hfl.collectives.share) and the flags of the whole leaf are the OR over the members
   (:func:`host_metrics` reports them per member, :func:`first_nonfinite` per DC).
   Each value is then read once per DC instead of once per worker.
   """
@@ -631,7 +630,7 @@ class RoundCharge(NamedTuple):
   wan: LinkCharge  # static: all WAN bits of the DC's payload (wan_sum + wan_gather)
   wan_sum: int     # static bits of the all-reduced WAN leaves
   wan_gather: int  # static bits of the all-gathered WAN leaves
-  # f32[2], this worker's share (its slice, hfl.collectives.split) of this DC's
+  # f32[2], this worker's share (hfl.collectives.share) of this DC's
   # ||x_d - x_global||_2^2 before the round (the pseudo-gradient's squared norm) and
   # ||x_d - x_global'||_2^2 after it (x_global' the new global model); the host sums
   # the W shares (host_metrics).
