@@ -129,9 +129,16 @@ def _parse_flags(argv):
     return flags.FLAGS(argv)
   except flags.Error as e:
     msg = ' '.join(str(e).split()).rstrip('.')
-    if 'boolean' in msg:
-      msg += ' (a boolean field takes true or false)'
-    print(f'error: {msg}. Pass --helpfull to see the flags.', file=sys.stderr)
+    if 'Error whilst parsing config file' in msg:  # get_config raised: keep its message
+      msg = msg.split(':', 1)[0] + ': ' + msg.rsplit('Error: ', 1)[-1].rstrip('.')
+    elif 'Non-boolean argument' in msg:
+      msg = msg.split(':', 1)[0] + ': not a boolean (a boolean field takes true or false)'
+    elif 'invalid literal for int()' in msg:
+      msg += ' (an integer field)'
+    elif 'could not convert string to float' in msg:
+      msg += ' (a number field)'
+    from hfl import config as config_lib  # pylint: disable=g-import-not-at-top
+    print(f'error: {msg}. {config_lib.FIELDS_HELP}', file=sys.stderr)
     sys.exit(2)
   except (KeyError, AttributeError, OSError, ImportError, SyntaxError) as e:
     config_arg = _config_args(argv)[0]

@@ -9,8 +9,15 @@ import ml_collections
 
 
 def get_config(arg: str | None = None) -> ml_collections.ConfigDict:
-  """Returns the default config. ``arg`` is unused (kept for big_vision-style overrides)."""
-  del arg
+  """Returns the default config.
+
+  Raises:
+    ValueError: ``arg`` given (``--config=configs/default.py:ARG``): the shipped
+      configs take none; override fields with ``--config.FIELD=VALUE``.
+  """
+  if arg:
+    raise ValueError(f"this config takes no argument after ':' (got {arg!r}); override "
+                     'fields with --config.FIELD=VALUE instead.')
   c = ml_collections.ConfigDict()
   c.seed = 0
 

@@ -387,7 +387,11 @@ def unknown_field(config: ml_collections.ConfigDict, field: str) -> str | None:
   names = field_names(config)
   if field in names:
     return None
-  close = difflib.get_close_matches(field, names, n=1)
+  group, _, leaf = field.rpartition('.')
+  # An abbreviation of a field of the same section: 'optimizer.lr' -> learning_rate.
+  close = [n for n in names if n.rpartition('.')[0] == group and len(leaf) > 1
+           and ''.join(w[0] for w in n.rpartition('.')[2].split('_') if w) == leaf]
+  close = close or difflib.get_close_matches(field, names, n=1)
   if not close:
     return f'unknown config field {field!r}'
   return f'unknown config field {field!r}; did you mean {close[0]!r}?'

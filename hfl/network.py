@@ -67,7 +67,12 @@ def from_config(net, num_dcs: int) -> NetworkModel:
       value not finite, or
       ``network.dc_speed`` does not hold ``num_dcs`` positive numbers.
   """
-  speed = np.asarray(tuple(net.dc_speed), dtype=np.float64)
+  try:
+    speed = np.asarray(tuple(net.dc_speed), dtype=np.float64)
+  except (TypeError, ValueError):
+    raise ValueError(
+        f'network.dc_speed={net.dc_speed!r} must be a tuple of mesh.num_dcs={num_dcs} '
+        'positive relative speeds, e.g. (3.0, 1.0) (1.0 = the reference speed).') from None
   if speed.shape != (num_dcs,) or not np.all(speed > 0):
     raise ValueError(
         f'network.dc_speed={tuple(net.dc_speed)} must hold mesh.num_dcs={num_dcs} '

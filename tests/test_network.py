@@ -61,7 +61,8 @@ def test_idle_times_add_up():
                                          ('compute_time_s', float('inf')),
                                          ('wan_bandwidth_mbps', float('inf')),
                                          ('dc_speed', (1.0, float('inf'))),
-                                         ('dc_speed', (1.0, 0.0))])
+                                         ('dc_speed', (1.0, 0.0)),
+                                         ('dc_speed', ('fast',)), ('dc_speed', (1.0, 'x'))])
 def test_bad_network_config_names_the_field(field, value):
   with pytest.raises(ValueError, match=f'network.{field}'):
     _net(**{field: value})

@@ -262,6 +262,12 @@ def test_main_cli_runs_and_rejects_bad_flags(fake_data, tmp_path):
        "'optimiser.learning_rate'; did you mean 'optimizer.learning_rate'? "),
       ('--config.sync.kk=8', "error: unknown config field 'sync.kk'; did you mean 'sync.k'? "),
       ('--config.zzzz=1', "error: unknown config field 'zzzz'. "),
+      ('--config.optimizer.lr=0.1', "error: unknown config field 'optimizer.lr'; did you "
+       "mean 'optimizer.learning_rate'? "),
+      ('--config.sync.k=four', "error: flag --config.sync.k=four: invalid literal for int() "
+       "with base 10: 'four' (an integer field). "),
+      ('--config.sync.progress_aware=yes', 'error: flag --config.sync.progress_aware=yes: not '
+       'a boolean (a boolean field takes true or false). '),
   ]:
     typo = subprocess.run(base + [f'--workdir={tmp_path / "typo"}', flag], env=env,
                           capture_output=True, text=True, timeout=300, cwd=REPO)
@@ -272,6 +278,13 @@ def test_main_cli_runs_and_rejects_bad_flags(fake_data, tmp_path):
                          capture_output=True, text=True, timeout=300, cwd=REPO)
   assert extra.returncode == 2  # a stray word: one line, not absl's full help
   assert extra.stderr.startswith("error: unexpected arguments ['extra']; main.py takes only flags")
+  arg = subprocess.run([sys.executable, os.path.join(REPO, 'main.py'),
+                        f'--config={os.path.join(REPO, "configs/smoke.py")}:foo',
+                        f'--workdir={tmp_path / "typo"}'],
+                       env=env, capture_output=True, text=True, timeout=300, cwd=REPO)
+  assert arg.returncode == 2  # shipped configs take no ARG in --config=FILE:ARG
+  assert "this config takes no argument after ':' (got 'foo')" in arg.stderr
+  assert 'Traceback' not in arg.stderr
   (tmp_path / 'noget.py').write_text('x = 1\n')
   for config, override, detail in [
       ('configs/nope.py', [], f'configs/nope.py not found from {tmp_path}'),

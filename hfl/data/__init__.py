@@ -174,9 +174,12 @@ def resolve_path(path) -> str:
   alt = os.path.normpath(os.path.join(REPO_ROOT, full))
   if os.path.exists(alt):
     return alt
+  tried = (f'from the working directory, here the repository root ({alt})'
+           if os.path.abspath(full) == alt else
+           f'from the working directory ({os.path.abspath(full)}), then from the repository '
+           f'root ({alt})')
   raise FileNotFoundError(
-      f'dataset.data_dir={path!r} does not exist: a relative path is tried from the working '
-      f'directory ({os.path.abspath(full)}), then from the repository root ({alt}); pass an '
+      f'dataset.data_dir={path!r} does not exist: a relative path is tried {tried}; pass an '
       "absolute path (the README's dataset.data_dir row says what it holds)")
 
 
