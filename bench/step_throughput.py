@@ -8,6 +8,9 @@ per-block ratios of adjacent blocks, robust to the shared machine's speed drifti
   * hierarchical: hfl.step with do_round=True every iteration (intra-DC all-reduce
     over 'worker', optimizer on the workers, inter-DC all-gather of the
     pseudo-gradient over 'dc', outer averaging): the synchronous HPS baseline;
+  * hierarchical K: the same step with a round every --k iterations (default 4, the
+    default config's sync.k: K - 1 intra-DC iterations, then one with a round),
+    what a default experiment runs;
   * data parallel: one shard_map'd step, gradient pmean over ('dc', 'worker'),
     optax update;
   * one device: plain jax.jit of the same SGD step on the whole global batch on
@@ -29,7 +32,7 @@ for CIFAR), float32 images with int labels; a token model (``seq_len``/
 [B, seq_len] with next-token labels.
 
   python3 bench/step_throughput.py [--model=cnn[,mlp,...]|all] [--steps=30] \
-      [--blocks=4] [--batch=32] [--fma_units=N] [--clock_ghz=F]
+      [--blocks=4] [--batch=32] [--k=4] [--fma_units=N] [--clock_ghz=F]
 """
 
 import argparse
@@ -109,7 +112,7 @@ def build(name: str, batch: int, rng):
 # The three programs.
 # ------------------------------------------------------------------------------
 
-def programs(net, x_host, y_host, mesh):
+def programs(net, x_host, y_host, mesh, k: int = 4):
   """Returns {name: (run(n) -> None, xla FLOPs/step)}, the model FLOPs/step and the
   MB each device's program reads and writes per step (XLA's "bytes accessed":
   hierarchical, data parallel)."""
@@ -143,6 +146,14 @@ def programs(net, x_host, y_host, mesh):
   def run_h(n):
     for _ in range(n):
       box['h'], m = hstep(box['h'], (x, y), active, weights, True)
+      jax.block_until_ready(m)
+
+  box['hk'], box['hk_i'] = jax.tree.map(jnp.copy, state), 0
+
+  def run_hk(n):  # a round at the end of every k-th iteration, counted across blocks
+    for _ in range(n):
+      box['hk_i'] += 1
+      box['hk'], m = hstep(box['hk'], (x, y), active, weights, box['hk_i'] % k == 0)
       jax.block_until_ready(m)
 
   # ---- Data-parallel step.
@@ -183,15 +194,15 @@ def programs(net, x_host, y_host, mesh):
       box['one'] = one(*box['one'], ox, oy)
       jax.block_until_ready(box['one'])
 
-  progs = {'hierarchical': (run_h, h_flops), 'data parallel': (run_dp, dp_flops),
-           'one device': (run_one, one_flops)}
+  progs = {'hierarchical': (run_h, h_flops), f'hierarchical K={k}': (run_hk, h_flops),
+           'data parallel': (run_dp, dp_flops), 'one device': (run_one, one_flops)}
   return progs, model_flops, mb
 
 
-def measure(progs, steps: int, blocks: int) -> tuple[dict, list]:
+def measure(progs, steps: int, blocks: int) -> tuple[dict, dict]:
   """Median steps/s of each program over alternating blocks (after 2 warm-up steps),
-  and the per-block ratios hierarchical / data parallel (each from two adjacent
-  blocks, so a slow drift of the shared machine's speed cancels)."""
+  and per hierarchical program the per-block ratios to data parallel (each from
+  adjacent blocks, so a slow drift of the shared machine's speed cancels)."""
   for run, _ in progs.values():
     run(2)
   times = {k: [] for k in progs}
@@ -200,7 +211,8 @@ def measure(progs, steps: int, blocks: int) -> tuple[dict, list]:
       t0 = time.perf_counter()
       run(steps)
       times[k].append(time.perf_counter() - t0)
-  ratios = [d / h for h, d in zip(times['hierarchical'], times['data parallel'])]
+  ratios = {k: [d / h for h, d in zip(times[k], times['data parallel'])]
+            for k in times if k.startswith('hierarchical')}
   return {k: steps / float(np.median(v)) for k, v in times.items()}, ratios
 
 
@@ -211,9 +223,13 @@ def main():
   ap.add_argument('--steps', type=int, default=30, help='steps per timed block')
   ap.add_argument('--blocks', type=int, default=4)
   ap.add_argument('--batch', type=int, default=32, help='examples per worker')
+  ap.add_argument('--k', type=int, default=4,
+                  help='iterations per round of the "hierarchical K" program (>= 1)')
   ap.add_argument('--fma_units', type=int, default=None)
   ap.add_argument('--clock_ghz', type=float, default=None)
   args = ap.parse_args()
+  if args.k < 1:
+    ap.error(f'--k must be >= 1, got {args.k}')
   names = list(models.MODELS) if args.model == 'all' else args.model.split(',')
   for n in names:
     if n not in models.MODELS:
@@ -225,17 +241,20 @@ def main():
         f'{D * W * args.batch}; median of {args.blocks} alternating blocks of {args.steps} steps')
   mesh = mesh_lib.make_mesh(D, W)
   print('\n| model | input | model GFLOP/step (jaxpr) | XLA GFLOP/step: hier. / DP / 1 dev. | '
-        'hierarchical steps/s | data-parallel steps/s | hier. / DP: median (quartiles) of blocks | one device (jit) steps/s | '
+        f'hierarchical steps/s | data-parallel steps/s | hier. / DP: median (quartiles) of blocks | '
+        f'hier. K={args.k} / DP: median (quartiles) | one device (jit) steps/s | '
         'MFU hierarchical | MFU one device | XLA MB accessed/step/device: hier. / DP |')
-  print('|---|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|', flush=True)
+  print('|---|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|', flush=True)
   for name in names:  # each row as soon as its model is measured
     net, x, y, desc = build(name, args.batch, np.random.default_rng(0))
-    progs, mf, mb = programs(net, x, y, mesh)
+    progs, mf, mb = programs(net, x, y, mesh, args.k)
     r, ratios = measure(progs, args.steps, args.blocks)
-    q1, med, q3 = np.percentile(ratios, [25, 50, 75])
-    xla = ' / '.join(f'{progs[k][1] / 1e9:.3f}' for k in progs)
+    quart = lambda v: '{1:.3f} ({0:.3f}–{2:.3f})'.format(*np.percentile(v, [25, 50, 75]))
+    xla = ' / '.join(f'{progs[k][1] / 1e9:.3f}' for k in
+                     ('hierarchical', 'data parallel', 'one device'))
     h, dp, one = r['hierarchical'], r['data parallel'], r['one device']
-    print(f'| {name} | {desc} | {mf / 1e9:.3f} | {xla} | {h:.2f} | {dp:.2f} | {med:.3f} ({q1:.3f}–{q3:.3f}) | '
+    print(f'| {name} | {desc} | {mf / 1e9:.3f} | {xla} | {h:.2f} | {dp:.2f} | '
+          f'{quart(ratios["hierarchical"])} | {quart(ratios[f"hierarchical K={args.k}"])} | '
           f'{one:.2f} | {mf * h / peak:.1%} | {mf * one / peak:.1%} | '
           f'{mb[0]:.1f} / {mb[1]:.1f} |', flush=True)
 

@@ -253,10 +253,7 @@ def setup(config: ml_collections.ConfigDict) -> Setup:
   params_shape = jax.eval_shape(
       lambda: model.init(jax.random.PRNGKey(0), _sample_input(dataset))['params'])
   comps = build_compressors(config, params_shape)
-  up, down, wan = accounting.static_bits(comps, params_shape, w, shard_state(config))
-  t_d = network.iteration_time(net, np.full(d, up * w), np.full(d, down * w))
-  c_d = (network.round_comm_time(net, np.full(d, wan))
-         + network.lan_time(net, np.full(d, accounting.round_down_bits(comps, w, d))))
+  t_d, c_d = planned_times(config, net, comps, params_shape)
   schedule = schedule_lib.from_config(config.sync, d, t=t_d, c=c_d)
   sizes = np.asarray(part.dc_sizes, np.float64)
   return Setup(config, d, w, loop_config(config), tasks.from_config(config), dataset, part,
@@ -264,6 +261,25 @@ def setup(config: ml_collections.ConfigDict) -> Setup:
                make_warmup(config, params_shape), dgc_options(config), shard_state(config),
                net, schedule, present_fn, sizes / sizes.sum(),
                streaming.spec_from_config(config.sync, params_shape))
+
+
+def planned_times(config, net: network.NetworkModel, comps, params_shape
+                  ) -> tuple[np.ndarray, np.ndarray]:
+  """Each DC's planned iteration time t_d and round communication time C_d (seconds,
+  f64[D] each) from payload shapes (nothing runs): what the sync schedule plans with
+  (hfl.sync.schedule) and, with every DC present, what the clock charges a round.
+
+  t_d = hfl.network.iteration_time of W workers' uplink and downlink bits;
+  C_d = hfl.network.round_comm_time of the DC's WAN payload + hfl.network.lan_time
+  of the round's fan-out inside the DC (hfl.accounting.round_down_bits). A
+  synchronous round (K = 1) then lasts max_d(t_d + C_d).
+  """
+  d, w = config.mesh.num_dcs, config.mesh.workers_per_dc
+  up, down, wan = accounting.static_bits(comps, params_shape, w, shard_state(config))
+  t_d = network.iteration_time(net, np.full(d, up * w), np.full(d, down * w))
+  c_d = (network.round_comm_time(net, np.full(d, wan))
+         + network.lan_time(net, np.full(d, accounting.round_down_bits(comps, w, d))))
+  return t_d, c_d
 
 
 def _sample_input(dataset):

@@ -1,14 +1,17 @@
 """The simulated-time budget (hfl.budget): validation, the stopping rule on
 hand-computed clocks (heterogeneous DCs, semi-sync with idle time), exact resume."""
 
+import importlib.util
 import json
 import os
 
 import chex
+import jax
+import jax.numpy as jnp
 import numpy as np
 import pytest
 
-from hfl import budget, train
+from hfl import budget, models, network, sweep, train
 from hfl import config as config_lib
 from tests.helpers import crash_then_resume, final_state, smoke_config
 
@@ -153,3 +156,38 @@ def test_interrupted_budget_run_resumes_bitwise(fake_data, budget_run, tmp_path,
   # Rerun once finished: nothing to do, the same summary.
   again = train.train_and_evaluate(budget_config(fake_data, 0.5), cut_dir)
   assert again['eval_history'] == ref['eval_history']
+
+
+# ------------------------------------------------------------------------------
+# The equal-time sweeps' budgets (configs/sweeps/*semisync_budget.py).
+# ------------------------------------------------------------------------------
+
+@pytest.mark.parametrize('sweep_file,input_shape,sync_rounds', [
+    ('semisync_budget.py', (28, 28, 1), 600),        # configs/semisync.py's 600 iterations
+    ('cifar10_semisync_budget.py', (32, 32, 3), 4800),  # configs/cifar10.py's 4,800
+])
+def test_budget_sweeps_give_sync_its_configured_iterations(sweep_file, input_shape,
+                                                           sync_rounds):
+  """Each budget sweep's SYNC_ROUND_S is max_d(t_d + C_d) of its sync runs
+  (hfl.train.planned_times from the model's payload shapes, at both speed levels),
+  and its budget stops sync after exactly ``sync_rounds`` rounds: the round that
+  reaches the budget is run, so rounds = floor(budget / round) + 1."""
+  root = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+  base, grid = sweep.load_sweep(os.path.join(root, 'configs', 'sweeps', sweep_file))
+  spec = importlib.util.spec_from_file_location('_budget_sweep', os.path.join(
+      root, 'configs', 'sweeps', sweep_file))
+  mod = importlib.util.module_from_spec(spec)
+  spec.loader.exec_module(mod)
+  points = [p for p in sweep.expand_grid(grid) if p['sync.strategy'] == 'sync']
+  assert len(points) == 2 * 3  # two speed levels x three seeds
+  for point in points:
+    cfg = config_lib.load_file(base)
+    cfg.update_from_flattened_dict(point)
+    model = models.from_config(cfg.model, 10)
+    shapes = jax.eval_shape(lambda: model.init(  # noqa: B023
+        jax.random.PRNGKey(0), jnp.zeros((1,) + input_shape))['params'])
+    net = network.from_config(cfg.network, cfg.mesh.num_dcs)
+    t, c = train.planned_times(cfg, net, train.build_compressors(cfg, shapes), shapes)
+    assert mod.SYNC_ROUND_S == pytest.approx(float(np.max(t + c)), rel=1e-9)
+    assert point['train.sim_time_budget_s'] == mod.SIM_BUDGET_S
+  assert int(np.floor(mod.SIM_BUDGET_S / mod.SYNC_ROUND_S)) + 1 == sync_rounds

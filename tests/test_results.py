@@ -623,7 +623,10 @@ COMPARISON_HEADS = [
     '### 1. Periodic and semi-sync vs synchronous HPS, 4 heterogeneous DCs',
     '### 2. Bidirectional top-k + bf16 small tensors vs uncompressed (1 Gbit/s LAN)',
     '### 3. CO3 fp4 vs uncompressed, synchronous PS over IID shards (`{}`, lr {})']
-CIFAR_HEADS = COMPARISON_HEADS[:2] + [COMPARISON_HEADS[2].format('sgd', 0.01)]
+CIFAR_HEADS = COMPARISON_HEADS[:2] + [COMPARISON_HEADS[2].format('sgd', 0.01)] + [
+    f'### 4. Sync strategies at equal simulated time (issue 15), DC speeds {tag} apart '
+    f'({speeds}); learning rate constant after the warm-up, budget 3348.89 s'
+    for tag, speeds in (('3×', '3 : 2 : 1.5 : 1'), ('10×', '10 : 4 : 2 : 1'))]
 LM_HEADS = COMPARISON_HEADS[:2] + [COMPARISON_HEADS[2].format('adamw', 0.002)]
 
 
@@ -650,14 +653,14 @@ def test_page_structure_plots_and_missing_runs(root, tmp_path):
       '### DiLoCo check: K = 16 with FedAvg and with the Nesterov outer optimizer vs K = 1 '
       '(issue 13: within 0.05 nats)',
       '## Sources']
-  assert text.count('**Published vs ours**') == 5
-  assert text.count('| source | where in the source | claim | published | ours | verdict |') == 5
+  assert text.count('**Published vs ours**') == 6
+  assert text.count('| source | where in the source | claim | published | ours | verdict |') == 6
   # 74 runs (5 semisync, 30 semisync_budget, 15 compression, 15 co3_iid, 9 co3_paper),
-  # 43 missing; rows not finished: 5 semisync, 2 x 5 semisync_budget; and 69 LM and
-  # CIFAR-10 runs, none here: 25 rows not finished (3 + 2 streaming, 3 + 2 + 3
+  # 43 missing; rows not finished: 5 semisync, 2 x 5 semisync_budget; and 99 LM and
+  # CIFAR-10 runs, none here: 35 rows not finished (3 + 2 streaming, 3 + 2 + 3 + 2 x 5
   # CIFAR-10, 3 + 2 + 3 + 4 Shakespeare).
-  assert 'Incomplete: 31 of 143 runs have finished.' in text
-  assert text.count('| *not finished* |') == 15 + 25
+  assert 'Incomplete: 31 of 173 runs have finished.' in text
+  assert text.count('| *not finished* |') == 15 + 35
   assert 'Generated 2025-01-02 03:04 UTC' in text
   assert 'python3 docs/results/make_results.py --root' in text
   for claim in ('up to 66%', 'up to 43%', 'up to 92%', '≈ 95%', '270–600×',
@@ -699,21 +702,21 @@ def test_archive_rebuilds_the_same_page_without_checkpoints(root, tmp_path):
 def test_empty_root_lists_everything_as_missing(tmp_path):
   written = results.write_results(SPEC, str(tmp_path / 'none'), str(tmp_path / 'out'), now=NOW)
   text = open(written['results.md'], encoding='utf-8').read()
-  assert 'Incomplete: 0 of 143 runs have finished.' in text
+  assert 'Incomplete: 0 of 173 runs have finished.' in text
   # Every run is listed once per table it is in: the 6 DiLoCo and streaming runs twice.
-  assert text.count(': not started (`') == 143 + 6
+  assert text.count(': not started (`') == 173 + 6
   # Rows: 5 semisync, 5 + 5 semisync_budget, 5 + 2 compression (seed groups), 5 + 5 CO3;
-  # 3 + 2 streaming, 3 + 2 + 3 CIFAR-10, 3 + 2 + 3 + 4 Shakespeare.
-  assert text.count('| *not finished* |') == 32 + 25
+  # 3 + 2 streaming, 3 + 2 + 3 + 5 + 5 CIFAR-10, 3 + 2 + 3 + 4 Shakespeare.
+  assert text.count('| *not finished* |') == 32 + 35
   assert written['plots'] == [] and text.count('*No plots yet') == 7
-  assert text.count('| not measured') == 15 + 3
+  assert text.count('| not measured') == 15 + 3 + 8  # + the CIFAR-10 budget claims
 
 
 def test_spec_is_consistent():
   """Every claim names existing tables, valid expressions and a known source."""
   tables = {t['name']: t for s in SPEC.SECTIONS for t in s['tables']}
   ids = [c['id'] for s in SPEC.SECTIONS for c in s['claims']]
-  assert len(ids) == len(set(ids)) == 18
+  assert len(ids) == len(set(ids)) == 26
   for s in SPEC.SECTIONS:
     for c in s['claims'] + s.get('readings', []):
       assert set(c['tables']) <= set(tables)
@@ -740,7 +743,7 @@ def test_cli_no_run_from_another_directory(tmp_path):
                      cwd=tmp_path, capture_output=True, text=True, timeout=600, check=False)
   assert p.returncode == 0, p.stderr
   assert p.stdout.splitlines()[0] == os.path.join('o', 'results.md')
-  assert '138 runs not finished' in p.stderr
+  assert '168 runs not finished' in p.stderr
   text = (tmp_path / 'o' / 'results.md').read_text(encoding='utf-8')
   assert 'make_results.py --root workdirs --out o' in text
   assert '--workdir=workdirs/semisync/sync.strategy=sync__train.eval_every=40' in text
@@ -762,14 +765,15 @@ def test_cli_runs_the_missing_sweeps_first(tmp_path, caplog, monkeypatch):
                                       for n in ('semisync', 'semisync_budget', 'compression',
                                                 'co3_iid', 'co3_paper', 'shakespeare_streaming',
                                                 'cifar10_semisync', 'cifar10_compression',
-                                                'cifar10_co3', 'shakespeare_semisync',
+                                                'cifar10_co3', 'cifar10_semisync_budget',
+                                                'shakespeare_semisync',
                                                 'shakespeare_compression', 'shakespeare_co3',
                                                 'shakespeare_diloco')]
-  # Said once, before the first launch: 138 runs are missing.
+  # Said once, before the first launch: 168 runs are missing.
   assert launched[0][1][0].startswith(
-      f'138 runs missing (semisync_budget: 30, compression: 15, co3_iid: 15, co3_paper: 9, '
+      f'168 runs missing (semisync_budget: 30, compression: 15, co3_iid: 15, co3_paper: 9, '
       'shakespeare_streaming: 9, cifar10_semisync: 9, cifar10_compression: 6, cifar10_co3: 9, '
-      'shakespeare_semisync: 9, shakespeare_compression: 6, shakespeare_co3: 9, '
+      'cifar10_semisync_budget: 30, shakespeare_semisync: 9, shakespeare_compression: 6, shakespeare_co3: 9, '
       f'shakespeare_diloco: 12) under {root}: launching')
 
 
