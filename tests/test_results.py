@@ -1026,6 +1026,10 @@ def test_budget_section_equal_time_and_equal_iteration_verdicts(tmp_path):
   assert cells[:6] == ['semi_sync (K_base=4, K_d optimised)', '0, 1, 2', '90.10 ± 0.56%',
                        '+0.10 ± 0.46 pts (n=3)', '87.00 ± 2.00%', '−3.00 ± 1.00 pts (n=3)']
   s = sections['semisync_budget']
+  # The per-run commands name a run of the other speed level by its setting, not this tag.
+  assert 'periodic (K=4), speeds 3× apart, seed 0: `python3 main.py' in s.markdown
+  assert 'sync (baseline, K=1), dc_speed=(10.0, 4.0, 2.0, 1.0), seed 1: ' in s.markdown
+  assert 'dc_speed=(10.0, 4.0, 2.0, 1.0), speeds 3× apart' not in s.markdown
   rounds, time_, acc, iters = (_claim(s, f'budget_3x_{k}')
                                for k in ('rounds', 'time', 'acc_time', 'acc_iters'))
   assert rounds.verdict == 'met: reduction 83.3% ≥ 66.0%'

@@ -563,7 +563,9 @@ def run_label(t: Table, p: Point, all_points: bool = False) -> str:
   seeds = {q.config.get('seed') for q in pts}
   label = (t.labels[p.group] if p.group in t.labels else _label(t.spec['labels'], p.config)
            + _where_suffix(t, p))
-  return (label + (f', {t.spec["tag"]}' if t.spec.get('tag') else '')
+  # The tag describes the table's ``where``: a point outside it is named by its setting alone.
+  tagged = t.spec.get('tag') and _matches(p.config, t.spec.get('where', {}))
+  return (label + (f', {t.spec["tag"]}' if tagged else '')
           + (f', seed {p.config.get("seed")}' if len(seeds) > 1 else ''))
 
 
