@@ -137,6 +137,11 @@ def _parse_flags(argv):
       msg += ' (an integer field)'
     elif 'could not convert string to float' in msg:
       msg += ' (a number field)'
+    for name in ('config', 'workdir'):
+      if f'Flag --{name} must have a value other than None' in msg:  # a required flag missing
+        print(f'error: --{name} is required, e.g. python3 main.py --config=configs/default.py '
+              '--workdir=workdirs/run', file=sys.stderr)
+        sys.exit(2)
     from hfl import config as config_lib  # pylint: disable=g-import-not-at-top
     print(f'error: {msg}. {config_lib.FIELDS_HELP}', file=sys.stderr)
     sys.exit(2)

@@ -18,6 +18,7 @@ import itertools
 import json
 import logging
 import os
+import shlex
 import re
 import signal
 import subprocess
@@ -175,8 +176,7 @@ def expand_grid(grid: Mapping[str, Any] | Sequence[Mapping[str, Any]] | None) ->
 
 
 def _canonical(overrides: Mapping[str, Any]) -> str:
-  return json.dumps({k: overrides[k] for k in sorted(overrides)},
-                    sort_keys=True, default=repr)
+  return json.dumps({k: overrides[k] for k in sorted(overrides)}, sort_keys=True, default=repr)
 
 
 def _name_value(v: Any) -> str:
@@ -323,7 +323,7 @@ def subprocess_runner(spec: RunSpec) -> int:
   returns its exit status (130, not started, once :func:`stop_children` was called)."""
   os.makedirs(spec.workdir, exist_ok=True)
   with open(os.path.join(spec.workdir, LOG_FILE), 'ab') as log:
-    log.write(('$ ' + ' '.join(spec.command) + '\n').encode())
+    log.write(('$ ' + shlex.join(spec.command) + '\n').encode())
     log.flush()
     with _CHILDREN_LOCK:
       if _STOPPING.is_set():
@@ -440,10 +440,12 @@ def _write_manifest(root: str, config_arg: str, runs: Sequence[RunSpec]):
 def _dry_run(runs, status, todo, rest, root, max_runs, out) -> SweepResult:
   done = [r.name for r in runs if status[r.name] == 'done']
   limited = f', {len(todo)} with --max_runs' if max_runs is not None else ''
+  ov = [r.overrides for r in runs]
+  varying = ', '.join(sorted(k for k in set().union(*ov) if len({repr(o.get(k)) for o in ov}) > 1))
   out(f'{len(runs)} runs ({len(done)} done, {len(todo) + len(rest)} to run{limited}) under '
-      f'{os.path.abspath(root)}')
+      f'{os.path.abspath(root)}\nvarying: {varying or "nothing"} (a long run name ends in a hash)')
   for r in runs:
-    out(f'[{status[r.name]:7s}] {r.name}\n    {" ".join(r.command)}')
+    out(f'[{status[r.name]:7s}] {r.name}\n    {shlex.join(r.command)}')
   return SweepResult(runs, done, [], [], [r.name for r in todo + rest], None)
 
 
@@ -565,9 +567,8 @@ def main(argv: Sequence[str] | None = None) -> int:
 def interrupted() -> int:
   """Ctrl-C: stops the running jobs, prints one line, returns exit status 130."""
   stop_children()
-  print('interrupted: the running training jobs were stopped; rerun the same command '
-        'to continue (finished runs are skipped, the others resume from their '
-        'checkpoints).', file=sys.stderr)
+  print('interrupted: the running training jobs were stopped; rerun the same command to continue '
+        '(finished runs are skipped, the others resume from their checkpoints).', file=sys.stderr)
   return 130
 
 

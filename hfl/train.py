@@ -685,7 +685,10 @@ def make_runtime(s: Setup, workdir: str, wall0: float) -> Runtime:
   evaluate = make_eval(s.model, s.mesh, s.dataset.test_images, s.dataset.test_labels,
                        s.loop.eval_batch_size)
   if metrics_lib.is_writer():
-    os.makedirs(workdir, exist_ok=True)
+    try:
+      os.makedirs(workdir, exist_ok=True)
+    except OSError as e:
+      raise ValueError(f'--workdir={workdir!r} cannot be created: {e.strerror or e}') from e
   shardings = step_lib.state_shardings(s.mesh, state_shape)
   leaf_names = [jax.tree_util.keystr(path) for path, _ in
                 jax.tree_util.tree_flatten_with_path(s.params_shape)[0]]

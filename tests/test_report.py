@@ -6,6 +6,7 @@ import importlib.util
 import json
 import math
 import os
+import shlex
 import shutil
 import subprocess
 import sys
@@ -617,9 +618,18 @@ def test_dry_run_lists_grid_and_runs_nothing(tmp_path):
   assert runner.calls == [] and not root.exists()
   text = '\n'.join(lines)
   assert text.startswith('8 runs')
+  assert text.splitlines()[1].startswith('varying: compression.uplink.name, seed, sync.strategy (')
   for r in res.runs:
-    assert r.name in text and ' '.join(r.command) in text
+    assert r.name in text
   assert len(res.not_run) == 8
+  # Every listed command pastes into a shell as the run's own argv, a tuple value included.
+  tuple_grid = {'network.dc_speed': [(3.0, 1.0), (2.0, 1.0)]}
+  lines = []
+  res = sweep.run_sweep('configs/default.py', tuple_grid, str(root), runner=runner,
+                        dry_run=True, out=lines.append)
+  commands = [shlex.split(l) for l in '\n'.join(lines).splitlines() if l.startswith('    ')]
+  assert commands == [r.command for r in res.runs]
+  assert '(3.0, 1.0)' in ' '.join(commands[0]) and runner.calls == []
 
 
 def test_sweep_cli_dry_run_with_example(tmp_path, capsys):

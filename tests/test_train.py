@@ -316,6 +316,30 @@ def test_main_refuses_an_unusable_workdir_before_anything(tmp_path, kind):
   assert len(lines) == 1 and lines[0].startswith(f'error: --workdir={workdir!r} '), lines
   assert f.read_text() == 'keep me' and sorted(os.listdir(tmp_path)) == ['a_file']
 
+def test_a_workdir_that_cannot_be_created_is_named(fake_data, tmp_path, monkeypatch):
+  """A --workdir the OS refuses to create (read-only mount, /proc) is a ValueError
+  naming --workdir, raised before anything is compiled."""
+  def refuse(path, exist_ok=False):
+    raise PermissionError(13, 'Permission denied', path)
+  monkeypatch.setattr(train.os, 'makedirs', refuse)
+  with pytest.raises(ValueError, match=r"--workdir='.*ro' cannot be created: Permission denied"):
+    train.train_and_evaluate(smoke_config(fake_data), str(tmp_path / 'ro'))
+
+
+def test_main_names_a_missing_config_or_workdir_flag(tmp_path):
+  """No --config or no --workdir: exit status 2 and one line saying which flag and an
+  example command, before anything starts."""
+  for args, flag in ((['--workdir=w'], '--config'),
+                     ([f'--config={os.path.join(REPO, "configs/smoke.py")}'], '--workdir')):
+    out = subprocess.run([sys.executable, os.path.join(REPO, 'main.py')] + args,
+                         env=dict(os.environ, JAX_PLATFORMS='cpu'), capture_output=True,
+                         text=True, timeout=300, cwd=str(tmp_path))
+    assert out.returncode == 2, out.stderr[-2000:]
+    assert out.stderr == (f'error: {flag} is required, e.g. python3 main.py '
+                          '--config=configs/default.py --workdir=workdirs/run\n')
+  assert os.listdir(tmp_path) == []
+
+
 @pytest.mark.slow
 def test_semi_sync_with_equal_speeds_equals_periodic(fake_data, tmp_path):
   cfg = {'train.num_steps': 6, 'train.checkpoint_every': 0}

@@ -27,6 +27,7 @@ import logging
 import math
 import operator
 import os
+import shlex
 import re
 import shutil
 import string
@@ -620,9 +621,10 @@ def settings_lines(t: Table, root_display: str) -> list[str]:
       f'(run by `{COMMAND} --root={root_display}`); one run per point:',
       '', '  <details><summary>per-run commands</summary>', '']
   for p in t.all_points:
-    cmd = (f'python3 main.py --config={t.base} --workdir={sweep_root}/{p.spec.name} '
-           + ' '.join(f'--config.{k}={sweep_lib.flag_value(v)}'
-                      for k, v in p.spec.overrides.items()))
+    cmd = shlex.join(['python3', 'main.py', f'--config={t.base}',
+                      f'--workdir={sweep_root}/{p.spec.name}']
+                     + [f'--config.{k}={sweep_lib.flag_value(v)}'
+                        for k, v in p.spec.overrides.items()])
     lines.append(f'  - {run_label(t, p, all_points=True)}: `{cmd.strip()}`')
   return lines + ['', '  </details>', '']
 
