@@ -366,6 +366,46 @@ def load_file(config_arg: str) -> ml_collections.ConfigDict:
   return module.get_config(arg or None)
 
 
+def ignored_fields(config: ml_collections.ConfigDict) -> dict[str, str]:
+  """Fields of a valid config that the run does not use, each with the reason.
+
+  ``sync.k`` under ``sync.strategy='sync'`` (it runs K = 1), and every
+  compressor hyper-parameter of a link whose compressor does not take it (e.g.
+  ``compression.uplink.density`` of ``identity``; hfl.compress.policy.REGISTRY).
+  Two runs that differ only in these fields train the same experiment
+  (:func:`hfl.sweep.check_runs` warns).
+
+  Returns:
+    ``{field: reason}``, e.g. ``{'sync.k': "sync.strategy='sync' runs K = 1"}``.
+  """
+  out = {}
+  if config.sync.strategy == 'sync':
+    out['sync.k'] = "sync.strategy='sync' runs K = 1 (use 'periodic' for a fixed K)"
+  for link in ('uplink', 'downlink', 'wan'):
+    spec = config.compression[link]
+    if not isinstance(spec, ml_collections.ConfigDict):
+      continue
+    used = policy.REGISTRY[spec.name][1]
+    for h in spec:
+      if h != 'name' and h not in used:
+        out[f'compression.{link}.{h}'] = (f'compression.{link}.name={spec.name!r} takes '
+                                          f'{", ".join(used) or "no hyper-parameters"}')
+  return out
+
+
+def experiment_key(config: ml_collections.ConfigDict) -> str:
+  """The config without its :func:`ignored_fields`, as a string: equal for two
+  configs that train the same experiment."""
+  ignored = ignored_fields(config)
+  return repr([(f, _get_field(config, f)) for f in field_names(config) if f not in ignored])
+
+
+def _get_field(config: ml_collections.ConfigDict, field: str):
+  for key in field.split('.'):
+    config = config[key]
+  return config
+
+
 def field_names(config: ml_collections.ConfigDict, prefix: str = '') -> list[str]:
   """Dotted names of the leaf fields of ``config``, e.g. ``'optimizer.learning_rate'``."""
   out = []

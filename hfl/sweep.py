@@ -114,9 +114,8 @@ def load_sweep(path: str) -> tuple[Any, Any]:
   if not hasattr(module, 'get_sweep'):
     raise AttributeError(f'{path} defines no get_sweep()')
   base, grid = module.get_sweep()
-  if isinstance(base, str) and not os.path.isabs(base.partition(':')[0]):
+  if isinstance(base, str) and not os.path.isabs(file := base.partition(':')[0]):
     here = os.path.dirname(os.path.abspath(path))
-    file = base.partition(':')[0]
     root = here if os.path.isfile(os.path.join(here, file)) else REPO_ROOT
     base = os.path.join(root, base)
   return base, grid
@@ -301,12 +300,18 @@ def check_runs(base: Any, config_arg: str, runs: Sequence[RunSpec]) -> None:
   base_config = config_lib.load_file(config_arg) if isinstance(base, str) else (
       ml_collections.ConfigDict(copy.deepcopy(base.to_dict() if hasattr(base, 'to_dict')
                                               else dict(base))))
+  seen = {}  # hfl.config.experiment_key -> the first run training it
   for r in runs:
     config = copy.deepcopy(base_config)
     try:
       config_lib.validate(config_lib.apply_overrides(config, r.overrides))
     except ValueError as e:
       raise ValueError(f'run {r.name!r} (nothing was launched): {e}') from None
+    if (same := seen.setdefault(config_lib.experiment_key(config), r)) is not r:
+      why = '; '.join(f'{k}: {v}' for k, v in config_lib.ignored_fields(config).items()
+                      if same.overrides.get(k) != r.overrides.get(k))
+      logging.warning('runs %r and %r train the same experiment: they differ only in fields '
+                      'the run ignores (%s)', same.name, r.name, why)
 
 
 # ------------------------------------------------------------------------------

@@ -234,6 +234,8 @@ def setup(config: ml_collections.ConfigDict) -> Setup:
     ValueError / FileNotFoundError: bad config or data, naming the field.
   """
   config_lib.validate(config)
+  if config.sync.k != 1 and 'sync.k' in (ignored := config_lib.ignored_fields(config)):
+    logging.warning('sync.k=%s is not used: %s', config.sync.k, ignored['sync.k'])
   d, w = config.mesh.num_dcs, config.mesh.workers_per_dc
   net = network.from_config(config.network, d)
   present_fn = faults.make_present_fn(config.sync.faults, d)
@@ -394,20 +396,51 @@ def from_host(host: Mapping[str, Any], schedule: schedule_lib.Schedule) -> LoopS
       tuple(host.get('dc_rounds', ())), host.get('wan'))
 
 
+def _stored_config(workdir: str) -> dict | None:
+  """The config a workdir's run was started with: ``config.json``, else the one in
+  ``summary.json`` (a finished run); None for a workdir without a run.
+
+  Raises:
+    ValueError: the file is not a JSON object (names the file), or the workdir
+      holds checkpoints but neither file, so the run's config cannot be checked.
+  """
+  for name, key in (('config.json', None), ('summary.json', 'config')):
+    path = os.path.join(workdir, name)
+    if not os.path.exists(path):
+      continue
+    try:
+      with open(path) as f:
+        stored = json.load(f)
+    except (ValueError, UnicodeDecodeError) as e:  # json.JSONDecodeError is a ValueError
+      raise ValueError(f'{path} is not valid JSON ({e}); restore it, or use a new '
+                       '--workdir') from None
+    stored = stored.get(key) if key and isinstance(stored, dict) else stored
+    if not isinstance(stored, dict):
+      raise ValueError(f'{path} holds no config object; restore it, or use a new --workdir')
+    return stored
+  ckpt = os.path.join(workdir, 'checkpoints')
+  if os.path.isdir(ckpt) and os.listdir(ckpt):
+    raise ValueError(
+        f'--workdir={workdir} holds checkpoints but no config.json (nor a summary.json '
+        'with the config), so the config they were trained with cannot be checked; '
+        'restore config.json, or use a new --workdir')
+  return None
+
+
 def _check_workdir_config(workdir: str, config) -> list[str]:
-  """Refuses to resume a workdir that was started with a different config.
+  """Refuses to resume a workdir that was started with a different config
+  (compared with :func:`_stored_config`).
 
   Returns:
     The RESUMABLE_FIELDS that changed, as 'field: old -> new' strings.
 
   Raises:
-    ValueError: another field differs.
+    ValueError: another field differs, or :func:`_stored_config`'s errors.
   """
-  path = os.path.join(workdir, 'config.json')
-  if not os.path.exists(path):
+  stored = _stored_config(workdir)
+  if stored is None:
     return []
-  with open(path) as f:
-    old = upgrade_config(json.load(f))
+  old = upgrade_config(stored)
   diffs, resumable = [], []
 
   def walk(a, b, prefix):
@@ -929,6 +962,15 @@ def evaluate(rt: Runtime, state, ls: LoopState):
   return record_eval(ls, rt.s.task, rec), rec
 
 
+def _k_text(plan: schedule_lib.RoundPlan) -> str:
+  """The progress line's K: one number when every DC runs K_base iterations, else
+  the per-DC K_d (semi-sync) with K_base, e.g. ``'[9,7,5,4] (K_base 4)'``."""
+  k_d = [int(k) for k in np.asarray(plan.k_d).reshape(-1)]
+  if all(k == plan.k_base for k in k_d):
+    return str(plan.k_base)
+  return f'[{",".join(map(str, k_d))}] (K_base {plan.k_base})'
+
+
 def _log_progress(rt: Runtime, ls: LoopState, at: int, loss: float) -> None:
   """The progress line of iteration ``at`` (``loss``: its train loss)."""
   now = time.time()
@@ -942,7 +984,7 @@ def _log_progress(rt: Runtime, ls: LoopState, at: int, loss: float) -> None:
   fmt = lambda link: metrics_lib.format_bytes(_bytes(ls.bits[link]), digits=1)
   logging.info(
       'step %d/%s round %d K=%s loss %.4f %s sim %.1fs bytes intra_up %s intra_down %s '
-      'inter_dc %s | %.1f steps/s ETA %s', at, total, ls.round, ls.plan.k_base, loss,
+      'inter_dc %s | %.1f steps/s ETA %s', at, total, ls.round, _k_text(ls.plan), loss,
       tasks.progress(rt.s.task, ls.last_eval), ls.clock.now, fmt('intra_up'),
       fmt('intra_down'), fmt('inter_dc'), rate, eta)
 
@@ -1129,8 +1171,8 @@ def train_and_evaluate(config: ml_collections.ConfigDict, workdir: str) -> dict:
   _log_policies(s)
   rt = make_runtime(s, workdir, wall0)
   state, ls, restored = restore_or_init(rt)
-  if not restored:
-    _write_config(rt)
+  if not restored or not os.path.exists(os.path.join(workdir, 'config.json')):
+    _write_config(rt)  # on resume: restored from summary.json's copy, checked above
   else:
     summary = _resumed(rt, ls, changed)
     if summary is not None:

@@ -548,3 +548,9 @@ def test_record_eval_keeps_the_best_and_the_first_crossing():
   assert ls.rounds_to_target == pytest.approx(2.0)  # the first crossing is kept
   assert (ls.best_test_accuracy, ls.best_test_loss) == (0.7, 0.9)
   assert ls.last_eval == dict(test_accuracy=0.65, sim_time_s=4.5, round=5)
+
+
+def test_progress_line_shows_the_per_dc_k_of_semi_sync():
+  plan = schedule_lib.RoundPlan(np.array([9, 7, 5, 4]), 4)
+  assert train._k_text(plan) == '[9,7,5,4] (K_base 4)'
+  assert train._k_text(schedule_lib.RoundPlan(np.array([4, 4]), 4)) == '4'

@@ -1,6 +1,7 @@
 """The real workloads end to end: image folders with augmentation and LR schedules, the
 character-level LM; per-task metrics and targets; config validation; old workdirs."""
 
+import copy
 import json
 import math
 import os
@@ -301,3 +302,43 @@ def test_older_workdir_without_the_new_fields_resumes(tmp_path):
   c.optimizer.schedule = 'cosine'   # but a changed schedule is refused
   with pytest.raises(ValueError, match='optimizer.schedule'):
     train._check_workdir_config(str(tmp_path), c)
+
+
+def test_workdir_without_config_json_is_checked_against_its_summary(tmp_path):
+  """A half-copied workdir (config.json lost) is checked against summary.json's
+  config; with checkpoints but neither file it is refused, not resumed blind."""
+  c = smoke.get_config()
+  (tmp_path / 'summary.json').write_text(json.dumps({'config': json.loads(c.to_json())}))
+  assert train._check_workdir_config(str(tmp_path), c) == []
+  changed = copy.deepcopy(c)
+  changed.sync.k = c.sync.k + 1
+  with pytest.raises(ValueError, match='sync.k'):
+    train._check_workdir_config(str(tmp_path), changed)
+  (tmp_path / 'summary.json').unlink()
+  assert train._check_workdir_config(str(tmp_path), changed) == []  # a new run
+  (tmp_path / 'checkpoints' / '50').mkdir(parents=True)
+  with pytest.raises(ValueError, match='checkpoints but no config.json'):
+    train._check_workdir_config(str(tmp_path), c)
+
+
+@pytest.mark.parametrize('text', ['{garbage', '', '[1, 2]'])
+def test_a_corrupt_config_json_is_named(tmp_path, text):
+  (tmp_path / 'config.json').write_text(text)
+  before = (tmp_path / 'config.json').read_bytes()
+  with pytest.raises(ValueError, match=r'config\.json'):
+    train._check_workdir_config(str(tmp_path), smoke.get_config())
+  assert (tmp_path / 'config.json').read_bytes() == before
+
+
+def test_ignored_fields_name_what_the_run_does_not_use():
+  c = smoke.get_config()
+  c.sync.strategy = 'sync'
+  c.compression.uplink.name = 'topk'
+  ignored = config_lib.ignored_fields(c)
+  assert 'sync.k' in ignored and 'compression.uplink.density' not in ignored
+  assert 'compression.uplink.levels' in ignored and 'compression.downlink.density' in ignored
+  same = copy.deepcopy(c)
+  same.sync.k, same.compression.downlink.density = 7, 0.3
+  assert config_lib.experiment_key(same) == config_lib.experiment_key(c)
+  same.compression.uplink.density = 0.3  # used by top-k
+  assert config_lib.experiment_key(same) != config_lib.experiment_key(c)

@@ -152,8 +152,8 @@ def _dirichlet(labels, num_dcs, workers_per_dc, alpha, seed, min_size):
         f'partition of {labels.size} samples ({class_counts.shape[0]} '
         f'classes) that gives every worker at least {min_size} samples '
         f'after {_MAX_TRIES} draws per level and {_MAX_RESTARTS} restarts. '
-        'Raise dataset.dirichlet_alpha, use fewer DCs/workers, or lower the '
-        'minimum shard size.')
+        'Raise dataset.dirichlet_alpha, use fewer DCs/workers, or lower '
+        'train.batch_size (each worker is asked for at least one batch).')
   flat = counts.reshape(counts.shape[0], -1)  # [K, D*W], DC-major.
   bounds = np.concatenate(
       [np.zeros((flat.shape[0], 1), np.int64), np.cumsum(flat, axis=1)],

@@ -25,7 +25,7 @@ def parse_args(argv: Sequence[str] | None = None) -> argparse.Namespace:
   p.add_argument('--label-by', '--label_by', dest='label_by', help='comma-separated config '
                  'keys for labels (and rows), e.g. sync.strategy,compression.uplink.name or seed')
   p.add_argument('--baseline', help='label of the row to compare with (default: the closest '
-                 'uncompressed one)')
+                 'uncompressed one; with none compressed, the one sending the most bytes)')
   p.add_argument('--no-plots', '--no_plots', dest='plots', action='store_false',
                  help='skip the PNG plots')
   return p.parse_args(argv)

@@ -201,7 +201,8 @@ def build_table(frame: pd.DataFrame, label_by: Sequence[str] | None = None,
     label_by: config keys for the labels; a key the grouping ignores (``seed``)
       named here splits the groups too (one row per seed).
     baseline: label of the row every row is compared with; default
-      :func:`closest_baselines`.
+      :func:`closest_baselines`, or, when every row is uncompressed (a K or
+      strategy sweep), the row that sends the most bytes (e.g. K = 1).
     metric: the metric of the paired Δ (a fraction's Δ is in pts).
 
   Returns:
@@ -220,6 +221,8 @@ def build_table(frame: pd.DataFrame, label_by: Sequence[str] | None = None,
   labels = make_labels(flats, [f['name'] for f in first], label_by)
   if baseline is not None and baseline not in labels:
     raise ValueError(f'--baseline {baseline!r} is not a label; labels: {labels}')
+  if baseline is None and len(flats) > 1 and all(f and is_uncompressed(f) for f in flats):
+    baseline = labels[int(pd.to_numeric(table['bytes.total']).fillna(-1).to_numpy().argmax())]
   bases = ([labels.index(baseline)] * len(labels) if baseline is not None
            else closest_baselines(flats, [k for k in stats.IGNORED if k not in keep]))
   ids, rows = list(table.index), []
@@ -272,7 +275,8 @@ def to_markdown(table: pd.DataFrame, target: runs_lib.Target) -> str:
            '- Compression = 1 − total bytes / baseline total bytes (all links), and the × '
            f'factor. Paired Δ: final {"loss (lower is better)" if loss else "accuracy"} minus '
            f'the baseline run with the same seed, mean ± sample std over the seeds both have (n). Baseline: {baselines} (the closest '
-           'uncompressed row unless `--baseline` is given).', '', '## Runs', '']
+           'uncompressed row; with none compressed, the one sending the most bytes; unless '
+           '`--baseline` is given).', '', '## Runs', '']
   lines += [f'- {r["label"]}: ' + ', '.join(f'`{w}`' for w in r['workdirs'])
             for _, r in table.iterrows()]
   return '\n'.join(lines) + '\n'
