@@ -39,10 +39,15 @@ REPO_ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 FIELDS_HELP = 'Config fields are listed in the README (config reference) and configs/default.py.'
 
 
+def _get_field(config: ml_collections.ConfigDict, field: str):
+  """The value of a dotted field, e.g. ``'sync.k'``."""
+  for key in field.split('.'):
+    config = config[key]
+  return config
+
+
 def _int(c, path, lo=None, hi=None, lo_name=None):
-  v = c
-  for p in path.split('.'):
-    v = v[p]
+  v = _get_field(c, path)
   if isinstance(v, bool) or not isinstance(v, int):
     raise ValueError(f'{path}={v!r} must be an integer')
   if lo is not None and v < lo:
@@ -398,12 +403,6 @@ def experiment_key(config: ml_collections.ConfigDict) -> str:
   configs that train the same experiment."""
   ignored = ignored_fields(config)
   return repr([(f, _get_field(config, f)) for f in field_names(config) if f not in ignored])
-
-
-def _get_field(config: ml_collections.ConfigDict, field: str):
-  for key in field.split('.'):
-    config = config[key]
-  return config
 
 
 def field_names(config: ml_collections.ConfigDict, prefix: str = '') -> list[str]:
