@@ -63,53 +63,13 @@ class Call(NamedTuple):
 
 
 def _vma(x):
-  """``x``'s (an array's or a ``jax.ShapeDtypeStruct``'s) varying-manual-axes type
-  inside shard_map (hashable; None outside)."""
-  aval = x if isinstance(x, jax.ShapeDtypeStruct) else jax.typeof(x)
+  """``x``'s varying-manual-axes type inside shard_map (hashable; None outside)."""
+  aval = jax.typeof(x)
   for name in ('manual_axis_type', 'vma'):  # the attribute's name differs across JAX versions
     t = getattr(aval, name, None)
     if t is not None:
       return t
   return None
-
-
-def varying_axes(x) -> frozenset:
-  """The mesh axes ``x`` (an array or ``jax.ShapeDtypeStruct``) varies over inside
-  shard_map (empty outside)."""
-  t = _vma(x)
-  return frozenset(getattr(t, 'varying', t) or ())
-
-
-def cond(pred, true_fn: Callable, false_fn: Callable, *operands):
-  """``jax.lax.cond`` inside shard_map whose branches may differ in varying axes.
-
-  ``lax.cond`` needs both branches' outputs to have equal types, including the
-  mesh axes each varies over (a constant is invariant where the computed value
-  varies over 'worker'). Both branches are traced once (``jax.eval_shape``, in
-  this order), and each output leaf is cast (``jax.lax.pcast(..., to='varying')``)
-  to the union of its two types' axes. Leaves must agree in shape and dtype.
-
-  Args:
-    pred: bool[] (may vary over mesh axes: each device takes its own branch;
-      collectives inside a branch need every member of their group to take it).
-    true_fn, false_fn: ``(*operands) -> pytree`` of the same structure.
-    operands: the branches' arguments.
-
-  Returns:
-    the taken branch's output.
-  """
-  shapes = [jax.eval_shape(fn, *operands) for fn in (true_fn, false_fn)]
-  axes = jax.tree.map(lambda a, b: varying_axes(a) | varying_axes(b), *shapes)
-
-  def cast(fn):
-    def branch(*ops):
-      vary = lambda x, want: (jax.lax.pcast(x, tuple(sorted(want - varying_axes(x))),
-                                            to='varying')
-                              if want - varying_axes(x) else x)
-      return jax.tree.map(vary, fn(*ops), axes)
-    return branch
-
-  return jax.lax.cond(pred, cast(true_fn), cast(false_fn), *operands)
 
 
 def _packable(dtype) -> bool:

@@ -430,7 +430,6 @@ class Setup(NamedTuple):
   dgc: dgc.Options    # DGC momentum correction / local clipping
   prox_mu: float = 0.0  # FedProx proximal coefficient mu (0: off), local_gradient
   stream: Any = None  # hfl.sync.streaming.Spec (Streaming DiLoCo), or None
-  skip_idle: bool = False  # an inactive DC skips its iteration (lax.cond), see intra_dc_iteration
 
 
 class Keys(NamedTuple):
@@ -597,67 +596,30 @@ def intra_dc_iteration(setup: Setup, state: TrainState, images, labels, active, 
 
   gradient -> uplink over 'worker' -> PS downlink -> inner optimizer.
 
-  An inactive DC keeps its state. By default it still runs the iteration and
-  masks the result (``jnp.where``): every device then costs a whole iteration.
-  With ``setup.skip_idle`` the iteration runs under ``jax.lax.cond`` on
-  ``active`` (all of a DC's workers take the same branch, so the collectives over
-  'worker' inside it stay matched), and an inactive DC evaluates only its loss
-  (the forward pass): a semi-synchronous round costs about sum_d K_d iterations
-  instead of D max_d K_d. Both give the same state, loss and accounting.
-
   Args:
     setup: :class:`Setup`.
     state: this device's TrainState with the leading mesh axes removed
       (:func:`make_step`'s ``to_local``).
     images: f32[B, ...], this worker's batch; labels: int32[B] (or [B, T]).
     active: bool[], whether this DC runs this iteration; an inactive DC keeps
-      its parameters, optimizer state, link states and velocity, and reports the
-      loss of its current parameters on the batch.
+      its parameters, optimizer state, link states and velocity.
     keys: :func:`step_keys`.
     lr_scale: f32[], this DC's learning-rate multiplier (None: 1).
 
   Returns:
-    (new state — step + 1, local_steps + active —, loss f32[], IterationCharge;
-    an inactive DC's dynamic bits and flags are 0 with ``skip_idle``).
+    (new state — step + 1, local_steps + active —, loss f32[], IterationCharge).
   """
-  if not setup.skip_idle:
-    new, loss, charge = _iteration(setup, state, images, labels, keys, lr_scale)
-    keep = lambda new, old: _keep(active, new, old)
-    new = state._replace(
-        params=keep(new.params, state.params), opt_state=keep(new.opt_state, state.opt_state),
-        up=keep(new.up, state.up), down=keep(new.down, state.down),
-        dgc_velocity=keep(new.dgc_velocity, state.dgc_velocity))
-  else:
-    static = {}
-
-    def run(state):
-      new, loss, charge = _iteration(setup, state, images, labels, keys, lr_scale)
-      static['charge'] = charge  # Python ints, fixed at trace time
-      return new, loss, [(c.dynamic, c.flags) for c in charge]
-
-    def skip(state):
-      loss = setup.loss_fn(jax.lax.pcast(state.params, WORKER, to='varying'), images, labels)
-      zeros = lambda c: [jnp.zeros_like(x) for x in c]
-      return state, loss, [(zeros(c.dynamic), zeros(c.flags)) for c in static['charge']]
-
-    new, loss, dyn = collectives.cond(active, run, skip, state)
-    charge = IterationCharge(*(c._replace(dynamic=d, flags=f)
-                               for c, (d, f) in zip(static['charge'], dyn)))
-  new = new._replace(local_steps=state.local_steps + active.astype(jnp.int32),
-                     step=state.step + 1)
-  return new, loss, charge
-
-
-def _iteration(setup: Setup, state: TrainState, images, labels, keys: Keys, lr_scale):
-  """The iteration of an active DC: (new state, loss, IterationCharge); ``step``
-  and ``local_steps`` are left to :func:`intra_dc_iteration`."""
   loss, grads = local_gradient(setup, state.params, images, labels, state.global_params)
   up, velocity = uplink(setup, grads, state.up, state.dgc_velocity, keys.worker)
   down, down_grads, down_bits = ps_downlink(setup, up.agg, state.down, keys.dc)
   params, opt_state, gather = apply_inner(setup, state.params, state.opt_state, down_grads,
                                           lr_scale)
-  new = state._replace(params=params, opt_state=opt_state, up=up.link, down=down.link,
-                       dgc_velocity=velocity)
+  keep = lambda new, old: _keep(active, new, old)
+  new = state._replace(
+      params=keep(params, state.params), opt_state=keep(opt_state, state.opt_state),
+      up=keep(up.link, state.up), down=keep(down.link, state.down),
+      dgc_velocity=keep(velocity, state.dgc_velocity),
+      local_steps=state.local_steps + active.astype(jnp.int32), step=state.step + 1)
   charge = IterationCharge(link_charge(up.bits, up.flags, gather),
                            link_charge(down_bits, down.flags, (setup.num_workers - 1) * gather))
   return new, loss, charge
@@ -874,8 +836,7 @@ def _check_options(state_like: TrainState, opts: dgc.Options) -> None:
 def make_step(apply_fn: Callable, optimizer: optax.GradientTransformation,
               outer: optax.GradientTransformation, comps: Compressors, mesh: Mesh,
               state_like: TrainState, dgc_options: dgc.Options | None = None,
-              prox_mu: float = 0.0, stream: streaming.Spec | None = None,
-              skip_idle: bool = False) -> Callable:
+              prox_mu: float = 0.0, stream: streaming.Spec | None = None) -> Callable:
   """Builds ``step(state, batch, active, weights, do_round) -> (state, metrics)``.
 
   Args:
@@ -893,9 +854,6 @@ def make_step(apply_fn: Callable, optimizer: optax.GradientTransformation,
     prox_mu: FedProx's mu (:func:`local_gradient`; 0: off).
     stream: Streaming DiLoCo (hfl.sync.streaming.Spec), for a state from
       ``init_state(..., stream=stream)``; ``do_round`` may then be an Event.
-    skip_idle: an inactive DC skips the iteration's gradient, exchanges and
-      update instead of masking them (:func:`intra_dc_iteration`); for schedules
-      whose DCs run different numbers of iterations per round (semi_sync).
 
   The returned function takes
     state: TrainState sharded by :func:`state_specs` (donated).
@@ -922,8 +880,7 @@ def make_step(apply_fn: Callable, optimizer: optax.GradientTransformation,
   loss_fn = lambda params, images, labels: optax.softmax_cross_entropy_with_integer_labels(
       apply_fn(params, images), labels).mean()
   setup = Setup(loss_fn, optimizer, outer, comps, mesh.shape[DC], mesh.shape[WORKER],
-                is_sharded(state_like), opts, prox_mu=float(prox_mu), stream=stream,
-                skip_idle=bool(skip_idle))
+                is_sharded(state_like), opts, prox_mu=float(prox_mu), stream=stream)
   num_leaves = jax.tree.structure(state_like.params).num_leaves
   specs, info = state_specs(state_like), {}
 

@@ -711,11 +711,9 @@ def make_runtime(s: Setup, workdir: str, wall0: float) -> Runtime:
   apply_fn = lambda p, x: s.model.apply({'params': p}, x)
   init_fn = _init_fn(s)
   state_shape = jax.eval_shape(init_fn)
-  # Only semi_sync plans rounds in which some DCs idle while others iterate.
   make = lambda comps: step_lib.make_step(apply_fn, s.optimizer, s.outer, comps, s.mesh,
                                           state_shape, s.dgc, prox_mu=s.loop.prox_mu,
-                                          stream=s.stream,
-                                          skip_idle=s.schedule.strategy == 'semi_sync')
+                                          stream=s.stream)
   step_fns = {None: make(s.comps)}
   evaluate = make_eval(s.model, s.mesh, s.dataset.test_images, s.dataset.test_labels,
                        s.loop.eval_batch_size)
