@@ -106,6 +106,10 @@ def iteration_time(net: NetworkModel, up_bits: np.ndarray, down_bits: np.ndarray
     net: the network model.
     up_bits: float [D], bits of all the DC's workers' uplink payloads.
     down_bits: float [D], bits the PS sends to all its workers.
+
+  Returns:
+    float64 [D] seconds: compute_s + (up_bits + down_bits) / lan_bps + 2 LAN
+    latencies (the uplink and the PS downlink, one after the other).
   """
   return (net.compute_s + (np.asarray(up_bits) + np.asarray(down_bits)) / net.lan_bps
           + 2 * net.lan_latency_s)
@@ -247,6 +251,7 @@ class Clock(NamedTuple):
 
 
 def new_clock(num_dcs: int) -> Clock:
+  """A :class:`Clock` at 0 s for ``num_dcs`` DCs (time and idle time, float64 [D])."""
   return Clock(np.zeros(num_dcs), np.zeros(num_dcs))
 
 

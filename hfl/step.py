@@ -183,6 +183,13 @@ def init_state(params, optimizer: optax.GradientTransformation,
   Pure; call under ``jax.jit(..., out_shardings=...)`` to allocate it sharded.
 
   Args:
+    params: pytree of float32 arrays, the global model (x_global, one copy).
+    optimizer: the inner optax optimizer (its state is stacked per DC: [D, ...]).
+    outer: the outer optax optimizer (one state, on the global model).
+    comps: per-leaf compressors; their link states are stacked per DC and worker
+      (uplink: [D, W, ...]) or per DC (PS downlink, WAN: [D, ...]).
+    num_dcs: D; workers_per_dc: W.
+    key: uint32[2] PRNG key of the run (stochastic compressors fold in the step).
     dgc_momentum: allocate the per-worker DGC velocity (zeros, leaves
       f32[D, W, ...]); otherwise ``dgc_velocity`` is ().
     shard_state: shard the inner optimizer state across each DC's workers
@@ -857,7 +864,10 @@ def make_step(apply_fn: Callable, optimizer: optax.GradientTransformation,
 
   The returned function takes
     state: TrainState sharded by :func:`state_specs` (donated).
-    batch: (images f32[D, W, B, H, W', C], labels int32[D, W, B]), sharded P('dc', 'worker').
+    batch: (inputs, labels), sharded P('dc', 'worker'): images f32[D, W, B, H, W', C]
+      with labels int32[D, W, B], or (language model) tokens int32[D, W, B, T] with
+      next-token labels int32[D, W, B, T]; ``apply_fn`` maps one worker's inputs to
+      logits [B, classes] or [B, T, vocab].
     active: bool[D], DCs that run this iteration (semi-sync masking); or f32[D],
       each DC's learning-rate multiplier (:func:`apply_inner`), 0 = inactive.
     weights: f32[D], per-DC aggregation weights for this round's pseudo-gradients

@@ -284,6 +284,25 @@ def make_runs(config_arg: str, grid: Any, root: str, python: str = sys.executabl
   return runs
 
 
+def _run_configs(base: Any, config_arg: str, runs: Sequence[RunSpec]):
+  """Yields (run, its config as main.py builds it: base + overrides, validated).
+
+  Raises:
+    ValueError: a config is invalid (the run named; nothing was launched).
+  """
+  import ml_collections  # pylint: disable=g-import-not-at-top
+  from hfl import config as config_lib  # pylint: disable=g-import-not-at-top
+  base_config = config_lib.load_file(config_arg) if isinstance(base, str) else (
+      ml_collections.ConfigDict(copy.deepcopy(base.to_dict() if hasattr(base, 'to_dict')
+                                              else dict(base))))
+  for r in runs:
+    try:
+      yield r, config_lib.validate(config_lib.apply_overrides(copy.deepcopy(base_config),
+                                                              r.overrides))
+    except ValueError as e:
+      raise ValueError(f'run {r.name!r} (nothing was launched): {e}') from None
+
+
 def check_runs(base: Any, config_arg: str, runs: Sequence[RunSpec]) -> None:
   """Checks each run's config as main.py will (base + overrides as ``--config.KEY=VALUE``
   applies them, then :func:`hfl.config.validate`) before any is launched; checks that
@@ -293,25 +312,37 @@ def check_runs(base: Any, config_arg: str, runs: Sequence[RunSpec]) -> None:
     ValueError: the first bad run with its problem, e.g. ``run 'seed=0' ...: unknown
       config field 'optimizer.learnin_rate'; did you mean 'optimizer.learning_rate'?``.
   """
-  if not runs:
-    return
-  import ml_collections  # pylint: disable=g-import-not-at-top
   from hfl import config as config_lib  # pylint: disable=g-import-not-at-top
-  base_config = config_lib.load_file(config_arg) if isinstance(base, str) else (
-      ml_collections.ConfigDict(copy.deepcopy(base.to_dict() if hasattr(base, 'to_dict')
-                                              else dict(base))))
   seen = {}  # hfl.config.experiment_key -> the first run training it
-  for r in runs:
-    config = copy.deepcopy(base_config)
-    try:
-      config_lib.validate(config_lib.apply_overrides(config, r.overrides))
-    except ValueError as e:
-      raise ValueError(f'run {r.name!r} (nothing was launched): {e}') from None
+  for r, config in _run_configs(base, config_arg, runs):
     if (same := seen.setdefault(config_lib.experiment_key(config), r)) is not r:
       why = '; '.join(f'{k}: {v}' for k, v in config_lib.ignored_fields(config).items()
                       if same.overrides.get(k) != r.overrides.get(k))
       logging.warning('runs %r and %r train the same experiment: they differ only in fields '
                       'the run ignores (%s)', same.name, r.name, why)
+
+
+def check_done(base: Any, config_arg: str, runs: Sequence[RunSpec]) -> list[str]:
+  """Checks every finished run (summary.json) against the config the sweep gives it
+  now, as main.py checks a workdir before resuming; returns the names of those
+  that differ only in ``hfl.train.RESUMABLE_FIELDS`` (e.g. a longer
+  ``train.num_steps``): to run again, main.py extends them.
+
+  Raises:
+    ValueError: a finished run was made with another config (names run and fields).
+  """
+  done = [r for r in runs if run_status(r.workdir) == 'done']
+  if not done:
+    return []
+  from hfl import train  # pylint: disable=g-import-not-at-top
+  again = []
+  for r, config in _run_configs(base, config_arg, done):
+    try:
+      again += [r.name] if train.check_workdir_config(r.workdir, config) else []
+    except ValueError as e:
+      raise ValueError(f'run {r.name!r} (nothing was launched): {e} A sweep root holds one '
+                       'sweep: give this one another --root.') from None
+  return again
 
 
 # ------------------------------------------------------------------------------
@@ -475,7 +506,8 @@ def run_sweep(base: Any, grid: Any, root: str, *, runner: Runner | None = None,
     check: check every config to launch (:func:`check_runs`) before anything.
 
   Raises:
-    ValueError: a run's config is invalid (``check``); nothing was written.
+    ValueError: a run's config is invalid, or a finished run was made with another
+      config (``check``, :func:`check_done`); nothing was written.
     KeyboardInterrupt: Ctrl-C; the running jobs were stopped (:func:`stop_children`).
   """
   runner = runner or subprocess_runner
@@ -483,6 +515,8 @@ def run_sweep(base: Any, grid: Any, root: str, *, runner: Runner | None = None,
   config_arg = resolve_base(base, root, write=False)
   runs = make_runs(config_arg, grid, root, python=python, main_py=main_py)
   status = {r.name: run_status(r.workdir) for r in runs}
+  if check:
+    status.update({name: 'partial' for name in check_done(base, config_arg, runs)})
   todo = [r for r in runs if status[r.name] != 'done']
   todo, rest = (todo, []) if max_runs is None else (todo[:max_runs], todo[max_runs:])
   if check:

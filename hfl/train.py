@@ -427,7 +427,7 @@ def _stored_config(workdir: str) -> dict | None:
   return None
 
 
-def _check_workdir_config(workdir: str, config) -> list[str]:
+def check_workdir_config(workdir: str, config) -> list[str]:
   """Refuses to resume a workdir that was started with a different config
   (compared with :func:`_stored_config`).
 
@@ -1167,7 +1167,7 @@ def train_and_evaluate(config: ml_collections.ConfigDict, workdir: str) -> dict:
   """
   wall0 = time.time()
   s = setup(config)
-  changed = _check_workdir_config(workdir, config)
+  changed = check_workdir_config(workdir, config)
   _log_policies(s)
   rt = make_runtime(s, workdir, wall0)
   state, ls, restored = restore_or_init(rt)

@@ -202,7 +202,7 @@ def test_run_started_before_the_dgc_section_still_resumes(tmp_path):
   del old['compression']['dgc']
   with open(tmp_path / 'config.json', 'w') as f:
     json.dump(old, f)
-  train._check_workdir_config(str(tmp_path), c)  # same config, DGC off: accepted
+  train.check_workdir_config(str(tmp_path), c)  # same config, DGC off: accepted
   c.compression.dgc.momentum = 0.9
   with pytest.raises(ValueError, match=r'compression\.dgc\.momentum'):
-    train._check_workdir_config(str(tmp_path), c)
+    train.check_workdir_config(str(tmp_path), c)

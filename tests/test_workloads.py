@@ -298,10 +298,10 @@ def test_older_workdir_without_the_new_fields_resumes(tmp_path):
                          ('train', 'target_loss')):
     del old[section][field]
   (tmp_path / 'config.json').write_text(json.dumps(old))
-  assert train._check_workdir_config(str(tmp_path), c) == []
+  assert train.check_workdir_config(str(tmp_path), c) == []
   c.optimizer.schedule = 'cosine'   # but a changed schedule is refused
   with pytest.raises(ValueError, match='optimizer.schedule'):
-    train._check_workdir_config(str(tmp_path), c)
+    train.check_workdir_config(str(tmp_path), c)
 
 
 def test_workdir_without_config_json_is_checked_against_its_summary(tmp_path):
@@ -309,16 +309,16 @@ def test_workdir_without_config_json_is_checked_against_its_summary(tmp_path):
   config; with checkpoints but neither file it is refused, not resumed blind."""
   c = smoke.get_config()
   (tmp_path / 'summary.json').write_text(json.dumps({'config': json.loads(c.to_json())}))
-  assert train._check_workdir_config(str(tmp_path), c) == []
+  assert train.check_workdir_config(str(tmp_path), c) == []
   changed = copy.deepcopy(c)
   changed.sync.k = c.sync.k + 1
   with pytest.raises(ValueError, match='sync.k'):
-    train._check_workdir_config(str(tmp_path), changed)
+    train.check_workdir_config(str(tmp_path), changed)
   (tmp_path / 'summary.json').unlink()
-  assert train._check_workdir_config(str(tmp_path), changed) == []  # a new run
+  assert train.check_workdir_config(str(tmp_path), changed) == []  # a new run
   (tmp_path / 'checkpoints' / '50').mkdir(parents=True)
   with pytest.raises(ValueError, match='checkpoints but no config.json'):
-    train._check_workdir_config(str(tmp_path), c)
+    train.check_workdir_config(str(tmp_path), c)
 
 
 @pytest.mark.parametrize('text', ['{garbage', '', '[1, 2]'])
@@ -326,7 +326,7 @@ def test_a_corrupt_config_json_is_named(tmp_path, text):
   (tmp_path / 'config.json').write_text(text)
   before = (tmp_path / 'config.json').read_bytes()
   with pytest.raises(ValueError, match=r'config\.json'):
-    train._check_workdir_config(str(tmp_path), smoke.get_config())
+    train.check_workdir_config(str(tmp_path), smoke.get_config())
   assert (tmp_path / 'config.json').read_bytes() == before
 
 

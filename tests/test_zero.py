@@ -184,10 +184,10 @@ def test_older_run_without_the_field_resumes(tmp_path):
   del old['optimizer']['shard_state']
   with open(tmp_path / 'config.json', 'w') as f:
     json.dump(old, f)
-  assert train._check_workdir_config(str(tmp_path), c) == []
+  assert train.check_workdir_config(str(tmp_path), c) == []
   c.optimizer.shard_state = True
   with pytest.raises(ValueError, match=r'optimizer.shard_state: False -> True'):
-    train._check_workdir_config(str(tmp_path), c)
+    train.check_workdir_config(str(tmp_path), c)
 
 
 @pytest.mark.slow

@@ -40,10 +40,19 @@ def load(paths: Sequence[str], target: float | None = None,
   used is kept in ``frame.attrs['target']``. ``exclude``: directories not searched.
 
   Raises:
-    FileNotFoundError: a path is missing or holds no workdir. ValueError: a ``target``
-      outside the headline metric's range (accuracy: (0, 1]; loss: > 0).
+    FileNotFoundError: a path is missing or holds no workdir. ValueError: runs of
+      different ``dataset.name``, or a ``target`` outside the headline metric's range
+      (accuracy: (0, 1]; loss: > 0).
   """
   loaded = [runs.load_run(d) for d in runs.find_runs(paths, exclude)]
+  data = {}  # dataset.name -> its runs' workdirs
+  for r in loaded:
+    data.setdefault(runs.flatten(r.config).get('dataset.name'), []).append(r.workdir)
+  data.pop(None, None)
+  if len(data) > 1:
+    raise ValueError('the runs train on different data sets, which one table cannot compare ('
+                     + '; '.join(f'{k}: {len(v)} runs, e.g. {v[0]}' for k, v in data.items())
+                     + '); report each data set\'s workdirs separately')
   for r in loaded:
     if not r.finished:
       logging.warning('%s has no summary.json (unfinished run); using its metrics.jsonl',

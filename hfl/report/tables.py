@@ -233,6 +233,7 @@ def build_table(frame: pd.DataFrame, label_by: Sequence[str] | None = None,
     p = (stats.paired(frame, groups, gid, base, metric, scale)[0] if base not in (None, gid)
          else stats.Stat(None, None, 0))
     rows.append(dict(label=labels[ids.index(gid)], baseline=base and labels[b],
+                     unfinished=int((~frame.loc[table.at[gid, 'runs'], 'finished']).sum()),
                      compression_ratio=stats.reduction(ours, theirs),
                      compression_factor=stats.factor(ours, theirs), paired_delta=p.mean,
                      paired_std=p.std, paired_n=p.n or None, paired_sem=p.sem))
@@ -254,7 +255,8 @@ def _md_row(table: pd.DataFrame, gid: str, unit: str) -> list[str]:
   ratio, fac = row['compression_ratio'], row['compression_factor']
   comp = ('–' if ratio is None else '100% (∞×)' if math.isinf(fac)
           else f'{100 * ratio:.1f}% ({fac:.1f}×)')
-  return [row['label'], str(n), *(cell(m) for m in _MD_METRICS), comp,
+  runs = f'{n} ({row["unfinished"]} unfinished)' if row['unfinished'] else str(n)
+  return [row['label'], runs, *(cell(m) for m in _MD_METRICS), comp,
           fmt_points(row['paired_delta'], row['paired_std'], row['paired_n'], unit),
           *(cell(m) for m in ('inter_dc_rounds', 'sim_time_s', 'wall_time_s'))]
 
@@ -270,7 +272,8 @@ def to_markdown(table: pd.DataFrame, target: runs_lib.Target) -> str:
            f'- Target: {fmt_target(target)}. Rounds (inter-DC) and simulated time to target: first crossing, linearly interpolated between evaluations '
            '(`hfl.metrics.time_to_target`); `never` = not reached; (k/n reached): the mean is '
            'over the k seeds that did.',
-           '- `runs` > 1: configs differ only in `seed`; cells are mean ± sample std (ddof=1).',
+           '- `runs` > 1: configs differ only in `seed`; cells are mean ± sample std (ddof=1). '
+           '(k unfinished): k runs have no summary.json; they count with their last evaluation.',
            '- Bytes: totals per link over the run, 1 MB = 10^6 bytes (raw in `results.csv`).',
            '- Compression = 1 − total bytes / baseline total bytes (all links), and the × '
            f'factor. Paired Δ: final {"loss (lower is better)" if loss else "accuracy"} minus '
@@ -287,8 +290,10 @@ _CSV_NAMES = {'final_acc': 'final_test_accuracy', 'best_acc': 'best_test_accurac
 
 
 def to_csv(table: pd.DataFrame, target: runs_lib.Target) -> str:
-  """The table as CSV: raw numbers (fractions, bytes, seconds, pts); '' when unknown."""
+  """The table as CSV: raw numbers (fractions, bytes, seconds, pts); '' when unknown
+  (to target: when no run reached it; ``n_reached_target`` counts those that did)."""
   out = pd.DataFrame({'label': table['label'], 'n_runs': table['runs'].map(len),
+                      'n_unfinished': table['unfinished'],
                       'seeds': table['seeds'].map(lambda s: ';'.join(map(str, s))),
                       'workdirs': table['workdirs'].map(';'.join)})
   for m in runs_lib.METRICS:
@@ -299,6 +304,4 @@ def to_csv(table: pd.DataFrame, target: runs_lib.Target) -> str:
   for c in ('baseline', 'compression_ratio', 'compression_factor', 'paired_delta',
             'paired_std', 'paired_n', 'paired_sem'):
     out[c] = table[c]
-  for m in ('rounds_to_target', 'time_to_target_s'):
-    out[f'{m}_mean'] = out[f'{m}_mean'].where(out[f'{m}_mean'].notna(), NEVER)
   return out.to_csv(index=False, lineterminator='\n')
