@@ -5,6 +5,7 @@ import csv
 import io
 import importlib.util
 import json
+import logging
 import math
 import os
 import shlex
@@ -270,6 +271,19 @@ def test_unfinished_runs_in_groups(tmp_path):
   target = frame.attrs['target']
   assert '| 2 (1 unfinished) |' in tables.to_markdown(table, target)
   assert list(csv.DictReader(io.StringIO(tables.to_csv(table, target))))[0]['n_unfinished'] == '1'
+
+
+def test_a_seed_run_twice_is_named_once_by_its_workdirs(tmp_path, caplog):
+  for name in ('a', 'b'):
+    _write_run(str(tmp_path / name), _config(seed=0), [(25, 0.8, 1.0, (1, 1, 1))], summary={})
+  _write_run(str(tmp_path / 'topk'), _config(seed=0, **{'compression.uplink.name': 'topk'}),
+             [(25, 0.7, 1.0, (1, 1, 1))], summary={})
+  with caplog.at_level(logging.WARNING):
+    table = tables.build_table(report.load([str(tmp_path)]), label_by=['compression.uplink.name'])
+  warned = [r.getMessage() for r in caplog.records if 'more than one run' in r.getMessage()]
+  assert len(warned) == 1 and str(tmp_path / 'a') in warned[0] and str(tmp_path / 'b') in warned[0]
+  row = table.set_index('label').loc['up=topk']
+  assert row['paired_n'] == 1 and row['paired_delta'] == pytest.approx(-10.0)
 
 
 def test_runs_of_different_data_sets_are_refused(tmp_path):

@@ -77,19 +77,24 @@ def group_stat(summary: pd.DataFrame, group: str, metric: str) -> Stat:
   return Stat(get(metric), get(f'{metric}_std'), int(get(f'{metric}_n') or 0))
 
 
+_WARNED = set()  # (group, metric) pairs already warned about duplicate seeds
+
+
 def paired(frame: pd.DataFrame, groups: pd.Series, group: str, base: str,
            metric: str = 'final_acc', scale: float = 100.0) -> tuple[Stat, dict]:
   """The paired Δ of ``metric``, ``group`` vs ``base``: (its :class:`Stat`, {seed: Δ}).
 
-  Only seeds with a value on both sides count; a seed twice in a group keeps
-  its first run (with a warning).
+  Only seeds with a value on both sides count; a seed twice in a group keeps its first
+  run here (warning once, naming the workdirs; :func:`summarize` counts every run).
   """
   def by_seed(g):
-    s = frame.loc[groups == g].set_index('seed')[metric]
-    if s.index.has_duplicates:
-      logging.warning('group %s has seeds %s twice; keeping the first run of each',
-                      g, sorted(set(s.index[s.index.duplicated()])))
-      s = s[~s.index.duplicated()]
+    rows = frame.loc[groups == g]
+    s = rows.set_index('seed')[metric]
+    if s.index.has_duplicates and (g, metric) not in _WARNED:
+      _WARNED.add((g, metric))
+      logging.warning('a seed in more than one run of one row (%s): its paired Δ keeps the first',
+                      ', '.join(rows[rows['seed'].duplicated(keep=False)]['workdir']))
+    s = s[~s.index.duplicated()]
     return pd.to_numeric(s, errors='coerce').astype(float)
   d = (scale * (by_seed(group) - by_seed(base))).dropna().sort_index()
   return stat(d.values), {k: float(v) for k, v in d.items()}
