@@ -125,6 +125,13 @@ def _check_dc_placement(config, info) -> None:
 
 def _parse_flags(argv):
   """absl flag parsing with one clear line (no traceback) for a bad --config.* override."""
+  args = argv[1:argv.index('--')] if '--' in argv else argv[1:]
+  for name in ('--config', '--workdir'):  # absl would keep the last, or fail obscurely
+    given = [a for a in args if a.partition('=')[0] == name]
+    if len(given) > 1:
+      print(f'error: {name} given {len(given)} times ({", ".join(given)}); give it once',
+            file=sys.stderr)
+      sys.exit(2)
   try:
     return flags.FLAGS(argv)
   except flags.Error as e:

@@ -327,8 +327,8 @@ def test_a_workdir_that_cannot_be_created_is_named(fake_data, tmp_path, monkeypa
 
 
 def test_main_names_a_missing_config_or_workdir_flag(tmp_path):
-  """No --config or no --workdir: exit status 2 and one line saying which flag and an
-  example command, before anything starts."""
+  """No --config or no --workdir, or one given twice: exit status 2 and one line saying
+  which flag (and an example command), before anything starts."""
   for args, flag in ((['--workdir=w'], '--config'),
                      ([f'--config={os.path.join(REPO, "configs/smoke.py")}'], '--workdir')):
     out = subprocess.run([sys.executable, os.path.join(REPO, 'main.py')] + args,
@@ -337,6 +337,13 @@ def test_main_names_a_missing_config_or_workdir_flag(tmp_path):
     assert out.returncode == 2, out.stderr[-2000:]
     assert out.stderr == (f'error: {flag} is required, e.g. python3 main.py '
                           '--config=configs/default.py --workdir=workdirs/run\n')
+  smoke = os.path.join(REPO, 'configs/smoke.py')
+  out = subprocess.run([sys.executable, os.path.join(REPO, 'main.py'), f'--config={smoke}',
+                        '--workdir=w', '--config.seed=1', '--config', smoke],
+                       env=dict(os.environ, JAX_PLATFORMS='cpu'), capture_output=True,
+                       text=True, timeout=300, cwd=str(tmp_path))
+  assert out.returncode == 2
+  assert out.stderr == f'error: --config given 2 times (--config={smoke}, --config); give it once\n'
   assert os.listdir(tmp_path) == []
 
 
