@@ -681,7 +681,7 @@ class Runtime:
   timer: StepTimer
   jitted: dict            # round_start, discard_absent, all_finite
   mw: Any = None          # metrics_lib.MetricsWriter, once the start step is known
-  log_at: tuple = (0.0, 0)  # (time, step) of the last progress line
+  log_at: tuple = (0.0, 0, True)  # (time, step, first?) of the last progress line
 
   def wall_s(self, ls: LoopState) -> float:
     """The run's wall-clock so far (earlier sessions included), seconds."""
@@ -975,10 +975,12 @@ def _log_progress(rt: Runtime, ls: LoopState, at: int, loss: float) -> None:
   """The progress line of iteration ``at`` (``loss``: its train loss)."""
   now = time.time()
   rate = (at - rt.log_at[1]) / max(now - rt.log_at[0], 1e-9)
-  rt.log_at = (now, at)
+  first = rt.log_at[2]  # since the loop started: compilation included
+  rt.log_at = (now, at, False)
   stop = rt.s.loop.stop
   if stop.governed_by == 'num_steps':
     total, eta = str(stop.num_steps), f'{(stop.num_steps - at) / max(rate, 1e-9):.0f}s'
+    eta = f'<{eta} (this rate includes compiling)' if first else eta
   else:  # no iteration count to reach: the budget instead
     total, eta = '?', f'at sim {stop.sim_time_budget_s:g}s'
   fmt = lambda link: metrics_lib.format_bytes(_bytes(ls.bits[link]), digits=1)
@@ -1178,7 +1180,7 @@ def train_and_evaluate(config: ml_collections.ConfigDict, workdir: str) -> dict:
     if summary is not None:
       return summary
   rt.mw = metrics_lib.MetricsWriter(workdir, resume_step=ls.step)
-  rt.log_at = (time.time(), ls.step)
+  rt.log_at = (time.time(), ls.step, True)
   while not s.loop.stop.finished(ls.step, ls.clock.now):
     state, pending, weights, present = run_round(rt, state, ls)
     ls, loss = account(rt, ls, pending, weights, present)
