@@ -1242,5 +1242,9 @@ def print_results(summary: dict) -> None:
       (f'rounds to {target}',
        'never' if summary['rounds_to_target'] is None else f'{summary["rounds_to_target"]:.1f}'),
   ]
+  stop = summary.get('stop') or {}
+  if stop.get('governed_by') == 'sim_time_budget_s':
+    rows.insert(len(metric_rows), ('stopped at', f'simulated-time budget '
+                                   f'{stop["sim_time_budget_s"]:g} s (train.sim_time_budget_s)'))
   width = max(len(r[0]) for r in rows)
   print('\n'.join(f'{k:<{width}}  {v}' for k, v in rows), flush=True)

@@ -191,3 +191,16 @@ def test_budget_sweeps_give_sync_its_configured_iterations(sweep_file, input_sha
     assert mod.SYNC_ROUND_S == pytest.approx(float(np.max(t + c)), rel=1e-9)
     assert point['train.sim_time_budget_s'] == mod.SIM_BUDGET_S
   assert int(np.floor(mod.SIM_BUDGET_S / mod.SYNC_ROUND_S)) + 1 == sync_rounds
+
+
+def test_printed_results_say_a_budget_stopped_the_run(capsys):
+  summary = dict(final_test_accuracy=0.9, best_test_accuracy=0.91, target_accuracy=0.85,
+                 bytes=dict(intra_up=1, intra_down=2, inter_dc=3), inter_dc_rounds=4,
+                 intra_dc_iterations=8, sim_time_s=10.5, wall_time_s=3.0, time_to_target_s=None,
+                 rounds_to_target=None,
+                 stop=dict(governed_by='sim_time_budget_s', num_steps=0, sim_time_budget_s=10.0))
+  train.print_results(summary)
+  assert 'stopped at           simulated-time budget 10 s (train.sim_time_budget_s)\n' in (
+      capsys.readouterr().out)
+  train.print_results(dict(summary, stop=dict(governed_by='num_steps', num_steps=8)))
+  assert 'stopped at' not in capsys.readouterr().out
