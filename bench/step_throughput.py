@@ -32,7 +32,11 @@ for CIFAR), float32 images with int labels; a token model (``seq_len``/
 [B, seq_len] with next-token labels.
 
   python3 bench/step_throughput.py [--model=cnn[,mlp,...]|all] [--steps=30] \
-      [--blocks=4] [--batch=32] [--k=4] [--fma_units=N] [--clock_ghz=F]
+      [--blocks=4] [--batch=32] [--k=4] [--mesh=2,4] [--fma_units=N] [--clock_ghz=F] \
+      [--peak_tflops=F]
+
+On one GPU: --mesh=1,1 (XLA simulates several devices on CPU only), --batch=256 for the
+same global batch, and --peak_tflops for its MFU (bench/device_check.sh does this).
 """
 
 import argparse
@@ -48,9 +52,6 @@ from hfl import runtime  # noqa: E402
 runtime.use_fast_allocator()  # re-exec once with tcmalloc (docs/benchmarks.md)
 
 import jax  # noqa: E402
-
-jax.config.update('jax_num_cpu_devices', 8)
-
 import jax.numpy as jnp  # noqa: E402
 import numpy as np  # noqa: E402
 import optax  # noqa: E402
@@ -62,7 +63,6 @@ from hfl.compress import base  # noqa: E402
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 from flops import jaxpr_flops, this_cpu_peak_flops, xla_cost, xla_flops  # noqa: E402
 
-D, W = 2, 4
 # Per-example image shapes of the datasets hfl reads (HWC).
 IMAGE_SHAPES = {'fashion_mnist': (28, 28, 1), 'mnist': (28, 28, 1), 'cifar10': (32, 32, 3),
                 'cifar100': (32, 32, 3), 'svhn_cropped': (32, 32, 3)}
@@ -88,8 +88,8 @@ def model_dataset(name: str) -> str | None:
   return None
 
 
-def build(name: str, batch: int, rng):
-  """(net, global inputs x [D, W, B, ...], labels y [D, W, B(, T)], description)."""
+def build(name: str, batch: int, rng, d: int = 2, w: int = 4):
+  """(net, global inputs x [d, w, B, ...], labels y [d, w, B(, T)], description)."""
   kind = models.input_kind(name) if hasattr(models, 'input_kind') else None
   try:
     net = models.get_model(name, DEFAULT_VOCAB if kind == 'tokens' else 10)
@@ -99,12 +99,12 @@ def build(name: str, batch: int, rng):
     kind = 'tokens' if hasattr(net, 'vocab_size') else 'image'
   if kind == 'tokens':
     t, v = int(getattr(net, 'seq_len', 64)), int(getattr(net, 'vocab_size', DEFAULT_VOCAB))
-    tokens = rng.integers(0, v, size=(D, W, batch, t + 1)).astype(np.int32)
+    tokens = rng.integers(0, v, size=(d, w, batch, t + 1)).astype(np.int32)
     return net, tokens[..., :-1], tokens[..., 1:], f'int32 tokens [{t}], vocab {v}'
   dataset = model_dataset(name) or 'fashion_mnist'
   shape = IMAGE_SHAPES.get(dataset, (28, 28, 1))
-  x = rng.normal(size=(D, W, batch) + shape).astype(np.float32)
-  y = rng.integers(0, 10, size=(D, W, batch)).astype(np.int32)
+  x = rng.normal(size=(d, w, batch) + shape).astype(np.float32)
+  y = rng.integers(0, 10, size=(d, w, batch)).astype(np.int32)
   return net, x, y, f'{dataset} {"x".join(map(str, shape))}'
 
 
@@ -115,7 +115,8 @@ def build(name: str, batch: int, rng):
 def programs(net, x_host, y_host, mesh, k: int = 4):
   """Returns {name: (run(n) -> None, xla FLOPs/step)}, the model FLOPs/step and the
   MB each device's program reads and writes per step (XLA's "bytes accessed":
-  hierarchical, data parallel)."""
+  hierarchical, data parallel). The mesh is ``mesh``'s ('dc', 'worker') shape."""
+  D, W = mesh.shape['dc'], mesh.shape['worker']  # pylint: disable=invalid-name
   x0 = jnp.asarray(x_host[0, 0, :1])
   params = net.init(jax.random.PRNGKey(0), x0)['params']
   apply_fn = lambda p, x: net.apply({'params': p}, x)
@@ -225,19 +226,37 @@ def main():
   ap.add_argument('--batch', type=int, default=32, help='examples per worker')
   ap.add_argument('--k', type=int, default=4,
                   help='iterations per round of the "hierarchical K" program (>= 1)')
+  ap.add_argument('--mesh', default='2,4',
+                  help="D,W: DCs and workers per DC (D x W devices; on CPU simulated, on "
+                       "GPU/TPU the host's devices, e.g. 1,1 on one GPU)")
   ap.add_argument('--fma_units', type=int, default=None)
   ap.add_argument('--clock_ghz', type=float, default=None)
+  ap.add_argument('--peak_tflops', type=float, default=None,
+                  help='peak FLOP/s of the accelerator, for its MFU (CPU: from lscpu)')
   args = ap.parse_args()
   if args.k < 1:
     ap.error(f'--k must be >= 1, got {args.k}')
+  try:
+    D, W = (int(v) for v in args.mesh.split(','))  # pylint: disable=invalid-name
+    assert D >= 1 and W >= 1
+  except (ValueError, AssertionError):
+    ap.error(f'--mesh must be two positive integers D,W, got {args.mesh!r}')
+  mesh_lib.configure_cpu_devices(D * W)  # before anything starts the backend
   names = list(models.MODELS) if args.model == 'all' else args.model.split(',')
   for n in names:
     if n not in models.MODELS:
       ap.error(f'--model={n!r} is not one of {", ".join(models.MODELS)}')
-  peak, derivation = this_cpu_peak_flops(args.fma_units, args.clock_ghz)
+  backend = jax.default_backend()
+  if args.peak_tflops is not None:
+    peak, derivation = args.peak_tflops * 1e12, f'{args.peak_tflops} TFLOP/s (--peak_tflops)'
+  elif backend == 'cpu':
+    peak, derivation = this_cpu_peak_flops(args.fma_units, args.clock_ghz)
+  else:
+    peak, derivation = float('nan'), f'unknown for {backend} (give --peak_tflops): no MFU'
   print(f'peak: {derivation}')
   print(f'allocator: {runtime.active() or "glibc malloc"}; {D}x{W} mesh of '
-        f'{jax.device_count()} CPU devices; {args.batch} examples per worker, global batch '
+        f'{jax.device_count()} {backend} devices ({jax.devices()[0].device_kind}); '
+        f'{args.batch} examples per worker, global batch '
         f'{D * W * args.batch}; median of {args.blocks} alternating blocks of {args.steps} steps')
   mesh = mesh_lib.make_mesh(D, W)
   print('\n| model | input | model GFLOP/step (jaxpr) | XLA GFLOP/step: hier. / DP / 1 dev. | '
@@ -246,16 +265,17 @@ def main():
         'MFU hierarchical | MFU one device | XLA MB accessed/step/device: hier. / DP |')
   print('|---|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|', flush=True)
   for name in names:  # each row as soon as its model is measured
-    net, x, y, desc = build(name, args.batch, np.random.default_rng(0))
+    net, x, y, desc = build(name, args.batch, np.random.default_rng(0), D, W)
     progs, mf, mb = programs(net, x, y, mesh, args.k)
     r, ratios = measure(progs, args.steps, args.blocks)
     quart = lambda v: '{1:.3f} ({0:.3f}–{2:.3f})'.format(*np.percentile(v, [25, 50, 75]))
+    mfu = lambda rate: '–' if np.isnan(peak) else f'{mf * rate / peak:.1%}'
     xla = ' / '.join(f'{progs[k][1] / 1e9:.3f}' for k in
                      ('hierarchical', 'data parallel', 'one device'))
     h, dp, one = r['hierarchical'], r['data parallel'], r['one device']
     print(f'| {name} | {desc} | {mf / 1e9:.3f} | {xla} | {h:.2f} | {dp:.2f} | '
           f'{quart(ratios["hierarchical"])} | {quart(ratios[f"hierarchical K={args.k}"])} | '
-          f'{one:.2f} | {mf * h / peak:.1%} | {mf * one / peak:.1%} | '
+          f'{one:.2f} | {mfu(h)} | {mfu(one)} | '
           f'{mb[0]:.1f} / {mb[1]:.1f} |', flush=True)
 
 if __name__ == '__main__':

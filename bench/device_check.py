@@ -1,0 +1,220 @@
+"""One prepared accelerator check: the step benchmark and the three workload configs
+(issue 13), sized to fit one device-machine call (10 minutes; about 9 by default).
+
+Two steps. Here, on a machine with the data and a package registry:
+
+  python3 bench/device_check.py --prepare --data_dir=../shared/data
+
+copies CIFAR-10 (the JPEG archive) and Tiny Shakespeare into ``.device/data`` and
+downloads the wheels hfl needs that an accelerator image may lack (ml_collections,
+tensorboardX; Python 3.12, no dependencies) into ``.device/whl``; ``.device/`` is
+git-ignored and about 21 MB. Then, on the accelerator host, from the repository root
+with ``.device`` next to it:
+
+  python3 bench/device_check.py --out=$OUT [--peak_tflops=F] [--budget_s=540]
+
+installs the wheels into /tmp/site (when ``.device/whl`` has any), then runs, each
+under its share of the budget:
+  1. ``bench/step_throughput.py`` on the models of the three configs and the
+     Fashion-MNIST CNN, on a ``--mesh`` of the host's devices (default 1,1: one GPU;
+     XLA simulates several devices on CPU only), with the same global batch as the
+     CPU tables (256);
+  2. ``main.py`` with ``configs/cifar10.py``, ``configs/shakespeare.py`` and
+     ``configs/cifar10_resnet20.py``, on the same mesh with each config's global
+     batch (mesh.num_dcs x mesh.workers_per_dc x train.batch_size) on it, data
+     from ``.device/data``. A config that outlasts its share is stopped; its
+     evaluations so far are what it reports.
+What comes back (in ``--out``, two files): ``device_check.md`` (the host, the
+benchmark table, and per config the iterations reached, steps/s, the last
+evaluation and whether it finished) and ``device_check.tar.gz`` (every run's
+``metrics.jsonl``, ``summary.json`` and ``train.log``, the benchmark's output).
+
+On a 1 x 1 mesh a config's hierarchy is trivial (one DC, one worker: every round
+averages one model), so its accuracy is that of large-batch training with the
+config's optimizer and schedule, not of the 2 x 4 experiment; the point is that the
+same code runs unchanged on the accelerator, and how fast.
+"""
+
+import argparse
+import glob
+import json
+import os
+import shutil
+import subprocess
+import sys
+import tarfile
+import time
+
+REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+DEVICE_DIR = os.path.join(REPO, '.device')
+DATA_FILES = {'cifar10': 'cifar10-jpeg.tar.gz', 'shakespeare': 'tinyshakespeare.txt'}
+WHEELS = ['ml_collections==1.1.0', 'tensorboardX==2.6.5']
+CONFIGS = [('cifar10', 'cifar10'), ('shakespeare', 'shakespeare'),
+           ('cifar10_resnet20', 'cifar10')]  # (config, its data file's key)
+BENCH_MODELS = 'cnn,cifar_cnn,resnet20,transformer'
+# Shares of --budget_s: the benchmark, then each config in CONFIGS' order.
+SHARES = (0.25, 0.22, 0.22, 0.31)
+
+
+def prepare(data_dir: str, python_version: str) -> None:
+  """Fills ``.device/`` (data and wheels). Raises SystemExit naming what is missing."""
+  os.makedirs(os.path.join(DEVICE_DIR, 'data'), exist_ok=True)
+  for name in DATA_FILES.values():
+    src = os.path.join(data_dir, name)
+    if not os.path.exists(src):
+      raise SystemExit(f'--data_dir: {src} does not exist (needs {", ".join(DATA_FILES.values())})')
+    dst = os.path.join(DEVICE_DIR, 'data', name)
+    if os.path.exists(dst):
+      os.remove(dst)
+    shutil.copyfile(src, dst)
+  whl = os.path.join(DEVICE_DIR, 'whl')
+  os.makedirs(whl, exist_ok=True)
+  cmd = [sys.executable, '-m', 'pip', 'download', '-q', '--no-deps', '--only-binary=:all:',
+         '--python-version', python_version, '--implementation', 'cp', '-d', whl, *WHEELS]
+  subprocess.run(cmd, check=True)
+  size = sum(os.path.getsize(f) for f in glob.glob(os.path.join(DEVICE_DIR, '*', '*')))
+  print(f'{DEVICE_DIR}: {size / 1e6:.1f} MB (data: {", ".join(DATA_FILES.values())}; wheels: '
+        f'{", ".join(sorted(os.listdir(whl)))}); carry ".device" to the accelerator host')
+
+
+def _env() -> dict:
+  env = dict(os.environ, PYTHONUNBUFFERED='1', HFL_CACHE_DIR='/tmp/hfl_cache')
+  wheels = glob.glob(os.path.join(DEVICE_DIR, 'whl', '*.whl'))
+  if wheels:
+    subprocess.run([sys.executable, '-m', 'pip', 'install', '-q', '--no-index', '--no-deps',
+                    '--no-compile', '--upgrade', '--target', '/tmp/site', *wheels], check=True)
+    env['PYTHONPATH'] = os.pathsep.join(filter(None, ['/tmp/site', env.get('PYTHONPATH')]))
+  return env
+
+
+def _run(cmd, log_path: str, timeout_s: float, env) -> tuple[int | None, float]:
+  """Runs ``cmd`` with its output in ``log_path``: (exit status or None on timeout, s)."""
+  t0 = time.time()
+  with open(log_path, 'w') as log:
+    p = subprocess.Popen(cmd, cwd=REPO, env=env, stdout=log, stderr=subprocess.STDOUT,
+                         start_new_session=True)
+    try:
+      rc = p.wait(timeout=max(1.0, timeout_s))
+    except subprocess.TimeoutExpired:
+      os.killpg(p.pid, 9)
+      p.wait()
+      rc = None
+  return rc, time.time() - t0
+
+
+def overrides(config: str, d: int, w: int, num_steps: int = 0) -> list[str]:
+  """main.py flags that run ``configs/<config>.py`` on a d x w mesh at the config's
+  global batch, with uniform DC speeds; ``num_steps`` > 0 shortens the run (the warm-up
+  then at most a tenth of it)."""
+  sys.path.insert(0, REPO)
+  from hfl import config as config_lib  # pylint: disable=g-import-not-at-top
+  c = config_lib.load_file(os.path.join(REPO, 'configs', config + '.py'))
+  batch = c.mesh.num_dcs * c.mesh.workers_per_dc * c.train.batch_size
+  flags = [f'--config.mesh.num_dcs={d}', f'--config.mesh.workers_per_dc={w}',
+           f'--config.network.dc_speed={(1.0,) * d}',
+           f'--config.train.batch_size={max(1, batch // (d * w))}']
+  if num_steps:
+    flags += [f'--config.train.num_steps={num_steps}',
+              f'--config.optimizer.warmup_steps={min(c.optimizer.warmup_steps, num_steps // 10)}']
+  return flags
+
+
+def _config_row(name: str, workdir: str, rc, wall_s: float) -> str:
+  recs = []
+  path = os.path.join(workdir, 'metrics.jsonl')
+  if os.path.exists(path):
+    with open(path) as f:
+      recs = [json.loads(l) for l in f if l.strip()]
+  done = os.path.exists(os.path.join(workdir, 'summary.json'))
+  state = 'finished' if done else ('stopped at its share of the budget' if rc is None
+                                   else f'failed (exit {rc}; see its train.log)')
+  if not recs:
+    return f'| {name} | {state} | – | – | – | {wall_s:.0f} |'
+  last = recs[-1]
+  metric = (f'val loss {last["test_loss"]:.4f} nats/char' if 'test_bits_per_char' in last
+            else f'test acc {last["test_accuracy"]:.2%}')
+  rate = last['step'] / last['wall_time_s'] if last.get('wall_time_s') else float('nan')
+  return (f'| {name} | {state} | {last["step"]} | {rate:.1f} | {metric} | {wall_s:.0f} |')
+
+
+def check(out: str, mesh: str, budget_s: float, peak_tflops: float | None,
+          num_steps: int = 0) -> int:
+  """Runs the benchmark and the configs; writes ``out``/device_check.{md,tar.gz}."""
+  os.makedirs(out, exist_ok=True)
+  work = '/tmp/hfl_device_check'
+  shutil.rmtree(work, ignore_errors=True)
+  os.makedirs(work)
+  env = _env()
+  d, w = (int(v) for v in mesh.split(','))
+  lines = ['# hfl device check', '']
+  info = subprocess.run([sys.executable, '-c', 'import jax; print(jax.__version__, '
+                         'jax.default_backend(), jax.device_count(), jax.devices()[0].device_kind)'],
+                        capture_output=True, text=True, env=env, cwd=REPO)
+  lines += [f'jax, backend, devices, kind: `{(info.stdout or info.stderr).strip()}`', '']
+  bench_log = os.path.join(work, 'bench.log')
+  cmd = [sys.executable, 'bench/step_throughput.py', f'--model={BENCH_MODELS}',
+         f'--mesh={mesh}', f'--batch={256 // (d * w)}', '--steps=20', '--blocks=5']
+  if peak_tflops:
+    cmd.append(f'--peak_tflops={peak_tflops}')
+  rc, wall = _run(cmd, bench_log, SHARES[0] * budget_s, env)
+  lines += [f'`{" ".join(cmd[1:])}` ({"exit " + str(rc) if rc is not None else "stopped"}, '
+            f'{wall:.0f} s):', '']
+  with open(bench_log) as f:
+    lines += [l.rstrip() for l in f if l.startswith(('|', 'peak', 'allocator'))]
+  lines += ['', '| config | state | iterations | steps/s (incl. compile, evals) | last evaluation '
+            '| wall s |', '|---|---|---:|---:|---|---:|']
+  for (config, data), share in zip(CONFIGS, SHARES[1:]):
+    workdir = os.path.join(work, config)
+    cmd = [sys.executable, 'main.py', f'--config=configs/{config}.py', f'--workdir={workdir}',
+           *overrides(config, d, w, num_steps),
+           f'--config.dataset.data_dir={os.path.join(DEVICE_DIR, "data", DATA_FILES[data])}']
+    rc, wall = _run(cmd, os.path.join(work, config + '.out'), share * budget_s, env)
+    lines.append(_config_row(config, workdir, rc, wall))
+    print(lines[-1], flush=True)
+  lines += ['', f'Mesh {d}x{w}, each config at its own global batch; commands: see '
+            'bench/device_check.py.']
+  with open(os.path.join(out, 'device_check.md'), 'w') as f:
+    f.write('\n'.join(lines) + '\n')
+  with tarfile.open(os.path.join(out, 'device_check.tar.gz'), 'w:gz') as tar:
+    for f in sorted(glob.glob(os.path.join(work, '*'))):
+      if os.path.isdir(f):
+        for name in ('metrics.jsonl', 'summary.json', 'train.log'):
+          if os.path.exists(os.path.join(f, name)):
+            tar.add(os.path.join(f, name), arcname=os.path.join(os.path.basename(f), name))
+      else:
+        tar.add(f, arcname=os.path.basename(f))
+  print('\n'.join(lines))
+  return 0
+
+
+def main(argv=None) -> int:
+  ap = argparse.ArgumentParser(description=__doc__.split('\n')[0])
+  ap.add_argument('--prepare', action='store_true', help='fill .device/ (here, not there)')
+  ap.add_argument('--data_dir', default=os.path.join(REPO, '..', 'shared', 'data'))
+  ap.add_argument('--python_version', default='3.12', help='of the accelerator host')
+  ap.add_argument('--out', default=os.environ.get('OUT', '/tmp/hfl_device_out'))
+  ap.add_argument('--mesh', default='1,1', help='D,W on the host\'s devices')
+  ap.add_argument('--budget_s', type=float, default=540.0,
+                  help='wall seconds for everything (shares: %s)' % (SHARES,))
+  ap.add_argument('--peak_tflops', type=float, default=None)
+  ap.add_argument('--num_steps', type=int, default=0,
+                  help="iterations per config (0: the config's train.num_steps)")
+  args = ap.parse_args(argv)
+  if args.prepare:
+    prepare(args.data_dir, args.python_version)
+    return 0
+  try:
+    d, w = (int(v) for v in args.mesh.split(','))
+    assert d >= 1 and w >= 1
+  except (ValueError, AssertionError):
+    ap.error(f'--mesh must be two positive integers D,W, got {args.mesh!r}')
+  missing = [n for n in DATA_FILES.values()
+             if not os.path.exists(os.path.join(DEVICE_DIR, 'data', n))]
+  if missing:
+    ap.error(f'{DEVICE_DIR}/data lacks {", ".join(missing)}: run --prepare first (and carry '
+             '.device)')
+  return check(args.out, args.mesh, args.budget_s, args.peak_tflops, args.num_steps)
+
+
+if __name__ == '__main__':
+  sys.exit(main())

@@ -1,0 +1,56 @@
+"""bench/device_check.py: the flags it gives main.py make valid configs at the same global batch."""
+
+import ast
+import copy
+import os
+import sys
+
+import pytest
+
+from hfl import config as config_lib
+
+REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+sys.path.insert(0, os.path.join(REPO, 'bench'))
+import device_check  # noqa: E402  pylint: disable=g-import-not-at-top
+
+
+def _apply(config_name: str, flags: list[str]):
+  base = config_lib.load_file(os.path.join(REPO, 'configs', config_name + '.py'))
+  values = {}
+  for flag in flags:
+    key, _, value = flag.removeprefix('--config.').partition('=')
+    try:
+      values[key] = ast.literal_eval(value)
+    except (ValueError, SyntaxError):
+      values[key] = value
+  return base, config_lib.validate(config_lib.apply_overrides(copy.deepcopy(base), values))
+
+
+@pytest.mark.parametrize('config_name', [c for c, _ in device_check.CONFIGS])
+@pytest.mark.parametrize('mesh', [(1, 1), (2, 2)])
+def test_overrides_keep_the_global_batch_and_validate(config_name, mesh):
+  d, w = mesh
+  base, c = _apply(config_name, device_check.overrides(config_name, d, w))
+  assert (c.mesh.num_dcs, c.mesh.workers_per_dc) == (d, w)
+  assert c.network.dc_speed == (1.0,) * d
+  assert (c.mesh.num_dcs * c.mesh.workers_per_dc * c.train.batch_size
+          == base.mesh.num_dcs * base.mesh.workers_per_dc * base.train.batch_size)
+  assert c.train.num_steps == base.train.num_steps
+  assert c.optimizer.warmup_steps == base.optimizer.warmup_steps
+
+
+@pytest.mark.parametrize('config_name', [c for c, _ in device_check.CONFIGS])
+def test_short_runs_shorten_the_warmup(config_name):
+  base, c = _apply(config_name, device_check.overrides(config_name, 1, 1, num_steps=20))
+  assert c.train.num_steps == 20
+  assert c.optimizer.warmup_steps == min(base.optimizer.warmup_steps, 2)
+
+
+def test_check_refuses_a_bad_mesh_and_missing_data(tmp_path, monkeypatch, capsys):
+  with pytest.raises(SystemExit):
+    device_check.main(['--mesh=2', f'--out={tmp_path}'])
+  assert '--mesh must be two positive integers' in capsys.readouterr().err
+  monkeypatch.setattr(device_check, 'DEVICE_DIR', str(tmp_path / 'nothing'))
+  with pytest.raises(SystemExit):
+    device_check.main([f'--out={tmp_path}'])
+  assert 'run --prepare first' in capsys.readouterr().err
