@@ -39,6 +39,10 @@ _DTYPE_BITS = {'f64': 64, 'f32': 32, 'bf16': 16, 'f16': 16, 'f8E5M2': 8, 'f8E4M3
 _OP = re.compile(
     r'"stablehlo\.(all_reduce|all_gather|reduce_scatter|all_to_all|collective_permute)"')
 _GROUPS = re.compile(r'replica_groups = dense<(\[\[[^>]*\]\])>')
+# jax >= 0.11 names the mesh axes instead of listing device groups.
+_MESH_AXES = re.compile(r'replica_groups = #stablehlo\.replica_group_mesh_axes<[^>]*?axes = '
+                        r'\[((?:#stablehlo\.axis_ref<name = "[^"]*">(?:, )?)*)\]')
+_AXIS_REF = re.compile(r'name = "([^"]*)"')
 _SIG = re.compile(r': \(([^()]*)\) -> ')
 _TENSOR = re.compile(r'tensor<((?:\d+x)*)([a-zA-Z0-9]+)>')
 
@@ -62,6 +66,18 @@ def _axis_of(groups: list, mesh_devices: np.ndarray, axis_names) -> str:
   return 'other'
 
 
+def _line_axis(line: str, mesh) -> str:
+  """The mesh axis a collective's StableHLO line reduces over ('other' for several)."""
+  named = _MESH_AXES.search(line)
+  if named:
+    axes = _AXIS_REF.findall(named.group(1))
+    return axes[0] if len(axes) == 1 else 'other'
+  groups = _GROUPS.search(line)
+  if not groups:
+    raise ValueError(f'no replica groups in a collective of the lowered program: {line[:200]}')
+  return _axis_of(json.loads(groups.group(1)), mesh.devices, mesh.axis_names)
+
+
 def collective_bytes(hlo_text: str, mesh) -> dict:
   """Operand bytes of every collective in a lowered StableHLO module, by mesh axis.
 
@@ -79,8 +95,7 @@ def collective_bytes(hlo_text: str, mesh) -> dict:
     m = _OP.search(line)
     if not m:
       continue
-    groups = json.loads(_GROUPS.search(line).group(1))
-    axis = _axis_of(groups, mesh.devices, mesh.axis_names)
+    axis = _line_axis(line, mesh)
     j = i
     if line.rstrip().endswith('({'):  # a reduction region: the signature closes it
       j = next(k for k in range(i + 1, len(lines)) if lines[k].lstrip().startswith('}) :'))

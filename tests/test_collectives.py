@@ -39,11 +39,34 @@ def _tree(rng):
 
 
 def _shard_dc(fn, mesh):
-  """jit(shard_map(fn)) over per-DC leaves [D, ...] (P('dc')), outputs [D, ...]."""
-  def body(t):
-    out = fn(jax.tree.map(lambda x: x[0], t))
-    return jax.tree.map(lambda x: x[None], out)
-  return jax.jit(jax.shard_map(body, mesh=mesh, in_specs=P('dc'), out_specs=P('dc')))
+  """jit(shard_map(fn)) over per-DC leaves [D, ...] (P('dc')), outputs [D, ...].
+
+  Zero-size leaves are made inside the body, not passed in: XLA:CPU in jax 0.11.2
+  crashes compiling a jitted shard_map that reads a zero-size argument (jax 0.10.2
+  does not); ``fn`` sees them all the same.
+  """
+  def build(t):  # (jitted program, its arguments)
+    leaves, treedef = jax.tree.flatten(t)
+    empty = [x.size == 0 for x in leaves]
+
+    def body(full):
+      it = iter(full)
+      mine = [jax.lax.pcast(jnp.zeros(x.shape[1:], x.dtype), 'dc', to='varying') if e
+              else next(it)[0] for x, e in zip(leaves, empty)]  # varying like the inputs
+      out = fn(jax.tree.unflatten(treedef, mine))
+      return jax.tree.map(lambda x: x[None], out)
+    f = jax.jit(jax.shard_map(body, mesh=mesh, in_specs=P('dc'), out_specs=P('dc')))
+    return f, [x for x, e in zip(leaves, empty) if not e]
+
+  def run(t):
+    f, args = build(t)
+    return f(args)
+
+  def lower(t):
+    f, args = build(t)
+    return f.lower(args)
+  run.lower = lower
+  return run
 
 
 def _ops(text: str, op: str) -> list:
@@ -189,3 +212,38 @@ def test_round_crosses_the_wan_in_one_collective(wan):
   ops = accounting.collective_bytes(fn.jitted[True].lower(*args).as_text(), mesh)['dc']
   payload = [op for op, _, t in ops if t.count('x') > 0]  # rank-0 ones are metrics
   assert payload == (['all_reduce'] if wan == 'identity' else ['all_gather'])
+
+
+def test_collective_bytes_reads_both_replica_group_formats():
+  """jax 0.10 lists device groups, jax 0.11 names the mesh axes; the same program's
+  collectives are attributed to the same axes with the same bytes (lines as lowered)."""
+  from hfl import accounting  # pylint: disable=g-import-not-at-top
+  mesh = _mesh()
+  ids = np.vectorize(lambda d: d.id)(mesh.devices)
+  dc_groups = np.moveaxis(ids, 0, -1).reshape(-1, D).tolist()
+  worker_groups = ids.reshape(-1, W).tolist()
+  both_groups = [ids.reshape(-1).tolist()]
+  old = lambda g: f'replica_groups = dense<{g}> : tensor<{len(g)}x{len(g[0])}xi64>'
+  new = lambda *axes: ('replica_groups = #stablehlo.replica_group_mesh_axes<mesh = @mesh_0, '
+                       'axes = [' + ', '.join(f'#stablehlo.axis_ref<name = "{a}">' for a in axes)
+                       + ']>')
+  def program(dc, worker, both):
+    return '\n'.join([
+        f'    %1 = "stablehlo.all_reduce"(%arg1) <{{channel_handle = #stablehlo.channel_handle'
+        f'<handle = 1, type = 1>, {dc}, use_global_device_ids}}> ({{',
+        '    ^bb0(%a: tensor<f32>, %b: tensor<f32>):',
+        '    }) : (tensor<1x3xf32>) -> tensor<1x3xf32>',
+        f'    %3 = "stablehlo.all_gather"(%2) <{{all_gather_dim = 0 : i64, {worker}, '
+        'use_global_device_ids}> : (tensor<1x7xbf16>) -> tensor<4x7xbf16>',
+        f'    %4 = "stablehlo.all_reduce"(%3) <{{{both}, use_global_device_ids}}> ({{',
+        '    }) : (tensor<5xi32>) -> tensor<5xi32>'])
+  want = {'dc': [('all_reduce', 12, 'tensor<1x3xf32>')],
+          'worker': [('all_gather', 14, 'tensor<1x7xbf16>')],
+          'other': [('all_reduce', 20, 'tensor<5xi32>')]}
+  assert accounting.collective_bytes(
+      program(old(dc_groups), old(worker_groups), old(both_groups)), mesh) == want
+  assert accounting.collective_bytes(
+      program(new('dc'), new('worker'), new('dc', 'worker')), mesh) == want
+  with pytest.raises(ValueError, match='no replica groups'):
+    accounting.collective_bytes('    %1 = "stablehlo.all_reduce"(%0) <{}> : (tensor<2xf32>) '
+                                '-> tensor<2xf32>', mesh)
