@@ -84,6 +84,7 @@ def _env() -> dict:
     subprocess.run([sys.executable, '-m', 'pip', 'install', '-q', '--no-index', '--no-deps',
                     '--no-compile', '--upgrade', '--target', '/tmp/site', *wheels], check=True)
     env['PYTHONPATH'] = os.pathsep.join(filter(None, ['/tmp/site', env.get('PYTHONPATH')]))
+    sys.path.insert(0, '/tmp/site')  # this process reads the configs too (overrides)
   return env
 
 
@@ -106,7 +107,8 @@ def overrides(config: str, d: int, w: int, num_steps: int = 0) -> list[str]:
   """main.py flags that run ``configs/<config>.py`` on a d x w mesh at the config's
   global batch, with uniform DC speeds; ``num_steps`` > 0 shortens the run (the warm-up
   then at most a tenth of it)."""
-  sys.path.insert(0, REPO)
+  if REPO not in sys.path:
+    sys.path.insert(0, REPO)
   from hfl import config as config_lib  # pylint: disable=g-import-not-at-top
   c = config_lib.load_file(os.path.join(REPO, 'configs', config + '.py'))
   batch = c.mesh.num_dcs * c.mesh.workers_per_dc * c.train.batch_size
