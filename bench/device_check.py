@@ -11,10 +11,10 @@ tensorboardX; Python 3.12, no dependencies) into ``.device/whl``; ``.device/`` i
 git-ignored and about 21 MB. Then, on the accelerator host, from the repository root
 with ``.device`` next to it:
 
-  python3 bench/device_check.py --out=$OUT [--peak_tflops=F] [--budget_s=540]
+  python3 bench/device_check.py --out=$OUT [--peak_tflops=F] [--budget_s=420]
 
 installs the wheels into /tmp/site (when ``.device/whl`` has any), then runs, each
-under its share of the budget:
+under its share of the budget plus whatever the stages before it left unused:
   1. ``bench/step_throughput.py`` on the models of the three configs and the
      Fashion-MNIST CNN, on a ``--mesh`` of the host's devices (default 1,1: one GPU;
      XLA simulates several devices on CPU only), with the same global batch as the
@@ -25,9 +25,12 @@ under its share of the budget:
      from ``.device/data``. A config that outlasts its share is stopped; its
      evaluations so far are what it reports.
 What comes back (in ``--out``, two files): ``device_check.md`` (the host, the
-benchmark table, and per config the iterations reached, steps/s, the last
-evaluation and whether it finished) and ``device_check.tar.gz`` (every run's
-``metrics.jsonl``, ``summary.json`` and ``train.log``, the benchmark's output).
+benchmark table, and per config the iteration of its last evaluation, steps/s, that
+evaluation and whether it finished; rewritten after every stage, so a call cut short
+still returns what was done) and ``device_check.tar.gz`` (every run's
+``metrics.jsonl`` and ``summary.json``, and each stage's output, ``<stage>.out``).
+The default budget (420 s) leaves room in a 15-minute device lease for the machine's
+start and one rerun. Exit status 1 when a stage failed or was stopped.
 
 On a 1 x 1 mesh a config's hierarchy is trivial (one DC, one worker: every round
 averages one model), so its accuracy is that of large-batch training with the
@@ -37,7 +40,7 @@ same code runs unchanged on the accelerator, and how fast.
 
 import argparse
 import glob
-import json
+import importlib.util
 import os
 import shutil
 import subprocess
@@ -46,6 +49,9 @@ import tarfile
 import time
 
 REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+if REPO not in sys.path:
+  sys.path.insert(0, REPO)
+from hfl import metrics as metrics_lib  # noqa: E402  pylint: disable=g-import-not-at-top
 DEVICE_DIR = os.path.join(REPO, '.device')
 DATA_FILES = {'cifar10': 'cifar10-jpeg.tar.gz', 'shakespeare': 'tinyshakespeare.txt'}
 WHEELS = ['ml_collections==1.1.0', 'tensorboardX==2.6.5']
@@ -54,21 +60,25 @@ CONFIGS = [('cifar10', 'cifar10'), ('shakespeare', 'shakespeare'),
 BENCH_MODELS = 'cnn,cifar_cnn,resnet20,transformer'
 # Shares of --budget_s: the benchmark, then each config in CONFIGS' order.
 SHARES = (0.25, 0.22, 0.22, 0.31)
+MAX_BUDGET_S = 560.0  # one device command runs for at most 600 s
 
 
 def prepare(data_dir: str, python_version: str) -> None:
   """Fills ``.device/`` (data and wheels). Raises SystemExit naming what is missing."""
-  os.makedirs(os.path.join(DEVICE_DIR, 'data'), exist_ok=True)
   for name in DATA_FILES.values():
     src = os.path.join(data_dir, name)
     if not os.path.exists(src):
       raise SystemExit(f'--data_dir: {src} does not exist (needs {", ".join(DATA_FILES.values())})')
+  os.makedirs(os.path.join(DEVICE_DIR, 'data'), exist_ok=True)
+  for name in DATA_FILES.values():
+    src = os.path.join(data_dir, name)
     dst = os.path.join(DEVICE_DIR, 'data', name)
     if os.path.exists(dst):
       os.remove(dst)
     shutil.copyfile(src, dst)
   whl = os.path.join(DEVICE_DIR, 'whl')
-  os.makedirs(whl, exist_ok=True)
+  shutil.rmtree(whl, ignore_errors=True)  # one version of each wheel
+  os.makedirs(whl)
   cmd = [sys.executable, '-m', 'pip', 'download', '-q', '--no-deps', '--only-binary=:all:',
          '--python-version', python_version, '--implementation', 'cp', '-d', whl, *WHEELS]
   subprocess.run(cmd, check=True)
@@ -107,8 +117,6 @@ def overrides(config: str, d: int, w: int, num_steps: int = 0) -> list[str]:
   """main.py flags that run ``configs/<config>.py`` on a d x w mesh at the config's
   global batch, with uniform DC speeds; ``num_steps`` > 0 shortens the run (the warm-up
   then at most a tenth of it)."""
-  if REPO not in sys.path:
-    sys.path.insert(0, REPO)
   from hfl import config as config_lib  # pylint: disable=g-import-not-at-top
   c = config_lib.load_file(os.path.join(REPO, 'configs', config + '.py'))
   batch = c.mesh.num_dcs * c.mesh.workers_per_dc * c.train.batch_size
@@ -122,14 +130,13 @@ def overrides(config: str, d: int, w: int, num_steps: int = 0) -> list[str]:
 
 
 def _config_row(name: str, workdir: str, rc, wall_s: float) -> str:
-  recs = []
-  path = os.path.join(workdir, 'metrics.jsonl')
-  if os.path.exists(path):
-    with open(path) as f:
-      recs = [json.loads(l) for l in f if l.strip()]
+  try:
+    recs = metrics_lib.read_jsonl(os.path.join(workdir, 'metrics.jsonl'), strict=False)
+  except (OSError, ValueError) as e:
+    return f'| {name} | metrics.jsonl unreadable: {e} | – | – | – | {wall_s:.0f} |'
   done = os.path.exists(os.path.join(workdir, 'summary.json'))
   state = 'finished' if done else ('stopped at its share of the budget' if rc is None
-                                   else f'failed (exit {rc}; see its train.log)')
+                                   else f'failed (exit {rc}; see {name}.out)')
   if not recs:
     return f'| {name} | {state} | – | – | – | {wall_s:.0f} |'
   last = recs[-1]
@@ -139,54 +146,75 @@ def _config_row(name: str, workdir: str, rc, wall_s: float) -> str:
   return (f'| {name} | {state} | {last["step"]} | {rate:.1f} | {metric} | {wall_s:.0f} |')
 
 
-def check(out: str, mesh: str, budget_s: float, peak_tflops: float | None,
-          num_steps: int = 0) -> int:
-  """Runs the benchmark and the configs; writes ``out``/device_check.{md,tar.gz}."""
-  os.makedirs(out, exist_ok=True)
-  work = '/tmp/hfl_device_check'
-  shutil.rmtree(work, ignore_errors=True)
-  os.makedirs(work)
-  env = _env()
-  d, w = (int(v) for v in mesh.split(','))
-  lines = ['# hfl device check', '']
-  info = subprocess.run([sys.executable, '-c', 'import jax; print(jax.__version__, '
-                         'jax.default_backend(), jax.device_count(), jax.devices()[0].device_kind)'],
-                        capture_output=True, text=True, env=env, cwd=REPO)
-  lines += [f'jax, backend, devices, kind: `{(info.stdout or info.stderr).strip()}`', '']
-  bench_log = os.path.join(work, 'bench.log')
-  cmd = [sys.executable, 'bench/step_throughput.py', f'--model={BENCH_MODELS}',
-         f'--mesh={mesh}', f'--batch={256 // (d * w)}', '--steps=20', '--blocks=5']
-  if peak_tflops:
-    cmd.append(f'--peak_tflops={peak_tflops}')
-  rc, wall = _run(cmd, bench_log, SHARES[0] * budget_s, env)
-  lines += [f'`{" ".join(cmd[1:])}` ({"exit " + str(rc) if rc is not None else "stopped"}, '
-            f'{wall:.0f} s):', '']
-  with open(bench_log) as f:
-    lines += [l.rstrip() for l in f if l.startswith(('|', 'peak', 'allocator'))]
-  lines += ['', '| config | state | iterations | steps/s (incl. compile, evals) | last evaluation '
-            '| wall s |', '|---|---|---:|---:|---|---:|']
-  for (config, data), share in zip(CONFIGS, SHARES[1:]):
-    workdir = os.path.join(work, config)
-    cmd = [sys.executable, 'main.py', f'--config=configs/{config}.py', f'--workdir={workdir}',
-           *overrides(config, d, w, num_steps),
-           f'--config.dataset.data_dir={os.path.join(DEVICE_DIR, "data", DATA_FILES[data])}']
-    rc, wall = _run(cmd, os.path.join(work, config + '.out'), share * budget_s, env)
-    lines.append(_config_row(config, workdir, rc, wall))
-    print(lines[-1], flush=True)
-  lines += ['', f'Mesh {d}x{w}, each config at its own global batch; commands: see '
-            'bench/device_check.py.']
+def _save(out: str, work: str, lines: list) -> None:
+  """Writes ``out``/device_check.md and the tarball of what ``work`` holds so far."""
   with open(os.path.join(out, 'device_check.md'), 'w') as f:
     f.write('\n'.join(lines) + '\n')
   with tarfile.open(os.path.join(out, 'device_check.tar.gz'), 'w:gz') as tar:
     for f in sorted(glob.glob(os.path.join(work, '*'))):
       if os.path.isdir(f):
-        for name in ('metrics.jsonl', 'summary.json', 'train.log'):
+        for name in ('metrics.jsonl', 'summary.json'):
           if os.path.exists(os.path.join(f, name)):
             tar.add(os.path.join(f, name), arcname=os.path.join(os.path.basename(f), name))
       else:
         tar.add(f, arcname=os.path.basename(f))
+
+
+def check(out: str, mesh: str, budget_s: float, peak_tflops: float | None,
+          num_steps: int = 0) -> int:
+  """Runs the benchmark and the configs; writes ``out``/device_check.{md,tar.gz} after
+  every stage. Returns 0, or 1 when a stage failed or was stopped."""
+  os.makedirs(out, exist_ok=True)
+  work = '/tmp/hfl_device_check'
+  shutil.rmtree(work, ignore_errors=True)
+  os.makedirs(work)
+  d, w = (int(v) for v in mesh.split(','))
+  lines = ['# hfl device check', '']
+  ok = True
+  try:
+    env = _env()
+    info = subprocess.run([sys.executable, '-c', 'import jax; print(jax.__version__, '
+                           'jax.default_backend(), jax.device_count(), '
+                           'jax.devices()[0].device_kind)'],
+                          capture_output=True, text=True, env=env, cwd=REPO, timeout=120)
+    lines += [f'jax, backend, devices, kind: `{(info.stdout or info.stderr).strip()}`', '']
+    _save(out, work, lines)
+    deadline = time.time() + budget_s
+    spare = 0.0  # seconds the stages before left unused
+    bench_log = os.path.join(work, 'bench.out')
+    cmd = [sys.executable, 'bench/step_throughput.py', f'--model={BENCH_MODELS}',
+           f'--mesh={mesh}', f'--batch={max(1, 256 // (d * w))}', '--steps=20', '--blocks=5']
+    if peak_tflops:
+      cmd.append(f'--peak_tflops={peak_tflops}')
+    allowed = SHARES[0] * budget_s
+    rc, wall = _run(cmd, bench_log, allowed, env)
+    spare, ok = max(0.0, allowed - wall), ok and rc == 0
+    lines += [f'`{" ".join(cmd[1:])}` ({"exit " + str(rc) if rc is not None else "stopped"}, '
+              f'{wall:.0f} s):', '']
+    with open(bench_log) as f:
+      lines += [l.rstrip() for l in f if l.startswith(('|', 'peak', 'allocator'))]
+    lines += ['', '| config | state | iteration of the last evaluation | steps/s (incl. '
+              'compile, evals) | last evaluation | wall s |', '|---|---|---:|---:|---|---:|']
+    _save(out, work, lines)
+    for (config, data), share in zip(CONFIGS, SHARES[1:]):
+      workdir = os.path.join(work, config)
+      cmd = [sys.executable, 'main.py', f'--config=configs/{config}.py', f'--workdir={workdir}',
+             *overrides(config, d, w, num_steps),
+             f'--config.dataset.data_dir={os.path.join(DEVICE_DIR, "data", DATA_FILES[data])}']
+      allowed = min(share * budget_s + spare, deadline - time.time())
+      rc, wall = _run(cmd, os.path.join(work, config + '.out'), allowed, env)
+      spare, ok = max(0.0, allowed - wall), ok and rc == 0
+      lines.append(_config_row(config, workdir, rc, wall))
+      print(lines[-1], flush=True)
+      _save(out, work, lines)
+  except Exception as e:  # pylint: disable=broad-except
+    lines += ['', f'**The check itself failed**: {type(e).__name__}: {e}']
+    ok = False
+  lines += ['', f'Mesh {d}x{w}, each config at its own global batch; commands: see '
+            'bench/device_check.py.']
+  _save(out, work, lines)
   print('\n'.join(lines))
-  return 0
+  return 0 if ok else 1
 
 
 def main(argv=None) -> int:
@@ -196,9 +224,10 @@ def main(argv=None) -> int:
   ap.add_argument('--python_version', default='3.12', help='of the accelerator host')
   ap.add_argument('--out', default=os.environ.get('OUT', '/tmp/hfl_device_out'))
   ap.add_argument('--mesh', default='1,1', help='D,W on the host\'s devices')
-  ap.add_argument('--budget_s', type=float, default=540.0,
-                  help='wall seconds for everything (shares: %s)' % (SHARES,))
-  ap.add_argument('--peak_tflops', type=float, default=None)
+  ap.add_argument('--budget_s', type=float, default=420.0,
+                  help=f'wall seconds for the stages, (0, {MAX_BUDGET_S:.0f}] (shares: {SHARES})')
+  ap.add_argument('--peak_tflops', type=float, default=None,
+                  help='the chip\'s dense TF32 peak (JAX runs f32 matmuls in TF32 on GPUs)')
   ap.add_argument('--num_steps', type=int, default=0,
                   help="iterations per config (0: the config's train.num_steps)")
   args = ap.parse_args(argv)
@@ -210,10 +239,19 @@ def main(argv=None) -> int:
     assert d >= 1 and w >= 1
   except (ValueError, AssertionError):
     ap.error(f'--mesh must be two positive integers D,W, got {args.mesh!r}')
+  if not 0 < args.budget_s <= MAX_BUDGET_S:
+    ap.error(f'--budget_s must be in (0, {MAX_BUDGET_S:.0f}] seconds, got {args.budget_s}')
+  if args.num_steps < 0:
+    ap.error(f'--num_steps must be >= 0 (0: the config\'s), got {args.num_steps}')
+  if args.peak_tflops is not None and not args.peak_tflops > 0:
+    ap.error(f'--peak_tflops must be > 0, got {args.peak_tflops}')
   missing = [n for n in DATA_FILES.values()
              if not os.path.exists(os.path.join(DEVICE_DIR, 'data', n))]
+  missing += [f'whl/{n.split("==")[0]}' for n in WHEELS
+              if importlib.util.find_spec(n.split('==')[0]) is None
+              and not glob.glob(os.path.join(DEVICE_DIR, 'whl', n.split('==')[0].lower() + '-*'))]
   if missing:
-    ap.error(f'{DEVICE_DIR}/data lacks {", ".join(missing)}: run --prepare first (and carry '
+    ap.error(f'{DEVICE_DIR} lacks {", ".join(missing)}: run --prepare first (and carry '
              '.device)')
   return check(args.out, args.mesh, args.budget_s, args.peak_tflops, args.num_steps)
 

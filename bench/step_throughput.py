@@ -36,7 +36,7 @@ for CIFAR), float32 images with int labels; a token model (``seq_len``/
       [--peak_tflops=F]
 
 On one GPU: --mesh=1,1 (XLA simulates several devices on CPU only), --batch=256 for the
-same global batch, and --peak_tflops for its MFU (bench/device_check.sh does this).
+same global batch, and --peak_tflops for its MFU (bench/device_check.py does this).
 """
 
 import argparse
