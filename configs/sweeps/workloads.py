@@ -32,14 +32,15 @@ def semisync(eval_iters: int) -> list:
     eval_iters: iterations of the fastest DC between evaluations (rounds of
       ~10 iterations for semi_sync, as measured on configs/semisync.py).
   """
-  return [
-      dict(HETEROGENEOUS, seed=SEEDS, **{'sync.strategy': 'sync',
-                                         'train.eval_every': eval_iters}),
-      dict(HETEROGENEOUS, seed=SEEDS, **{'sync.strategy': 'periodic',
-                                         'train.eval_every': max(1, eval_iters // 4)}),
-      dict(HETEROGENEOUS, seed=SEEDS, **{'sync.strategy': 'semi_sync',
-                                         'train.eval_every': max(1, eval_iters // 10)}),
-  ]
+  def point(strategy: str, rounds: int) -> dict:
+    # A checkpoint with every evaluation: the base configs' checkpoint_every counts
+    # rounds of K = 16 (LM) or 4 iterations; with a round every iteration it would
+    # save the whole 4-DC state every few seconds.
+    return dict(HETEROGENEOUS, seed=SEEDS, **{'sync.strategy': strategy,
+                                               'train.eval_every': rounds,
+                                               'train.checkpoint_every': rounds})
+  return [point('sync', eval_iters), point('periodic', max(1, eval_iters // 4)),
+          point('semi_sync', max(1, eval_iters // 10))]
 
 
 def compression() -> list:
