@@ -8,7 +8,7 @@ seed (paired Δ):
 1. ``semisync``: synchronous hierarchical PS (``sync``, K = 1) against periodic
    K = 4 and semi-synchronous (K_base = 4, per-DC K_d) sync on 4 heterogeneous
    DCs x 2 workers (compute speeds 3 : 2 : 1.5 : 1, 100 Mbit/s WAN, 20 ms), as
-   configs/semisync.py. Evaluations every ``eval_iters`` iterations of the
+   configs/semisync.py. Evaluations and checkpoints every ``eval_iters`` iterations of the
    fastest DC for each strategy.
 2. ``compression``: bidirectional top-k (2% density on the uplink and the
    downlink) with leaves under 2^14 entries (and 1-D leaves) in bf16, against
