@@ -51,7 +51,7 @@ import time
 REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 if REPO not in sys.path:
   sys.path.insert(0, REPO)
-from hfl import metrics as metrics_lib  # noqa: E402  pylint: disable=g-import-not-at-top
+from hfl import mesh as mesh_lib, metrics as metrics_lib  # noqa: E402  pylint: disable=g-import-not-at-top
 DEVICE_DIR = os.path.join(REPO, '.device')
 DATA_FILES = {'cifar10': 'cifar10-jpeg.tar.gz', 'shakespeare': 'tinyshakespeare.txt'}
 WHEELS = ['ml_collections==1.1.0', 'tensorboardX==2.6.5']
@@ -168,7 +168,7 @@ def check(out: str, mesh: str, budget_s: float, peak_tflops: float | None,
   work = '/tmp/hfl_device_check'
   shutil.rmtree(work, ignore_errors=True)
   os.makedirs(work)
-  d, w = (int(v) for v in mesh.split(','))
+  d, w = mesh_lib.parse_shape(mesh)
   lines = ['# hfl device check', '']
   ok = True
   try:
@@ -235,10 +235,9 @@ def main(argv=None) -> int:
     prepare(args.data_dir, args.python_version)
     return 0
   try:
-    d, w = (int(v) for v in args.mesh.split(','))
-    assert d >= 1 and w >= 1
-  except (ValueError, AssertionError):
-    ap.error(f'--mesh must be two positive integers D,W, got {args.mesh!r}')
+    mesh_lib.parse_shape(args.mesh)
+  except ValueError as e:
+    ap.error(str(e))
   if not 0 < args.budget_s <= MAX_BUDGET_S:
     ap.error(f'--budget_s must be in (0, {MAX_BUDGET_S:.0f}] seconds, got {args.budget_s}')
   if args.num_steps < 0:

@@ -237,10 +237,9 @@ def main():
   if args.k < 1:
     ap.error(f'--k must be >= 1, got {args.k}')
   try:
-    D, W = (int(v) for v in args.mesh.split(','))  # pylint: disable=invalid-name
-    assert D >= 1 and W >= 1
-  except (ValueError, AssertionError):
-    ap.error(f'--mesh must be two positive integers D,W, got {args.mesh!r}')
+    D, W = mesh_lib.parse_shape(args.mesh)  # pylint: disable=invalid-name
+  except ValueError as e:
+    ap.error(str(e))
   mesh_lib.configure_cpu_devices(D * W)  # before anything starts the backend
   names = list(models.MODELS) if args.model == 'all' else args.model.split(',')
   for n in names:

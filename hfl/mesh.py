@@ -65,6 +65,24 @@ def make_mesh(num_dcs: int, workers_per_dc: int, devices=None) -> Mesh:
   return Mesh(arr, (DC, WORKER))
 
 
+def parse_shape(text: str, flag: str = '--mesh') -> tuple[int, int]:
+  """(num_dcs, workers_per_dc) from a command-line mesh shape ``"D,W"``.
+
+  Raises:
+    ValueError: ``text`` is not two positive integers separated by a comma (the
+      message names ``flag``).
+  """
+  parts = str(text).split(',')
+  try:
+    d, w = (int(v) for v in parts)
+  except ValueError:
+    d = w = 0
+  if len(parts) != 2 or d < 1 or w < 1:
+    raise ValueError(f'{flag} must be two positive integers D,W (DCs, workers per DC), '
+                     f'got {text!r}')
+  return d, w
+
+
 def sharding(mesh: Mesh, *spec) -> NamedSharding:
   """NamedSharding for PartitionSpec(*spec) on ``mesh``."""
   return NamedSharding(mesh, P(*spec))

@@ -7,7 +7,7 @@ import sys
 
 import pytest
 
-from hfl import config as config_lib
+from hfl import config as config_lib, mesh as mesh_lib
 
 REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 sys.path.insert(0, os.path.join(REPO, 'bench'))
@@ -54,3 +54,14 @@ def test_check_refuses_a_bad_mesh_and_missing_data(tmp_path, monkeypatch, capsys
   with pytest.raises(SystemExit):
     device_check.main([f'--out={tmp_path}'])
   assert 'run --prepare first' in capsys.readouterr().err
+
+
+@pytest.mark.parametrize('text,shape', [('1,1', (1, 1)), ('2,4', (2, 4)), (' 3, 2', (3, 2))])
+def test_parse_shape_reads_d_and_w(text, shape):
+  assert mesh_lib.parse_shape(text) == shape
+
+
+@pytest.mark.parametrize('text', ['2', '2,4,1', '0,4', '2,-1', 'a,b', '', '2.5,2'])
+def test_parse_shape_names_the_flag_and_the_value(text):
+  with pytest.raises(ValueError, match=rf'--mesh must be two positive integers .* got {text!r}'):
+    mesh_lib.parse_shape(text)
