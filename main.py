@@ -76,6 +76,7 @@ def main(argv):
   # Progress lines from process 0 only; warnings and errors from every process.
   logging.set_verbosity(logging.INFO if info.process_id == 0 else logging.WARNING)
   logging.get_absl_handler().addFilter(_LibraryInfoFilter())
+  _warn_ignored(config, sys.argv)
   try:
     train.train_and_evaluate(config, _WORKDIR.value)
   except (ValueError, FileNotFoundError) as e:
@@ -155,7 +156,8 @@ def _parse_flags(argv):
   except (KeyError, AttributeError, OSError, ImportError, SyntaxError) as e:
     config_arg = _config_args(argv)[0]
     if config_arg and (not os.path.isfile(config_arg.partition(':')[0]) or (
-        isinstance(e, AttributeError) and 'get_config' in str(e))):
+        isinstance(e, AttributeError) and 'get_config' in str(e)) or (
+            isinstance(e, SyntaxError) and e.filename and os.path.isfile(e.filename))):
       _config_load_failed(config_arg, e)
     from hfl import config as config_lib  # pylint: disable=g-import-not-at-top
     problem = (_unknown_override(argv, config_lib)
@@ -170,6 +172,19 @@ def _parse_flags(argv):
     sys.exit(2)
 
 
+def _warn_ignored(config, argv) -> None:
+  """Warns about each --config.FIELD of ``argv`` that the run does not use
+  (hfl.config.ignored_fields, e.g. a density for the identity compressor)."""
+  from hfl import config as config_lib  # pylint: disable=g-import-not-at-top
+  try:
+    ignored = config_lib.ignored_fields(config)
+  except (KeyError, AttributeError):  # an invalid config: validation reports it
+    return
+  for field in dict.fromkeys(_config_args(argv)[1]):
+    if field in ignored:
+      logging.warning('--config.%s is ignored: %s', field, ignored[field])
+
+
 def _config_load_failed(config_arg: str, e: Exception):
   """Exits (status 2) with one line saying why the --config file did not load."""
   path = config_arg.partition(':')[0]
@@ -177,6 +192,8 @@ def _config_load_failed(config_arg: str, e: Exception):
     detail = f'{path} not found from {os.getcwd()}'
   elif isinstance(e, AttributeError) and 'get_config' in str(e):
     detail = f'{path} defines no get_config()'
+  elif isinstance(e, SyntaxError) and e.filename:  # the config file or a module it imports
+    detail = f'{type(e).__name__} in {e.filename}, line {e.lineno}: {e.msg}'
   else:
     detail = ' '.join(str(e).split())
   print(f'error: could not load --config ({detail}); pass a config file such as '

@@ -980,7 +980,7 @@ def _log_progress(rt: Runtime, ls: LoopState, at: int, loss: float) -> None:
   stop = rt.s.loop.stop
   if stop.governed_by == 'num_steps':
     total, eta = str(stop.num_steps), f'{(stop.num_steps - at) / max(rate, 1e-9):.0f}s'
-    eta = f'<{eta} (this rate includes compiling)' if first else eta
+    eta = f'<{eta} (this rate includes compiling)' if first and at < stop.num_steps else eta
   else:  # no iteration count to reach: the budget instead
     total, eta = '?', f'at sim {stop.sim_time_budget_s:g}s'
   fmt = lambda link: metrics_lib.format_bytes(_bytes(ls.bits[link]), digits=1)

@@ -117,6 +117,14 @@ def test_idx_missing_dir(tmp_path):
   _assert_clear(str(e.value), missing, 'does not exist')
 
 
+def test_idx_data_dir_that_is_a_file(tmp_path):
+  garbage = tmp_path / 'garbage.bin'
+  garbage.write_bytes(os.urandom(64))
+  with pytest.raises(FileNotFoundError) as e:
+    data.load('fashion_mnist', str(garbage))
+  _assert_clear(str(e.value), garbage, 'is a file, not a directory')
+
+
 @pytest.mark.parametrize('gz', [True, False])
 def test_idx_bad_magic(tmp_path, gz):
   _write_idx_dir(str(tmp_path), gz=gz)

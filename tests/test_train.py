@@ -244,10 +244,14 @@ def test_main_cli_runs_and_rejects_bad_flags(fake_data, tmp_path):
   base = [sys.executable, os.path.join(REPO, 'main.py'),
           f'--config={os.path.join(REPO, "configs/smoke.py")}',
           f'--config.dataset.data_dir={fake_data}', '--config.train.num_steps=4']
-  ok = subprocess.run(base + [f'--workdir={tmp_path / "cli"}'], env=env, capture_output=True,
-                      text=True, timeout=300, cwd=REPO)
+  # A density for the identity compressor is unused: the run warns and goes on.
+  ok = subprocess.run(base + [f'--workdir={tmp_path / "cli"}',
+                              '--config.compression.uplink.density=0.02'],
+                      env=env, capture_output=True, text=True, timeout=300, cwd=REPO)
   assert ok.returncode == 0, ok.stderr[-3000:]
   assert os.path.exists(tmp_path / 'cli' / 'summary.json')
+  assert ("--config.compression.uplink.density is ignored: compression.uplink.name='identity' "
+          'takes no hyper-parameters') in ok.stderr
   assert 'final test accuracy' in ok.stdout
   bad = subprocess.run(base + [f'--workdir={tmp_path / "bad"}', '--config.sync.k=0'], env=env,
                        capture_output=True, text=True, timeout=300, cwd=REPO)
@@ -296,6 +300,13 @@ def test_main_cli_runs_and_rejects_bad_flags(fake_data, tmp_path):
     assert nope.returncode == 2, (config, override)
     assert nope.stderr == (f'error: could not load --config ({detail}); pass a config file '
                            'such as configs/default.py.\n'), (config, override)
+  (tmp_path / 'syntax.py').write_text('x = 1\ndef get_config(:\n  pass\n')
+  bad = subprocess.run([sys.executable, os.path.join(REPO, 'main.py'), '--config=syntax.py',
+                        f'--workdir={tmp_path / "typo"}'], env=env, capture_output=True,
+                       text=True, timeout=300, cwd=tmp_path)
+  assert bad.returncode == 2
+  assert bad.stderr.startswith('error: could not load --config (SyntaxError in '), bad.stderr
+  assert 'syntax.py, line 2: ' in bad.stderr and bad.stderr.count('\n') == 1, bad.stderr
   assert not os.path.exists(tmp_path / 'typo')
 
 

@@ -232,9 +232,11 @@ def find_idx_file(data_dir: str, stem: str, name: str = 'fashion_mnist') -> str:
     FileNotFoundError: the directory or both file variants are missing.
   """
   if not os.path.isdir(data_dir):
+    what = ('is a file, not a directory' if os.path.exists(data_dir) else
+            'directory does not exist')
     raise FileNotFoundError(
-        f'dataset.data_dir={data_dir!r}: directory does not exist (looking '
-        f'for {stem}[.gz]). {fix_hint(name)}')
+        f'dataset.data_dir={data_dir!r}: {what} (looking for {stem}[.gz] in it). '
+        f'{fix_hint(name)}')
   for candidate in (stem + '.gz', stem):
     path = os.path.join(data_dir, candidate)
     if os.path.isfile(path):
