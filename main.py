@@ -76,7 +76,8 @@ def main(argv):
   # Progress lines from process 0 only; warnings and errors from every process.
   logging.set_verbosity(logging.INFO if info.process_id == 0 else logging.WARNING)
   logging.get_absl_handler().addFilter(_LibraryInfoFilter())
-  _warn_ignored(config, sys.argv)
+  if info.process_id == 0:  # every process has the same config: one warning suffices
+    _warn_ignored(config, sys.argv)
   try:
     train.train_and_evaluate(config, _WORKDIR.value)
   except (ValueError, FileNotFoundError) as e:

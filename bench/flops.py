@@ -80,16 +80,30 @@ def xla_flops(compiled) -> float:
 
 
 def fma_units(vendor: str, family: int, model: int, flags: set) -> tuple[int, str]:
-  """Vector FMA units per core (full vector width) from the microarchitecture, and why.
+  """Vector FMA units per core at the full vector width (512 bits with avx512f, else
+  256), and why.
 
   lscpu does not report them. AMD Zen/Zen+ (family 17h, model < 30h) has two
-  128-bit FMA pipes, i.e. one 256-bit FMA per cycle; Zen 2 and later two 256-bit
-  pipes; Intel cores since Haswell two FMA ports.
+  128-bit FMA pipes, i.e. one 256-bit FMA per cycle; Zen 2 and Zen 3 two 256-bit
+  pipes; Zen 4 (family 19h with avx512f) runs a 512-bit FMA on its two 256-bit
+  pipes, i.e. one per cycle; Zen 5 (family 1Ah) server and desktop parts (models
+  00h-1Fh, 40h-4Fh) have two 512-bit FMA pipes, its mobile parts a 256-bit data path
+  (one 512-bit FMA per cycle). Intel cores since Haswell have two FMA ports (at 512
+  bits on Xeon Gold/Platinum; some parts have one, pass --fma_units there).
   """
+  avx512 = 'avx512f' in flags
   if 'fma' not in flags:
     return 0, 'no FMA'
   if vendor == 'AuthenticAMD' and family == 0x17 and model < 0x30:
     return 1, 'AMD Zen/Zen+ (family 17h, model < 30h): two 128-bit FMA pipes'
+  if vendor == 'AuthenticAMD' and family == 0x1A and avx512:
+    if model < 0x20 or 0x40 <= model < 0x50:
+      return 2, f'AMD Zen 5 server/desktop (family 1Ah, model {model:x}h): two 512-bit FMA pipes'
+    return 1, (f'AMD Zen 5 mobile (family 1Ah, model {model:x}h): 512-bit FMAs on a '
+               '256-bit data path')
+  if vendor == 'AuthenticAMD' and family >= 0x17 and avx512:
+    return 1, (f'AMD Zen 4 (family {family:x}h, model {model:x}h): 512-bit FMAs on two '
+               '256-bit pipes')
   if vendor == 'AuthenticAMD' and family >= 0x17:
     return 2, f'AMD Zen 2 or later (family {family:x}h, model {model:x}h): two 256-bit FMA pipes'
   if vendor == 'GenuineIntel':

@@ -60,7 +60,7 @@ examples:
   python -m hfl.sweep --sweep=my_sweep.py --root=workdirs/mine --dry_run
   python -m hfl.sweep --config=configs/smoke.py --grid sync.k=1,2,4 --grid seed=0,1 \\
       --root=/tmp/k_sweep --parallel=2
-  python -m hfl.report /tmp/k_sweep   # rebuild ROOT/report (tables, plots); prints its files
+  python -m hfl.report /tmp/k_sweep   # rebuild ROOT/report (tables, plots); prints the table
 """
 
 

@@ -61,7 +61,8 @@ def test_scan_body_counts_length_times():
   assert flops.jaxpr_flops(jax.make_jaxpr(jnp.tanh)(a)) == 0
 
 
-# lscpu and /proc/cpuinfo of this project's machine (AMD EPYC, Zen 3 under KVM).
+# lscpu and /proc/cpuinfo of this project's machine until 2026-12-01 (AMD EPYC, Zen 3
+# under KVM).
 EPYC = {'Vendor ID': 'AuthenticAMD', 'Model name': 'AMD EPYC', 'CPU family': '25',
         'Model': '1', 'Thread(s) per core': '1', 'Flags': 'fpu sse sse2 avx fma avx2'}
 EPYC_CPUINFO = 'processor\t: 0\ncpu MHz\t\t: 2445.404\nprocessor\t: 1\ncpu MHz\t\t: 2445.404\n'
@@ -79,6 +80,13 @@ def test_peak_of_this_projects_cpu():
     (dict(EPYC, **{'Thread(s) per core': '2'}), 4, 8 * 2 * 2),  # SMT: 4 CPUs = 2 cores
     ({'Vendor ID': 'GenuineIntel', 'CPU family': '6', 'Model': '85', 'CPU max MHz': '3000.0',
       'Flags': 'sse avx avx2 fma avx512f'}, 2, 16 * 2 * 2),
+    # Zen 4: 512-bit FMAs double-pumped on 256-bit pipes; Zen 5 server (EPYC 9005,
+    # family 1Ah model 2h, the project's machine since 2026-12-02): two 512-bit pipes.
+    (dict(EPYC, **{'Flags': 'fma avx2 avx512f', 'Model': '17'}), 2, 16 * 1 * 2),
+    (dict(EPYC, **{'Flags': 'fma avx2 avx512f', 'CPU family': '26', 'Model': '2'}), 2,
+     16 * 2 * 2),
+    (dict(EPYC, **{'Flags': 'fma avx2 avx512f', 'CPU family': '26', 'Model': '36'}), 2,
+     16 * 1 * 2),
     ({'Vendor ID': 'GenuineIntel', 'Flags': 'sse sse2'}, 2, 4),  # no FMA: one op per lane
 ])
 def test_peak_derivation(info, cpus, per_core_cycle):

@@ -16,7 +16,7 @@ def parse_args(argv: Sequence[str] | None = None) -> argparse.Namespace:
       description='Tables and plots from hfl training workdirs: every directory with '
       'summary.json or metrics.jsonl among and below DIR... (relative paths are the '
       "caller's). Runs whose configs differ only in seed are one row (mean ± std); "
-      '--label-by seed gives a row per seed.',
+      '--label-by seed gives a row per seed. Prints the table and the files written.',
       epilog='example: python -m hfl.report workdirs/semisync  (writes workdirs/semisync/report)')
   p.add_argument('dirs', nargs='+', metavar='DIR', help='workdirs, or directories above them')
   p.add_argument('--out', help='output directory (default with one DIR: DIR/report)')
@@ -48,6 +48,8 @@ def main(argv: Sequence[str] | None = None) -> int:
   except (FileNotFoundError, ValueError) as e:
     print(f'error: {e}', file=sys.stderr)
     return 2
+  with open(written['results.md'], encoding='utf-8') as f:  # its table, without the notes
+    print(f.read().partition('\n## ')[0].rstrip('\n'), end='\n\n')
   print('\n'.join(written.values()))
   return 0
 

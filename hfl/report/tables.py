@@ -158,12 +158,15 @@ def make_labels(flats: Sequence[Mapping[str, Any]], names: Sequence[str],
   if label_by and (unknown := [k for k in keys if not any(k in f for f in flats)]):
     raise ValueError(f'--label-by {",".join(unknown)}: no run has this config key (e.g. seed, '
                      f'{", ".join(label_keys([f for f in flats if f]))})')
+  shorts = {k: short_key(k) for k in keys}  # clashing ones (up/down density) keep two parts
+  shorts.update({k: '.'.join(k.split('.')[-2:]) for k in keys
+                 if shorts[k] and list(shorts.values()).count(shorts[k]) > 1})
   labels = []
   for flat, name in zip(flats, names):
     parts = []
     for k in (k for k in keys if k in flat and not unused_hyper(flat, k)):
       v = ','.join(map(str, flat[k])) if isinstance(flat[k], tuple) else str(flat[k])
-      parts.append(f'{short_key(k)}={v}' if short_key(k) else v)
+      parts.append(f'{shorts[k]}={v}' if shorts[k] else v)
     labels.append(', '.join(parts) or name)
   dup = pd.Series(labels).duplicated(keep=False)
   return [f'{l} [{n}]' if d else l for l, n, d in zip(labels, names, dup)]
