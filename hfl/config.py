@@ -421,12 +421,17 @@ def unknown_field(config: ml_collections.ConfigDict, field: str) -> str | None:
 
   Returns:
     E.g. ``"unknown config field 'optimizer.learnin_rate'; did you mean
-    'optimizer.learning_rate'?"`` (the closest field name, if one is close).
+    'optimizer.learning_rate'?"`` (the closest field name, if one is close); for
+    a transformer field on a config without one, the config that has them.
   """
   names = field_names(config)
   if field in names:
     return None
   group, _, leaf = field.rpartition('.')
+  if group == 'model' and leaf in models.TRANSFORMER_FIELDS:
+    return (f'unknown config field {field!r}: the transformer\'s fields '
+            f'({", ".join("model." + k for k in models.TRANSFORMER_FIELDS)}) are in the '
+            'configs that train it; start from --config=configs/shakespeare.py')
   # An abbreviation of a field of the same section: 'optimizer.lr' -> learning_rate.
   close = [n for n in names if n.rpartition('.')[0] == group and len(leaf) > 1
            and ''.join(w[0] for w in n.rpartition('.')[2].split('_') if w) == leaf]

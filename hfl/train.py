@@ -52,6 +52,8 @@ from hfl.sync import streaming
 RESUMABLE_FIELDS = ('train.num_steps', 'train.eval_every', 'train.checkpoint_every',
                     'train.log_every', 'train.target_accuracy', 'train.target_loss',
                     'dataset.cache_dir')
+# Path fields: two spellings of one path (a trailing slash, '~', 'a/../b') are the same.
+PATH_FIELDS = ('dataset.data_dir',)
 # Compressor names that send float32 unchanged.
 UNCOMPRESSED = ('identity', 'float32')
 LINKS = metrics_lib.LINKS  # ('intra_up', 'intra_down', 'inter_dc')
@@ -220,10 +222,20 @@ def loop_config(config) -> LoopConfig:
                     config.sync.get('lr_scaling', 'none'), float(config.sync.get('prox_mu', 0.0)))
 
 
-def _min_shard(config, n: int) -> int | None:
-  """Smallest worker shard to ask of the partitioner: one full batch, when possible."""
-  b = config.train.batch_size
-  return b if b * config.mesh.num_dcs * config.mesh.workers_per_dc <= n else None
+def _check_batch_fits(config, n: int) -> None:
+  """Every worker's shard must hold one batch: a quick check before partitioning.
+
+  Raises:
+    ValueError: ``train.batch_size`` times the number of workers exceeds the ``n``
+      training samples (no partition can give every worker a batch).
+  """
+  b, d, w = config.train.batch_size, config.mesh.num_dcs, config.mesh.workers_per_dc
+  if b * d * w > n:
+    raise ValueError(
+        f'train.batch_size={b} x {d * w} workers (mesh.num_dcs={d} x mesh.workers_per_dc={w}) '
+        f'= {b * d * w} exceeds the {n} training samples of dataset.name='
+        f'{config.dataset.name!r}: every worker\'s shard must hold at least one batch. '
+        'Lower train.batch_size or use fewer workers.')
 
 
 def setup(config: ml_collections.ConfigDict) -> Setup:
@@ -247,9 +259,10 @@ def setup(config: ml_collections.ConfigDict) -> Setup:
                           cache_dir=config.dataset.get('cache_dir', ''),
                           seq_len=config.model.get('seq_len'))
   logging.info('Dataset %s', dataset.describe())
+  _check_batch_fits(config, len(dataset.train_labels))
   part = data_lib.partition_dataset(dataset, d, w, config.dataset.partition,
                                     float(config.dataset.dirichlet_alpha), config.seed,
-                                    min_size=_min_shard(config, len(dataset.train_labels)))
+                                    min_size=config.train.batch_size)
   data_lib.check_batch_size(part, config.train.batch_size)
   model = models.from_config(config.model, dataset.num_classes)
   params_shape = jax.eval_shape(
@@ -427,6 +440,11 @@ def _stored_config(workdir: str) -> dict | None:
   return None
 
 
+def _same_path(a, b) -> bool:
+  norm = lambda p: os.path.normpath(os.path.expanduser(p))
+  return isinstance(a, str) and isinstance(b, str) and bool(a) and bool(b) and norm(a) == norm(b)
+
+
 def check_workdir_config(workdir: str, config) -> list[str]:
   """Refuses to resume a workdir that was started with a different config
   (compared with :func:`_stored_config`).
@@ -449,7 +467,7 @@ def check_workdir_config(workdir: str, config) -> list[str]:
       va, vb = a.get(key), b.get(key)
       if isinstance(va, dict) and isinstance(vb, dict):
         walk(va, vb, name + '.')
-      elif va != vb:
+      elif va != vb and not (name in PATH_FIELDS and _same_path(va, vb)):
         (resumable if name in RESUMABLE_FIELDS else diffs).append(f'{name}: {va!r} -> {vb!r}')
   walk(old, json.loads(config.to_json()), '')
   if diffs:
@@ -1058,8 +1076,17 @@ def _resumed(rt: Runtime, ls: LoopState, changed: list[str]) -> dict | None:
       logging.info('Target %s=%g: time and rounds to target recomputed from the run\'s '
                    'evaluations.', task.metric, task.target)
       summary.update(retarget)
+      # The stored configs name the new target too; every other field stays as trained.
+      targets = {k: rt.s.config.train[k] for k, _ in tasks.TARGET_FIELDS.values()
+                 if k in rt.s.config.train}
+      stored = [_stored_config(workdir)] + ([summary['config']] if 'config' in summary else [])
+      for cfg in stored:
+        if isinstance(cfg, dict):
+          cfg.setdefault('train', {}).update(targets)
       if metrics_lib.is_writer():
         metrics_lib.write_json(summary_path, summary)
+        if os.path.exists(os.path.join(workdir, 'config.json')):
+          metrics_lib.write_json(os.path.join(workdir, 'config.json'), stored[0])
     if metrics_lib.is_writer():
       print_results(summary)
     return summary

@@ -70,6 +70,15 @@ def test_transformer_is_causal():
     assert not jnp.allclose(out[:, t], base[:, t]), t
 
 
+def test_transformer_field_on_an_image_config_points_to_the_lm_config():
+  from configs import default, shakespeare  # pylint: disable=g-import-not-at-top
+  from hfl import config as config_lib  # pylint: disable=g-import-not-at-top
+  msg = config_lib.unknown_field(default.get_config(), 'model.num_layers')
+  assert msg.startswith("unknown config field 'model.num_layers': the transformer's fields")
+  assert 'configs/shakespeare.py' in msg and 'did you mean' not in msg
+  assert config_lib.unknown_field(shakespeare.get_config(), 'model.num_layers') is None
+
+
 def test_transformer_options_from_config():
   import ml_collections  # pylint: disable=g-import-not-at-top
   cfg = ml_collections.ConfigDict(dict(name='transformer', num_layers=1, num_heads=4,

@@ -158,6 +158,11 @@ BAD = [
     ({'network.wan_bandwidth_mbps': -1.0}, 'network.wan_bandwidth_mbps'),
     ({'network.dc_speed': (1.0,)}, 'network.dc_speed'),
     ({'train.batch_size': 100000}, 'train.batch_size'),
+    # Not one batch per worker in the 640 samples: refused before the partitioner searches
+    # for a Dirichlet split (which took a minute to fail with 10,000 workers).
+    ({'train.batch_size': 81},
+     'train.batch_size=81 x 8 workers (mesh.num_dcs=2 x mesh.workers_per_dc=4) = 648 '
+     'exceeds the 640 training samples'),
     ({'dataset.data_dir': '/nonexistent/fmnist'}, 'dataset.data_dir'),
     ({'dataset.dirichlet_alpha': 0.0}, 'dataset.dirichlet_alpha'),
     ({'train.target_accuracy': 88.0}, 'train.target_accuracy'),

@@ -210,6 +210,12 @@ def test_lm_run_metrics_targets_and_bitwise_resume(corpus, tmp_path, monkeypatch
     assert out['target'] == new_target
     assert out['rounds_to_target'] == pytest.approx(expect)
     assert out['final_test_loss'] == summary['final_test_loss']
+  # The stored configs name the new target; every other field is the one trained with.
+  stored = json.load(open(os.path.join(ref_dir, 'config.json')))
+  for cfg in (stored, written['config']):
+    assert cfg['train']['target_loss'] == new_target
+    cfg['train']['target_loss'] = summary['config']['train']['target_loss']
+    assert cfg == summary['config']
 
 
 # ------------------------------------------------------------------------------
@@ -301,6 +307,18 @@ def test_older_workdir_without_the_new_fields_resumes(tmp_path):
   assert train.check_workdir_config(str(tmp_path), c) == []
   c.optimizer.schedule = 'cosine'   # but a changed schedule is refused
   with pytest.raises(ValueError, match='optimizer.schedule'):
+    train.check_workdir_config(str(tmp_path), c)
+
+
+def test_another_spelling_of_the_data_dir_resumes(tmp_path):
+  c = smoke.get_config()
+  c.dataset.data_dir = '/data/fmnist'
+  (tmp_path / 'config.json').write_text(c.to_json())
+  for same in ('/data/fmnist/', '/data//fmnist', '/data/x/../fmnist'):
+    c.dataset.data_dir = same
+    assert train.check_workdir_config(str(tmp_path), c) == []
+  c.dataset.data_dir = '/data/fmnist2'   # another directory is refused
+  with pytest.raises(ValueError, match='dataset.data_dir'):
     train.check_workdir_config(str(tmp_path), c)
 
 
