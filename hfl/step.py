@@ -689,11 +689,15 @@ def squared_distance(a, b, part=None) -> jax.Array:
   """
   total = jnp.float32(0)
   for x, y in zip(jax.tree.leaves(a), jax.tree.leaves(b)):
-    sq = jnp.square(x.astype(jnp.float32) - y.astype(jnp.float32))
+    d = x.astype(jnp.float32) - y.astype(jnp.float32)
     if part is not None:
-      sq, ok = collectives.share(sq, part[1], part[0])
-      sq = jnp.where(ok, sq, 0)
-    total = total + jnp.sum(sq)
+      d, ok = collectives.share(d, part[1], part[0])
+      d = jnp.where(ok, d, 0)
+    d = d.reshape(-1)
+    # A dot, not jnp.sum(d * d): jaxlib 0.10's XLA:CPU sends such reductions to
+    # YNNPACK, where this one (independent of the rest of the step) stalled the CO3
+    # round step for ~0.9 s (docs/benchmarks.md, "YNNPACK reduce fusions").
+    total = total + jnp.dot(d, d)
   return total
 
 

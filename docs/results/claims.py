@@ -629,6 +629,13 @@ def _workload(key, name, prefix, lm):
 
 
 _CIFAR10 = _workload('cifar10', 'CIFAR-10', 'cifar10', lm=False)
+# The CO3 runs of comparison 3 from 2026-12-03 on (docs/benchmarks.md, "XLA:CPU's YNNPACK
+# reduce fusions and the CO3 step").
+_CIFAR10['notes'] = _CIFAR10['notes'] + [
+    'Comparison 3\'s CO3 runs were trained with '
+    '`XLA_FLAGS=--xla_cpu_experimental_ynn_fusion_type=-reduce` in their environment (a 3.5x '
+    'faster CO3 step on XLA:CPU; `docs/benchmarks.md`, "XLA:CPU\'s YNNPACK reduce fusions"), '
+    'and their uncompressed partners without it. The flag changes only how XLA sums floats.']
 # Issue 15 on CIFAR-10: the equal-time sweep, sync's budget = configs/cifar10.py's 4,800 iterations.
 _CIFAR10_BUDGET = dict(prefix='cifar10_semisync_budget', iterations=4800)
 _CIFAR10['tables'] += [_budget_table(

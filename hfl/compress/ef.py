@@ -74,8 +74,14 @@ def aggregate(compressor: Compressor, gathered, num_workers: int,
   if weights is None:
     if compressor.decode_sum is not None:
       return compressor.decode_sum(gathered) / jnp.float32(num_workers)
-    decoded = jax.vmap(compressor.decode)(gathered)
-    return jnp.sum(decoded.astype(jnp.float32), axis=0) / jnp.float32(num_workers)
+    decoded = jax.vmap(compressor.decode)(gathered).astype(jnp.float32)
+    # Added in member order with elementwise adds rather than jnp.sum(axis=0):
+    # jaxlib 0.10's XLA:CPU sends that reduction to YNNPACK, where it stalled the CO3
+    # step (docs/benchmarks.md, "YNNPACK reduce fusions").
+    total = decoded[0]
+    for w in range(1, decoded.shape[0]):
+      total = total + decoded[w]
+    return total / jnp.float32(num_workers)
   decoded = jax.vmap(compressor.decode)(gathered).astype(jnp.float32)
   return jnp.tensordot(jnp.asarray(weights, jnp.float32), decoded, axes=1)
 
