@@ -96,17 +96,15 @@ def _workdir_problem(workdir: str) -> str | None:
   """Why ``workdir`` cannot hold a run (None if it can), checked before anything starts."""
   if not workdir or not workdir.strip():
     return 'is empty; pass a directory (created if missing), e.g. --workdir=workdirs/run'
+  from hfl import metrics  # pylint: disable=g-import-not-at-top
   path = os.path.abspath(workdir)
-  if os.path.exists(path) and not os.path.isdir(path):
-    return 'exists and is not a directory; pass a directory (created if missing)'
-  parent = path
-  while not os.path.exists(parent):
-    parent = os.path.dirname(parent)
-  if not os.path.isdir(parent):
-    return f'cannot be created: {parent} is a file'
-  if not os.access(parent, os.W_OK):
-    return f'cannot be written: {parent} is not writable'
-  return None
+  # A finished run may be only reported from a read-only workdir
+  # (hfl.train.check_workdir_config decides).
+  finished = os.path.isfile(os.path.join(path, 'summary.json'))
+  problem = metrics.dir_problem(path, writable=not finished)
+  if problem == 'exists and is not a directory':
+    return problem + '; pass a directory (created if missing)'
+  return problem or metrics.workdir_entries_problem(path)
 
 
 def _check_dc_placement(config, info) -> None:
@@ -189,7 +187,9 @@ def _warn_ignored(config, argv) -> None:
 def _config_load_failed(config_arg: str, e: Exception):
   """Exits (status 2) with one line saying why the --config file did not load."""
   path = config_arg.partition(':')[0]
-  if not os.path.isfile(path):
+  if os.path.isdir(path):
+    detail = f'{path} is a directory, not a config file'
+  elif not os.path.isfile(path):
     detail = f'{path} not found from {os.getcwd()}'
   elif isinstance(e, AttributeError) and 'get_config' in str(e):
     detail = f'{path} defines no get_config()'

@@ -41,6 +41,10 @@ from scipy import stats  # noqa: E402
 
 from hfl.compress import co3 as co3_lib  # noqa: E402
 from hfl.compress import coding  # noqa: E402
+from hfl.compress import floatgrid  # noqa: E402
+
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+from arg_types import int_at_least  # noqa: E402
 
 FMNIST_DIR = '/usr/share/datasets/fashion-mnist'
 
@@ -212,14 +216,29 @@ def bits_table(steps=30, batches=3, fmt='fp4'):
   return '\n'.join(lines)
 
 
+def float_format(text: str) -> str:
+  """argparse type of --fmt: ``text`` when it is a CO3 float format, else ArgumentTypeError."""
+  try:
+    floatgrid.make_grid(co3_lib.parse_fmt(text))
+  except ValueError as e:
+    raise argparse.ArgumentTypeError(str(e)) from None
+  return text
+
+
 def main():
   parser = argparse.ArgumentParser(description=__doc__.split('\n')[0])
   parser.add_argument('--bits', action='store_true', help='bits/entry on real gradients')
-  parser.add_argument('--fmt', default='fp4', help="'fp4', 'fp8' or 's,e,m'")
-  parser.add_argument('--n', type=int, default=1_000_000, help='throughput stream size')
-  parser.add_argument('--steps', type=int, default=30, help='SGD steps before measuring')
-  parser.add_argument('--batches', type=int, default=3, help='gradients measured')
+  parser.add_argument('--fmt', type=float_format, default='fp4', help="'fp4', 'fp8' or 's,e,m'")
+  parser.add_argument('--n', type=int_at_least(1), default=1_000_000,
+                      help='throughput stream size')
+  parser.add_argument('--steps', type=int_at_least(0), default=30,
+                      help='SGD steps before measuring')
+  parser.add_argument('--batches', type=int_at_least(1), default=3, help='gradients measured')
   args = parser.parse_args()
+  if args.n > co3_lib.max_entries():
+    parser.error(f'--n={args.n}: CO3 takes at most {co3_lib.max_entries()} entries')
+  if args.bits and not os.path.isdir(FMNIST_DIR):
+    parser.error(f'--bits needs Fashion-MNIST in {FMNIST_DIR} (IDX files); not found')
   cmd = 'python bench/co3.py ' + ' '.join(sys.argv[1:])
   if args.bits:
     print(bits_table(args.steps, args.batches, args.fmt))

@@ -39,6 +39,9 @@ from jax.sharding import NamedSharding, PartitionSpec as P  # noqa: E402
 from hfl import mesh as mesh_lib, models, step as step_lib  # noqa: E402
 from hfl.compress import policy  # noqa: E402
 
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+from arg_types import int_at_least, number_in  # noqa: E402
+
 
 def variants(density: float):
   """name -> (uplink spec, downlink spec) for policy.build."""
@@ -48,13 +51,14 @@ def variants(density: float):
 
 
 def main():
-  ap = argparse.ArgumentParser()
-  ap.add_argument('--model', default='cnn')
-  ap.add_argument('--steps', type=int, default=30)
-  ap.add_argument('--blocks', type=int, default=5)
-  ap.add_argument('--batch', type=int, default=32)
-  ap.add_argument('--density', type=float, default=0.02)
-  ap.add_argument('--small_threshold', type=int, default=16384)
+  ap = argparse.ArgumentParser(description=__doc__.split('\n')[0])
+  ap.add_argument('--model', default='cnn', choices=models.IMAGE_MODELS)
+  ap.add_argument('--steps', type=int_at_least(1), default=30)
+  ap.add_argument('--blocks', type=int_at_least(1), default=5)
+  ap.add_argument('--batch', type=int_at_least(1), default=32)
+  ap.add_argument('--density', type=number_in(0, 1, lo_open=True), default=0.02,
+                  help='top-k fraction kept, in (0, 1]')
+  ap.add_argument('--small_threshold', type=int_at_least(0), default=16384)
   ap.add_argument('--profile', action='store_true')
   args = ap.parse_args()
   d, w = 2, 4

@@ -30,6 +30,9 @@ import numpy as np  # noqa: E402
 
 from hfl import compress as C  # noqa: E402
 
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+from arg_types import int_at_least, int_list  # noqa: E402
+
 COMPRESSORS = {
     'identity (f32)': lambda s: C.identity(s),
     'bf16': lambda s: C.cast(s, jnp.bfloat16),
@@ -57,13 +60,21 @@ def _time(fn, *args, runs):
 
 def main():
   ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-  ap.add_argument('--sizes', default='1000000,10000000')
-  ap.add_argument('--runs', type=int, default=7)
-  ap.add_argument('--only', default='', help='comma-separated subset of names')
+  ap.add_argument('--sizes', type=int_list(lo=1000, multiple_of=1000),
+                  default='1000000,10000000',
+                  help='comma-separated entry counts, multiples of 1000 (leaves are '
+                  '(size / 1000, 1000))')
+  ap.add_argument('--runs', type=int_at_least(1), default=7)
+  ap.add_argument('--only', default='',
+                  help='comma-separated parts of names (e.g. topk,bf16) selecting compressors')
   args = ap.parse_args()
-  sizes = [int(s) for s in args.sizes.split(',')]
-  names = [n for n in COMPRESSORS
-           if not args.only or any(o.strip() in n for o in args.only.split(','))]
+  sizes = args.sizes
+  only = [o.strip() for o in args.only.split(',') if o.strip()]
+  unmatched = [o for o in only if not any(o in n for n in COMPRESSORS)]
+  if unmatched:
+    ap.error(f'--only={args.only!r}: {", ".join(map(repr, unmatched))} matches no compressor; '
+             f'names: {", ".join(COMPRESSORS)}')
+  names = [n for n in COMPRESSORS if not only or any(o in n for o in only)]
 
   rows = []
   for size in sizes:
@@ -82,7 +93,7 @@ def main():
       rows.append((name, size, t, gb / t, t_copy / t, bits))
       print(f'  {name:24s} {size:>9d}  {t * 1e3:9.2f} ms', file=sys.stderr)
 
-  print(f'\nCommand: `python bench/compressors.py --sizes={args.sizes} '
+  print(f'\nCommand: `python bench/compressors.py --sizes={",".join(map(str, sizes))} '
         f'--runs={args.runs}`')
   print(f'Machine: {platform.processor() or platform.machine()}, '
         f'{os.cpu_count()} CPUs, jax {jax.__version__}, '

@@ -53,11 +53,21 @@ def main(argv=None) -> int:
   ap.add_argument('--window', type=int, default=3)
   ap.add_argument('--threshold', type=float, default=0.01)
   a = ap.parse_args(argv)
-  losses = round_losses(a.workdir)
+  try:  # the schedule's own checks of the window and threshold
+    for test in schedule_lib.PROGRESS_TESTS:
+      first_raise([], test, a.window, a.threshold)
+  except ValueError as e:
+    ap.error(f'--window={a.window} --threshold={a.threshold}: {e}')
+  path = os.path.join(a.workdir, 'metrics.jsonl')
+  if not os.path.isfile(path):
+    ap.error(f'no {path}: pass the workdir of a finished run')
+  try:
+    losses = round_losses(a.workdir)
+  except (ValueError, KeyError, TypeError, OSError) as e:  # a line that is not a record
+    ap.error(f'{path} is not an hfl metrics file: {type(e).__name__}: {e}')
   if len(losses) < 8:
-    print(f'{a.workdir}: {len(losses)} rounds with dc_rounds[*].train_loss in metrics.jsonl; '
-          'need >= 8 (runs written before issue 15 do not log it)', file=sys.stderr)
-    return 2
+    ap.error(f'{a.workdir}: {len(losses)} rounds with dc_rounds[*].train_loss in '
+             'metrics.jsonl; need >= 8 (runs written before issue 15 do not log it)')
   smooth = np.convolve(losses, np.ones(5) / 5, mode='same')
   resid = (losses - smooth)[5:-2]
   print(f'{len(losses)} rounds; round-loss noise (std of the residual from a 5-round '

@@ -50,6 +50,9 @@ import jax  # noqa: E402
 import numpy as np  # noqa: E402
 from absl import logging  # noqa: E402
 
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+from arg_types import int_at_least  # noqa: E402
+
 TIMES = collections.defaultdict(float)
 CALLS = collections.Counter()
 LAST = []  # the last step's (output state, batch, active, weights)
@@ -133,6 +136,7 @@ def time_collectives(state, reps=20):
   gradient-shaped tree, then the all-gather over 'dc' of a pseudo-gradient)."""
   from jax.sharding import PartitionSpec as P  # pylint: disable=g-import-not-at-top
   from hfl import mesh as mesh_lib  # pylint: disable=g-import-not-at-top
+  from hfl import metrics as metrics_lib  # pylint: disable=g-import-not-at-top
   params = state.params  # [D, ...] sharded over 'dc'
   mesh = jax.tree.leaves(params)[0].sharding.mesh
   spec = jax.tree.map(lambda _: P(mesh_lib.DC), params)
@@ -185,26 +189,36 @@ def trace_categories(trace_dir):
 def main():
   ap = argparse.ArgumentParser(description=__doc__.split('\n')[0])
   ap.add_argument('--config', default='configs/default.py')
-  ap.add_argument('--steps', type=int, default=200)
+  ap.add_argument('--steps', type=int_at_least(1), default=200)
   ap.add_argument('--workdir', default=None, help='default: a fresh temporary directory')
   ap.add_argument('--collectives', action='store_true')
   ap.add_argument('--trace', default=None, help='write a jax.profiler trace here')
-  ap.add_argument('--cprofile', type=int, default=0,
+  ap.add_argument('--cprofile', type=int_at_least(0), default=0,
                   help='also print the N functions with the most cumulative time (cProfile)')
   ap.add_argument('overrides', nargs='*', help='--config.FIELD=VALUE (after --)')
   args = ap.parse_args()
 
   from hfl import config as config_lib  # pylint: disable=g-import-not-at-top
   from hfl import mesh as mesh_lib  # pylint: disable=g-import-not-at-top
-  config = config_lib.load_file(args.config)
-  for ov in args.overrides:
-    key, _, value = ov.removeprefix('--config.').partition('=')
-    try:
-      value = ast.literal_eval(value)
-    except (ValueError, SyntaxError):
-      pass  # a string
-    config_lib.apply_overrides(config, {key: value})
-  config.train.num_steps = args.steps
+  from hfl import metrics as metrics_lib  # pylint: disable=g-import-not-at-top
+  try:  # every config problem now, before anything is compiled
+    config = config_lib.load_file(args.config)
+    for ov in args.overrides:
+      key, _, value = ov.removeprefix('--config.').partition('=')
+      try:
+        value = ast.literal_eval(value)
+      except (ValueError, SyntaxError):
+        pass  # a string
+      config_lib.apply_overrides(config, {key: value})
+    config.train.num_steps = args.steps
+    config_lib.validate(config)
+  except (ValueError, FileNotFoundError) as e:
+    ap.error(f'{" ".join([f"--config={args.config}"] + args.overrides)}: {e}')
+  for flag in ('workdir', 'trace'):
+    path = getattr(args, flag)
+    problem = path and metrics_lib.dir_problem(path)
+    if problem:
+      ap.error(f'--{flag}={path} {problem}; pass a directory (created if missing)')
   mesh_lib.configure_cpu_devices(config.mesh.num_dcs * config.mesh.workers_per_dc)
   made = instrument()
   from hfl import train  # pylint: disable=g-import-not-at-top

@@ -62,6 +62,7 @@ from hfl.compress import base  # noqa: E402
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 from flops import jaxpr_flops, this_cpu_peak_flops, xla_cost, xla_flops  # noqa: E402
+from arg_types import int_at_least, number_in  # noqa: E402
 
 # Per-example image shapes of the datasets hfl reads (HWC).
 IMAGE_SHAPES = {'fashion_mnist': (28, 28, 1), 'mnist': (28, 28, 1), 'cifar10': (32, 32, 3),
@@ -221,21 +222,19 @@ def main():
   ap = argparse.ArgumentParser(description=__doc__.split('\n')[0])
   ap.add_argument('--model', default='cnn',
                   help=f'comma-separated models, or all ({", ".join(models.MODELS)})')
-  ap.add_argument('--steps', type=int, default=30, help='steps per timed block')
-  ap.add_argument('--blocks', type=int, default=4)
-  ap.add_argument('--batch', type=int, default=32, help='examples per worker')
-  ap.add_argument('--k', type=int, default=4,
+  ap.add_argument('--steps', type=int_at_least(1), default=30, help='steps per timed block')
+  ap.add_argument('--blocks', type=int_at_least(1), default=4)
+  ap.add_argument('--batch', type=int_at_least(1), default=32, help='examples per worker')
+  ap.add_argument('--k', type=int_at_least(1), default=4,
                   help='iterations per round of the "hierarchical K" program (>= 1)')
   ap.add_argument('--mesh', default='2,4',
                   help="D,W: DCs and workers per DC (D x W devices; on CPU simulated, on "
                        "GPU/TPU the host's devices, e.g. 1,1 on one GPU)")
-  ap.add_argument('--fma_units', type=int, default=None)
-  ap.add_argument('--clock_ghz', type=float, default=None)
-  ap.add_argument('--peak_tflops', type=float, default=None,
+  ap.add_argument('--fma_units', type=int_at_least(1), default=None)
+  ap.add_argument('--clock_ghz', type=number_in(0, lo_open=True), default=None)
+  ap.add_argument('--peak_tflops', type=number_in(0, lo_open=True), default=None,
                   help='peak FLOP/s of the accelerator, for its MFU (CPU: from lscpu)')
   args = ap.parse_args()
-  if args.k < 1:
-    ap.error(f'--k must be >= 1, got {args.k}')
   try:
     D, W = mesh_lib.parse_shape(args.mesh)  # pylint: disable=invalid-name
   except ValueError as e:

@@ -38,6 +38,9 @@ from jax.sharding import NamedSharding, PartitionSpec as P  # noqa: E402
 from configs import default  # noqa: E402
 from hfl import mesh as mesh_lib, models, optim, step as step_lib, train  # noqa: E402
 
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+from arg_types import int_at_least  # noqa: E402
+
 
 def device_bytes(tree, device) -> int:
   """Bytes of ``tree``'s arrays held by ``device``."""
@@ -64,11 +67,11 @@ def build(config: ml_collections.ConfigDict, shard: bool):
 
 
 def main():
-  ap = argparse.ArgumentParser()
-  ap.add_argument('--optimizer', default='adam')
-  ap.add_argument('--steps', type=int, default=20)
-  ap.add_argument('--blocks', type=int, default=4)
-  ap.add_argument('--batch', type=int, default=32)
+  ap = argparse.ArgumentParser(description=__doc__.split('\n')[0])
+  ap.add_argument('--optimizer', default='adam', choices=optim.OPTIMIZERS)
+  ap.add_argument('--steps', type=int_at_least(1), default=20)
+  ap.add_argument('--blocks', type=int_at_least(1), default=4)
+  ap.add_argument('--batch', type=int_at_least(1), default=32)
   args = ap.parse_args()
   config = default.get_config()
   config.optimizer.name = args.optimizer

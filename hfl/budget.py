@@ -24,7 +24,12 @@ round and is reported (``sim_time_s``).
 
 With a budget there is no iteration count to stretch a learning-rate schedule
 over, so a decaying ``optimizer.schedule`` needs an explicit
-``optimizer.decay_steps``.
+``optimizer.decay_steps``; and an ``optimizer.warmup_steps`` must be below
+:func:`max_iterations`, the most iterations the budget allows, estimated from the
+network model's times (:func:`hfl.config.check_budget_warmup`: from the config
+alone in :func:`hfl.config.validate`, then with the payloads'
+:func:`hfl.train.planned_times` in :func:`hfl.train.setup`), as it must be below
+``train.num_steps``.
 """
 
 import math
@@ -109,3 +114,29 @@ def from_config(train, optimizer=None) -> Stop:
           f'(= train.num_steps), but train.sim_time_budget_s={b} governs this run and '
           'train.num_steps=0: set optimizer.decay_steps > 0')
   return Stop(int(n), float(b))
+
+
+def max_iterations(budget_s: float, iteration_s: float, round_comm_s: float,
+                   round_iterations: int) -> int | None:
+  """At most how many iterations (optimizer steps) a DC runs before a budget stops the run.
+
+  A round starts only while the clock reads less than B and lasts at least
+  ``K_d t + C`` for each DC present in it (its ``K_d <= K`` iterations of at least
+  ``t`` seconds, then at least ``C`` seconds of communication; :mod:`hfl.network`).
+  So the n iterations a DC ran before the last round took at least
+  ``n (t + C / K) < B`` seconds, and the last round adds at most K. (An absent DC's
+  iterations are discarded, :mod:`hfl.sync.faults`.)
+
+  Args:
+    budget_s: B, ``train.sim_time_budget_s``.
+    iteration_s: t, a lower bound on any DC's iteration time (seconds).
+    round_comm_s: C, a lower bound on a round's communication time (seconds).
+    round_iterations: K >= 1, the most iterations a DC runs in one round.
+
+  Returns:
+    ``floor(B / (t + C / K)) + K``, or None when ``t + C / K`` is 0 (no bound).
+  """
+  per_iteration = iteration_s + round_comm_s / round_iterations
+  if per_iteration <= 0:
+    return None
+  return math.floor(budget_s / per_iteration + 1e-9) + int(round_iterations)

@@ -18,6 +18,7 @@ run then saves its next steps as usual.
 import ast
 import json
 import os
+import re
 from typing import NamedTuple
 
 import jax
@@ -51,6 +52,7 @@ ITEMS = ('state', 'host')
 COMMIT_FILE = 'commit_success.txt'  # Written by orbax when it commits a step.
 TMP_MARK = '.orbax-checkpoint-tmp'  # Orbax's temporary (uncommitted) step directories.
 SKIPPED_DIR = 'checkpoints_skipped'  # WORKDIR/<this>: where unusable directories go.
+CHECKPOINT_DIR = 'checkpoints'  # WORKDIR/<this>: the step directories.
 
 from hfl import metrics
 
@@ -58,7 +60,7 @@ from hfl import metrics
 def manager(workdir: str, max_to_keep: int = 2) -> ocp.CheckpointManager:
   """The run's CheckpointManager, rooted at WORKDIR/checkpoints."""
   return ocp.CheckpointManager(
-      os.path.join(os.path.abspath(workdir), 'checkpoints'),
+      os.path.join(os.path.abspath(workdir), CHECKPOINT_DIR),
       options=ocp.CheckpointManagerOptions(max_to_keep=max_to_keep, create=True))
 
 
@@ -100,6 +102,19 @@ def incomplete_reason(path) -> str | None:
   return None
 
 
+def newest_complete_step(workdir: str) -> int | None:
+  """The newest step of WORKDIR/checkpoints whose files look complete
+  (:func:`incomplete_reason` is None), found without restoring or moving anything;
+  None when there is none. :func:`restore_latest` restores this step or an older one.
+  """
+  root = os.path.join(workdir, CHECKPOINT_DIR)
+  if not os.path.isdir(root):
+    return None
+  steps = sorted((int(n) for n in os.listdir(root) if n.isdigit()), reverse=True)
+  return next((step for step in steps
+               if incomplete_reason(os.path.join(root, str(step))) is None), None)
+
+
 class UnrestorableError(ValueError):
   """No checkpoint of the workdir restores and one of them looks committed (a
   ValueError: the workdir given is unusable as it is; main.py exits with status 2)."""
@@ -119,9 +134,29 @@ class Skipped(NamedTuple):
   incomplete: bool
 
 
-def _first_line(err: Exception) -> str:
-  text = str(err).strip().splitlines()
-  return f'{type(err).__name__}: {text[0][:300] if text else ""}'
+# Where an exception's text turns into an object's repr or a spec dump, cut from a
+# one-line reason: orbax's "See full TensorStore details: <bound method ...spec of
+# TensorStore({...", TensorStore's " [tensorstore_spec='{...}']" payloads.
+_REPR_START = re.compile(r'\s*(?:See full \w+ details:|<bound method |<[\w.]+ object at 0x'
+                         r'|\[tensorstore_spec|\[source locations)')
+
+
+def short_error(err: BaseException, limit: int = 200) -> str:
+  """``'Type: message'`` of ``err`` in one short line, then its cause the same way.
+
+  The message is the first line of ``str(err)``, cut where an object's repr
+  starts (:data:`_REPR_START`), and to about ``limit`` characters by its middle
+  (``' [...] '``: nested errors say what failed first, why last); orbax wraps
+  a failed read in a bare ``Exception`` whose ``__cause__`` says what was wrong.
+  """
+  lines = str(err).strip().splitlines()
+  text = _REPR_START.split(lines[0] if lines else '', maxsplit=1)[0].strip()
+  if len(text) > limit:
+    half = (limit - 7) // 2  # the start says what failed, the end why (nested errors)
+    text = f'{text[:half].rstrip()} [...] {text[-half:].lstrip()}'
+  out = f'{type(err).__name__}: {text}' if text else type(err).__name__
+  cause = err.__cause__
+  return f'{out} (caused by {short_error(cause, limit)})' if cause is not None else out
 
 
 _BARRIERS = []  # Barrier names must not repeat within a process.
@@ -244,7 +279,7 @@ def restore_latest(mngr: ocp.CheckpointManager, abstract_state):
   Raises:
     UnrestorableError: no step restores and at least one of them looks committed (its
       restore error may be the program's, not the files'): nothing is moved; the
-      message lists every step and its error.
+      message lists every step directory and its error (:func:`short_error`).
   """
   root = epath.Path(mngr.directory)
   skipped = [Skipped(p, 'temporary directory of an interrupted save', True)
@@ -256,7 +291,7 @@ def restore_latest(mngr: ocp.CheckpointManager, abstract_state):
       try:
         restored = _restore(mngr, step, abstract_state)
       except Exception as err:  # pylint: disable=broad-except
-        skipped.append(Skipped(path, f'restore failed: {_first_line(err)}', False))
+        skipped.append(Skipped(path, f'restore failed: {short_error(err)}', False))
         continue
       _move_aside(mngr, skipped)
       if any(s.path.name.isdigit() for s in skipped):
@@ -267,7 +302,7 @@ def restore_latest(mngr: ocp.CheckpointManager, abstract_state):
     _barrier('scanned')  # Every process raises; none moves anything.
     raise UnrestorableError(
         f'No checkpoint in {root} can be restored: '
-        + '; '.join(f'{s.path.name}: {s.reason}' for s in skipped)
+        + '; '.join(f'{s.path}: {s.reason}' for s in skipped)
         + f'. Nothing was moved or deleted. If these checkpoints are damaged, move them out '
         f'of {root} (the run then starts from step 0), or use a new --workdir.')
   _move_aside(mngr, skipped)

@@ -1,10 +1,17 @@
 """Config validation: every field checked before data loading or compilation.
 
 Errors are ``ValueError``s that name the field, the value and what is allowed.
-Checks that need the data (a batch larger than a worker's shard) or the model's
-shapes (what a compressor's factory refuses, e.g. CO3's gamma) run in
-:mod:`hfl.data` and :mod:`hfl.compress.policy`, still before anything is
-compiled or written.
+:func:`validate` runs every check that needs only the config (and that
+``dataset.data_dir`` exists), calling the constructors the run builds its
+objects with (the network model, the fault plan, the outer optimizer, the K
+schedule, the inner optimizer and its schedule, the stopping rule), so main.py
+and :mod:`hfl.sweep`'s pre-check refuse the same configs. What needs more runs
+in :func:`hfl.train.setup`, still before anything is compiled or written: the
+data (the files' contents; a batch larger than a worker's shard, also
+:func:`hfl.data.partition_dataset`), the model's shapes (what a compressor's
+factory refuses, e.g. CO3's gamma; Streaming DiLoCo's fragments; the payload
+sizes, which tighten the time-budget warm-up check of
+:func:`check_budget_warmup`) and the devices (the mesh's device count).
 
 Also the config-file helpers main.py and :mod:`hfl.sweep` share:
 :func:`load_file`, :func:`apply_overrides` (``--config.KEY=VALUE`` semantics)
@@ -19,12 +26,15 @@ import sys
 from typing import Any, Mapping
 
 import ml_collections
+import numpy as np
 
 from hfl import budget as budget_lib
 from hfl import data as data_lib
-from hfl import models, optim
+from hfl import models, network, optim
 from hfl.compress import policy
 from hfl.sync import aggregation as aggregation_lib
+from hfl.sync import faults as faults_lib
+from hfl.sync import outer as outer_lib
 from hfl.sync import schedule as schedule_lib
 from hfl.sync import streaming
 
@@ -80,12 +90,21 @@ def non_finite_field(config: ml_collections.ConfigDict,
   return None
 
 
-def validate(config: ml_collections.ConfigDict) -> ml_collections.ConfigDict:
-  """Checks ``config`` and returns it (unchanged).
+def validate(config: ml_collections.ConfigDict, paths: bool = True
+             ) -> ml_collections.ConfigDict:
+  """Checks ``config`` and returns it (unchanged): every check that needs neither
+  the data's contents, the model's shapes nor the devices (module docstring).
+
+  Args:
+    config: the config.
+    paths: also check that ``dataset.data_dir`` exists (False for a config that
+      is compared but not run: a finished run's, :func:`hfl.sweep.check_done`).
 
   Raises:
     ValueError: the first invalid field, e.g. ``sync.k=0 must be >= 1``, or
-      any float field that is ``inf``/``nan``.
+      any float field that is ``inf``/``nan``; a ``dataset.data_dir`` that does
+      not exist; an optimizer warm-up the time budget cannot finish
+      (:func:`check_budget_warmup`).
   """
   for key in REQUIRED:
     if key not in config:
@@ -97,10 +116,11 @@ def validate(config: ml_collections.ConfigDict) -> ml_collections.ConfigDict:
   _int(config, 'seed', 0)
   _int(config, 'mesh.num_dcs', 1)
   _int(config, 'mesh.workers_per_dc', 1)
+  d = config.mesh.num_dcs
+  net = network.from_config(config.network, d)
   _choice(config.model.name, 'model.name', models.MODELS)
   budget_lib.from_config(config.train, config.optimizer)  # num_steps or the time budget
   optim.make_optimizer(config.optimizer, config.train.num_steps)
-  validate_data_dir(config)
   validate_task(config)
   if config.dataset.partition == 'dirichlet' and not float(config.dataset.dirichlet_alpha) > 0:
     raise ValueError(f'dataset.dirichlet_alpha={config.dataset.dirichlet_alpha} must be > 0')
@@ -119,6 +139,8 @@ def validate(config: ml_collections.ConfigDict) -> ml_collections.ConfigDict:
   _choice(s.aggregation, 'sync.aggregation', AGGREGATIONS)
   k = _int(config, 'sync.k', 1)
   _int(config, 'sync.k_max', k, lo_name='sync.k')
+  faults_lib.make_present_fn(s.faults, d)
+  outer_lib.make_outer(s.outer.name, s.outer.learning_rate, s.outer.momentum)
   _choice(config.compression.small, 'compression.small', SMALL_PRECISIONS)
   _int(config, 'compression.small_threshold', 0)
   for link in ('uplink', 'downlink', 'wan'):
@@ -126,8 +148,69 @@ def validate(config: ml_collections.ConfigDict) -> ml_collections.ConfigDict:
   validate_dgc(config)
   validate_shard_state(config)
   validate_heterogeneity_options(config)
+  # The K schedule's fields (sync.progress_*): placeholder times, which only semi_sync's
+  # K_d use (hfl.train.setup builds the schedule with the planned ones).
+  schedule_lib.from_config(s, d, t=np.ones(d), c=np.zeros(d))
   validate_streaming(config)
+  # Payloads unknown here: times without them, a lower bound (hfl.train.setup checks
+  # again with the planned times).
+  check_budget_warmup(config, network.iteration_time(net, np.zeros(d), np.zeros(d)),
+                      network.round_comm_time(net, np.zeros(d)), how='the network model '
+                      'without the payloads (hfl.train.setup counts them)')
+  validate_data_dir(config, exists=paths)  # last: the fields first, then the filesystem
   return config
+
+
+def check_budget_warmup(config: ml_collections.ConfigDict, t_d, c_d, schedule=None,
+                        how: str = 'hfl.train.planned_times') -> None:
+  """Refuses an ``optimizer.warmup_steps`` that a time budget cannot finish: under
+  ``train.sim_time_budget_s`` the counterpart of "optimizer.warmup_steps must be <
+  train.num_steps" (:func:`hfl.optim.make_schedule`).
+
+  No DC runs more than :func:`hfl.budget.max_iterations` iterations (optimizer
+  steps) within the budget, from the fastest DC's iteration time ``min(t_d)``, the
+  least round communication time ``min(c_d)`` (0 with ``sync.faults``: a round with
+  one DC present exchanges nothing) and the most iterations K a round can hold:
+  ``sync.k_max`` where K adapts (AdaComm, ``sync.progress_aware``) or, for
+  'semi_sync', without ``schedule``; else the schedule's K (1 for 'sync', ``sync.k``
+  for 'periodic' without one). A warm-up of at least that many steps would end the
+  run below ``optimizer.learning_rate``. Nothing to check under ``train.num_steps``
+  or without a warm-up.
+
+  Args:
+    config: a config whose other fields are valid.
+    t_d, c_d: float [D] seconds per DC of an iteration and of a round's communication
+      (lower bounds will do: they only loosen the bound).
+    schedule: the run's K schedule (:mod:`hfl.sync.schedule`, built with the
+      planned times), or None.
+    how: where ``t_d`` and ``c_d`` come from, for the message.
+
+  Raises:
+    ValueError: naming ``optimizer.warmup_steps``, the bound, its formula and inputs.
+  """
+  stop = budget_lib.from_config(config.train)
+  warm = config.optimizer.get('warmup_steps', 0)
+  if stop.governed_by != 'sim_time_budget_s' or not warm:
+    return
+  s = config.sync
+  if (s.strategy == 'adacomm' or s.progress_aware
+      or (schedule is None and s.strategy == 'semi_sync')):
+    k = s.k_max
+  elif schedule is None:
+    k = 1 if s.strategy == 'sync' else s.k
+  else:
+    k = int(np.max(schedule.plan(schedule.init()).k_d))
+  t, c = float(np.min(t_d)), 0.0 if s.faults else float(np.min(c_d))
+  most = budget_lib.max_iterations(stop.sim_time_budget_s, t, c, k)
+  if most is not None and warm >= most:
+    raise ValueError(
+        f'optimizer.warmup_steps={warm} must be < {most}, the most iterations a DC can run '
+        f'within train.sim_time_budget_s={stop.sim_time_budget_s}: the run would end before '
+        f'reaching optimizer.learning_rate. Estimated from {how}: floor(budget / (t + C / K))'
+        f" + K with t = {t:.4g} s the fastest DC's iteration, C = {c:.4g} s the least "
+        f'communication of a round and K = {k} the most iterations of a round (the last '
+        'round may cross the budget). Lower optimizer.warmup_steps or raise '
+        'train.sim_time_budget_s')
 
 
 LR_SCALINGS = ('none', 'inverse_k')  # hfl.train.round_lr_scale
@@ -201,18 +284,34 @@ def validate_streaming(config: ml_collections.ConfigDict) -> None:
                      f'sync.k / sync.fragments = {s.k // p} for {what}')
 
 
-def validate_data_dir(config: ml_collections.ConfigDict) -> None:
-  """Refuses an IDX dataset read from another IDX dataset's default directory.
+def validate_data_dir(config: ml_collections.ConfigDict, exists: bool = True) -> None:
+  """Checks ``dataset.data_dir`` ('' : the dataset's default, :func:`hfl.data.load`):
+  with ``exists``, that it exists (a relative path: from the working directory, else
+  from the repository root, :func:`hfl.data.resolve_path`); and that it is not
+  another IDX dataset's default directory.
 
   ``configs/default.py`` points ``dataset.data_dir`` at Fashion-MNIST's IDX
   files, which have MNIST's layout: ``dataset.name='mnist'`` alone would train
-  on Fashion-MNIST while logging "Dataset mnist".
+  on Fashion-MNIST while logging "Dataset mnist". Whether the files it holds are
+  the dataset's is checked when they are read (:func:`hfl.data.load`).
 
   Raises:
-    ValueError: ``dataset.name`` is an IDX dataset and ``dataset.data_dir`` is
-      the default directory of a different one.
+    ValueError: ``dataset.data_dir`` is not a string or (``exists``) does not exist; or
+      ``dataset.name`` is an IDX dataset and ``dataset.data_dir`` is the default
+      directory of a different one.
   """
   name, data_dir = config.dataset.name, config.dataset.get('data_dir', '')
+  if not isinstance(data_dir, str):
+    raise ValueError(f'dataset.data_dir={data_dir!r} must be a string (a path; \'\' = the '
+                     "dataset's default)")
+  try:
+    found = data_lib.resolve_path(data_dir) if exists else ''
+  except FileNotFoundError as e:
+    raise ValueError(str(e)) from None
+  if exists and data_dir and not os.path.exists(os.path.expanduser(found)):
+    raise ValueError(f'dataset.data_dir={data_dir!r} does not exist; pass the path of the '
+                     f"files of dataset.name={name!r} (the README's dataset.data_dir row says "
+                     'what it holds)')
   if name not in data_lib.IDX_DATASETS or not data_dir:
     return
   here = os.path.realpath(os.path.expanduser(os.fspath(data_dir)))
@@ -356,13 +455,16 @@ def load_file(config_arg: str) -> ml_collections.ConfigDict:
     The (unlocked) ``ml_collections.ConfigDict``.
 
   Raises:
-    FileNotFoundError: the file does not exist.
+    FileNotFoundError: the file does not exist, or is a directory.
   """
   if REPO_ROOT not in sys.path:  # config files import configs.*
     sys.path.insert(0, REPO_ROOT)
   path, _, arg = config_arg.partition(':')
   if not os.path.isfile(path) and os.path.isfile(os.path.join(REPO_ROOT, path)):
     path = os.path.join(REPO_ROOT, path)
+  if os.path.isdir(path):
+    raise FileNotFoundError(f'config file {path} is a directory; pass a config file, e.g. '
+                            'configs/default.py')
   if not os.path.isfile(path):
     raise FileNotFoundError(f'config file not found: {path}')
   spec = importlib.util.spec_from_file_location('_hfl_config_file', path)

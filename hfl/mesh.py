@@ -13,6 +13,37 @@ from jax.sharding import Mesh, NamedSharding, PartitionSpec as P
 DC, WORKER = 'dc', 'worker'
 
 
+class BackendUnavailableError(ValueError):
+  """JAX could not start the backend that ``JAX_PLATFORMS`` asks for (a bad setting)."""
+
+
+def global_devices() -> list:
+  """``jax.devices()``, with a failure to start the backend explained.
+
+  The first query of the devices starts JAX's backend; with ``JAX_PLATFORMS``
+  naming a platform that is not installed or has no device here (e.g. ``cuda``
+  on a machine without a GPU) JAX fails with a bare ``AssertionError`` or a
+  RuntimeError.
+
+  Raises:
+    BackendUnavailableError: the backend could not start; the message names
+      JAX_PLATFORMS and its value and what to do.
+  """
+  try:
+    return jax.devices()
+  except (RuntimeError, AssertionError) as e:
+    requested = jax.config.jax_platforms
+    detail = ' '.join(str(e).split()) or (
+        'no device of that platform is visible on this machine')
+    setting = (f'JAX_PLATFORMS={requested!r}' if requested else
+               'JAX_PLATFORMS is not set (JAX chose by itself)')
+    raise BackendUnavailableError(
+        f'JAX could not start its backend: {setting}: {detail}. Set JAX_PLATFORMS to a '
+        'platform that has devices on this machine (cpu always does), or unset it to let '
+        'JAX choose; for a GPU, install the matching jax plugin (e.g. jax[cuda12]) and '
+        'check that nvidia-smi sees it.') from None
+
+
 def configure_cpu_devices(num_devices: int) -> None:
   """Asks for ``num_devices`` simulated CPU devices (no-op on GPU/TPU hosts).
 
@@ -42,8 +73,10 @@ def make_mesh(num_dcs: int, workers_per_dc: int, devices=None) -> Mesh:
   Raises:
     ValueError: the device count is not num_dcs * workers_per_dc (names the
       fields mesh.num_dcs and mesh.workers_per_dc).
+    BackendUnavailableError (a ValueError): JAX's backend did not start
+      (:func:`global_devices`).
   """
-  devices = jax.devices() if devices is None else list(devices)
+  devices = global_devices() if devices is None else list(devices)
   need = num_dcs * workers_per_dc
   if len(devices) != need:
     raise ValueError(

@@ -117,26 +117,90 @@ def write_json(path: str, obj: Any, nonfinite: str = 'error') -> None:
   os.replace(tmp, path)
 
 
+# What a workdir holds, by name: (a directory?, what for). checkpoints/ and
+# checkpoints_skipped/ are hfl.checkpoint's (CHECKPOINT_DIR, SKIPPED_DIR), logs/
+# the multi-process launchers', the rest this module's.
+WORKDIR_ENTRIES = {
+    'checkpoints': (True, "the run's checkpoints"),
+    'checkpoints_skipped': (True, 'unusable checkpoint directories moved aside'),
+    'tb': (True, 'TensorBoard event files'),
+    'logs': (True, 'per-process logs of a multi-process run'),
+    'config.json': (False, "the run's config"),
+    'metrics.jsonl': (False, 'the evaluation records'),
+    'summary.json': (False, "the finished run's summary"),
+}
+
+
+def _kind(path: str) -> str:
+  if os.path.isdir(path):
+    return 'a directory'
+  if os.path.isfile(path):
+    return 'a file'
+  return 'a broken symbolic link' if os.path.islink(path) else 'neither a file nor a directory'
+
+
+def dir_problem(path: str, writable: bool = True) -> str | None:
+  """Why directory ``path`` could not be created (or written) (None if it can).
+
+  Only reads: ``path`` exists and is not a directory, an existing ancestor of it
+  is a file, or (``writable``) the nearest existing one is not writable.
+  """
+  path = os.path.abspath(path)
+  if os.path.exists(path) and not os.path.isdir(path):
+    return 'exists and is not a directory'
+  parent = path
+  while not os.path.exists(parent):
+    parent = os.path.dirname(parent)
+  if not os.path.isdir(parent):
+    return f'cannot be created: {parent} is a file'
+  if writable and not os.access(parent, os.W_OK):
+    return f'cannot be written: {parent} is not writable'
+  return None
+
+
+def workdir_entries_problem(workdir: str) -> str | None:
+  """Why an entry already in ``workdir`` keeps a run from using it; None if none does.
+
+  Only reads: the first of :data:`WORKDIR_ENTRIES` that exists with the wrong
+  type (a file where the run keeps a directory, a directory where it keeps a
+  file, a broken symbolic link), e.g. ``"cannot be used: W/tb is a file, but
+  must be a directory (TensorBoard event files); move it out of the way, or use
+  a new --workdir"``. A missing ``workdir`` or entry is no problem.
+  """
+  for name, (is_dir, what) in WORKDIR_ENTRIES.items():
+    path = os.path.join(workdir, name)
+    if not os.path.lexists(path) or (os.path.isdir(path) if is_dir else os.path.isfile(path)):
+      continue
+    return (f'cannot be used: {path} is {_kind(path)}, but must be '
+            f'{"a directory" if is_dir else "a file"} ({what}); move it out of the way, '
+            'or use a new --workdir')
+  return None
+
+
 def read_jsonl(path: str, strict: bool = True) -> list:
   """Reads a metrics.jsonl file; a missing file reads as [].
 
-  A last line cut short by a crash mid-write is skipped; a bad line elsewhere
-  raises ``json.JSONDecodeError`` (``strict``) or is skipped (not ``strict``:
-  for readers such as reports, which log the skip).
+  A last line cut short by a crash mid-write is skipped with a warning naming
+  the file and line; a bad line elsewhere raises a ``ValueError`` naming them
+  (``strict``) or is skipped (not ``strict``: for readers such as reports,
+  which log the skip).
   """
   if not os.path.exists(path):
     return []
   with open(path) as f:
-    lines = [line for line in f if line.strip()]
+    lines = [(n, line) for n, line in enumerate(f, 1) if line.strip()]
   out = []
-  for i, line in enumerate(lines):
+  for i, (n, line) in enumerate(lines):
     try:
       out.append(json.loads(line))
-    except json.JSONDecodeError:
+    except json.JSONDecodeError as e:
       if strict and i != len(lines) - 1:
-        raise
-      if not strict:
-        logging.warning('%s:%d: skipping a line that is not JSON', path, i + 1)
+        raise ValueError(f'{path}:{n} is not JSON ({e}); fix or delete that line') from None
+      if strict:  # the last line
+        logging.warning('%s:%d: skipping the last line, which is not JSON (cut short by a '
+                        'crash mid-write?)', path, n)
+      else:
+        logging.warning('%s:%d: skipping a line that is not JSON', path, n)
   return out
 
 

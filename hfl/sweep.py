@@ -20,6 +20,7 @@ import logging
 import os
 import shlex
 import re
+import shutil
 import signal
 import subprocess
 import sys
@@ -228,7 +229,7 @@ def resolve_base(base: Any, root: str, write: bool = True) -> str:
     write: write ``base_config.py`` (False for dry runs: only its path).
 
   Raises:
-    FileNotFoundError: the config path does not exist.
+    FileNotFoundError: the config path does not exist or is a directory.
   """
   if not isinstance(base, str):
     path = os.path.join(os.path.abspath(root), BASE_CONFIG_FILE)
@@ -239,8 +240,9 @@ def resolve_base(base: Any, root: str, write: bool = True) -> str:
     return path
   path, sep, arg = base.partition(':')
   if not os.path.isfile(path):
-    raise FileNotFoundError(f'base config not found: {path} (relative paths are '
-                            f'taken from {os.getcwd()})')
+    what = 'is a directory, not a config file' if os.path.isdir(path) else 'not found'
+    raise FileNotFoundError(f'base config {what}: {path} (relative paths are taken from '
+                            f'{os.getcwd()})')
   return os.path.abspath(path) + sep + arg
 
 
@@ -284,8 +286,8 @@ def make_runs(config_arg: str, grid: Any, root: str, python: str = sys.executabl
   return runs
 
 
-def _run_configs(base: Any, config_arg: str, runs: Sequence[RunSpec]):
-  """Yields (run, its config as main.py builds it: base + overrides, validated).
+def _run_configs(base: Any, config_arg: str, runs: Sequence[RunSpec], paths: bool = True):
+  """Yields (run, its config as main.py builds it: base + overrides, validated with paths).
 
   Raises:
     ValueError: a config is invalid (the run named; nothing was launched).
@@ -297,16 +299,16 @@ def _run_configs(base: Any, config_arg: str, runs: Sequence[RunSpec]):
                                               else dict(base))))
   for r in runs:
     try:
-      yield r, config_lib.validate(config_lib.apply_overrides(copy.deepcopy(base_config),
-                                                              r.overrides))
+      yield r, config_lib.validate(config_lib.apply_overrides(
+          copy.deepcopy(base_config), r.overrides), paths=paths)
     except ValueError as e:
       raise ValueError(f'run {r.name!r} (nothing was launched): {e}') from None
 
 
 def check_runs(base: Any, config_arg: str, runs: Sequence[RunSpec]) -> None:
   """Checks each run's config as main.py will (base + overrides as ``--config.KEY=VALUE``
-  applies them, then :func:`hfl.config.validate`) before any is launched; checks that
-  need the data or the model still run in each job.
+  applies them, then :func:`hfl.config.validate`) before any is launched; those that need
+  the data's contents, the model's shapes or the devices run in each job (hfl.config).
 
   Raises:
     ValueError: the first bad run with its problem, e.g. ``run 'seed=0' ...: unknown
@@ -336,7 +338,7 @@ def check_done(base: Any, config_arg: str, runs: Sequence[RunSpec]) -> list[str]
     return []
   from hfl import train  # pylint: disable=g-import-not-at-top
   again = []
-  for r, config in _run_configs(base, config_arg, done):
+  for r, config in _run_configs(base, config_arg, done, paths=False):  # only compared
     try:
       again += [r.name] if train.check_workdir_config(r.workdir, config) else []
     except ValueError as e:
@@ -571,8 +573,11 @@ def parse_args(argv: Sequence[str] | None = None) -> argparse.Namespace:
   for flag, value in (('parallel', args.parallel), ('max_runs', 1 if args.max_runs is None else args.max_runs)):
     if value < 1:
       p.error(f'--{flag}={value} must be >= 1')
-  if os.path.isfile(args.root):
-    p.error(f'--root={args.root!r} exists and is not a directory')
+  from hfl import metrics as metrics_lib  # pylint: disable=g-import-not-at-top
+  if problem := metrics_lib.dir_problem(args.root):
+    p.error(f'--root={args.root!r} {problem}')
+  if shutil.which(args.python) is None:  # else every run fails to start
+    p.error(f'--python={args.python!r} is not an executable file (nor a command on PATH)')
   return args
 
 

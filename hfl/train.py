@@ -239,8 +239,14 @@ def _check_batch_fits(config, n: int) -> None:
 
 
 def setup(config: ml_collections.ConfigDict) -> Setup:
-  """Validates the config (:func:`hfl.config.validate`, the one place every field
-  is checked) and builds data, mesh, model, compressors and schedule.
+  """Validates the config (:func:`hfl.config.validate`: every check that needs only
+  the config) and builds data, mesh, model, compressors and schedule, checking on
+  the way, before anything is compiled or written, what needs them: the devices
+  (:func:`hfl.mesh.make_mesh`), the data (its files, :func:`hfl.data.load`; a
+  batch per worker, :func:`_check_batch_fits`, the partition and
+  :func:`hfl.data.check_batch_size`), the model's shapes (the compressors'
+  factories, Streaming DiLoCo's fragments) and the planned times (semi_sync's K_d;
+  a warm-up the time budget cannot finish, :func:`hfl.config.check_budget_warmup`).
 
   Raises:
     ValueError / FileNotFoundError: bad config or data, naming the field.
@@ -270,6 +276,8 @@ def setup(config: ml_collections.ConfigDict) -> Setup:
   comps = build_compressors(config, params_shape)
   t_d, c_d = planned_times(config, net, comps, params_shape)
   schedule = schedule_lib.from_config(config.sync, d, t=t_d, c=c_d)
+  config_lib.check_budget_warmup(config, t_d, c_d, schedule, how='hfl.train.planned_times '
+                                 "(the network model and the payloads' sizes)")
   sizes = np.asarray(part.dc_sizes, np.float64)
   return Setup(config, d, w, loop_config(config), tasks.from_config(config), dataset, part,
                mesh, model, params_shape, optimizer, outer, comps,
@@ -409,6 +417,29 @@ def from_host(host: Mapping[str, Any], schedule: schedule_lib.Schedule) -> LoopS
       tuple(host.get('dc_rounds', ())), host.get('wan'))
 
 
+def read_json_object(path: str, advice: str) -> dict:
+  """The JSON object in the file ``path``.
+
+  Raises:
+    ValueError: the file is not valid JSON or holds no object: names ``path``,
+      then says ``advice`` (what to do about it).
+  """
+  try:
+    with open(path) as f:
+      obj = json.load(f)
+  except ValueError as e:  # json.JSONDecodeError and UnicodeDecodeError are ValueErrors
+    raise ValueError(f'{path} is not valid JSON ({e}); {advice}') from None
+  if not isinstance(obj, dict):
+    raise ValueError(f'{path} holds no JSON object; {advice}')
+  return obj
+
+
+# What to do about a damaged summary.json of a finished run (config.json intact):
+# without it, the run is resumed at its last checkpoint, which finishes at once.
+_SUMMARY_ADVICE = ('delete it and rerun the same command to rewrite it from metrics.jsonl '
+                   'and the last checkpoint')
+
+
 def _stored_config(workdir: str) -> dict | None:
   """The config a workdir's run was started with: ``config.json``, else the one in
   ``summary.json`` (a finished run); None for a workdir without a run.
@@ -421,13 +452,8 @@ def _stored_config(workdir: str) -> dict | None:
     path = os.path.join(workdir, name)
     if not os.path.exists(path):
       continue
-    try:
-      with open(path) as f:
-        stored = json.load(f)
-    except (ValueError, UnicodeDecodeError) as e:  # json.JSONDecodeError is a ValueError
-      raise ValueError(f'{path} is not valid JSON ({e}); restore it, or use a new '
-                       '--workdir') from None
-    stored = stored.get(key) if key and isinstance(stored, dict) else stored
+    stored = read_json_object(path, 'restore it, or use a new --workdir')
+    stored = stored.get(key) if key else stored
     if not isinstance(stored, dict):
       raise ValueError(f'{path} holds no config object; restore it, or use a new --workdir')
     return stored
@@ -446,15 +472,30 @@ def _same_path(a, b) -> bool:
 
 
 def check_workdir_config(workdir: str, config) -> list[str]:
-  """Refuses to resume a workdir that was started with a different config
-  (compared with :func:`_stored_config`).
+  """Refuses a workdir the run cannot use, before anything is compiled or written:
+  an entry of the wrong type (:func:`hfl.metrics.workdir_entries_problem`), an
+  existing workdir that cannot be written unless it holds a finished run (which is
+  only reported again), a run started with a different config (compared with
+  :func:`_stored_config`), or more iterations done (its newest complete
+  checkpoint, hfl.checkpoint.newest_complete_step) than ``train.num_steps`` when
+  that governs.
 
   Returns:
     The RESUMABLE_FIELDS that changed, as 'field: old -> new' strings.
 
   Raises:
-    ValueError: another field differs, or :func:`_stored_config`'s errors.
+    ValueError: any of those (naming the path or the fields), or
+      :func:`_stored_config`'s errors.
   """
+  problem = metrics_lib.workdir_entries_problem(workdir)
+  if problem:
+    raise ValueError(f'--workdir={workdir!r} {problem}')
+  stop = budget_lib.from_config(config.train)
+  if (os.path.isdir(workdir) and not os.access(workdir, os.W_OK)
+      and not _only_reported(workdir, stop)):
+    raise ValueError(
+        f'--workdir={workdir!r} cannot be written (read-only?); from there a finished run '
+        'can only be reported again: copy the workdir somewhere writable to continue it.')
   stored = _stored_config(workdir)
   if stored is None:
     return []
@@ -474,7 +515,29 @@ def check_workdir_config(workdir: str, config) -> list[str]:
     raise ValueError(
         f'--workdir={workdir} holds a run with a different config ({"; ".join(diffs)}); '
         'use a new workdir, or the same config to resume.')
+  done = ckpt_lib.newest_complete_step(workdir)
+  if stop.governed_by == 'num_steps' and done is not None and done > stop.num_steps:
+    raise ValueError(
+        f'train.num_steps={stop.num_steps} is below the {done} iterations '
+        f'--workdir={workdir} has already done; use a new workdir for a shorter run.')
   return resumable
+
+
+def _only_reported(workdir: str, stop: budget_lib.Stop) -> bool:
+  """Whether rerunning on ``workdir`` only reports its finished run again, which
+  writes nothing (a changed target is then printed, not saved): it holds
+  config.json, and a summary.json of a run that ``stop`` has stopped.
+
+  Raises:
+    ValueError: summary.json is not a JSON object (names it).
+  """
+  path = os.path.join(workdir, 'summary.json')
+  if not (os.path.exists(path) and os.path.exists(os.path.join(workdir, 'config.json'))):
+    return False
+  summary = read_json_object(path, _SUMMARY_ADVICE)
+  step, now = summary.get('intra_dc_iterations'), summary.get('sim_time_s')
+  return (metrics_lib.finite(step) and metrics_lib.finite(now)
+          and stop.finished(int(step), float(now)))
 
 
 # ------------------------------------------------------------------------------
@@ -725,7 +788,16 @@ def _init_fn(s: Setup) -> Callable:
 
 def make_runtime(s: Setup, workdir: str, wall0: float) -> Runtime:
   """Builds the step of the configured compressors (compiled on its first call),
-  the evaluation, and the checkpoint manager (creating ``workdir`` on process 0)."""
+  the evaluation, and the checkpoint manager (creating ``workdir`` on process 0, first).
+
+  Raises:
+    ValueError: ``workdir`` cannot be created (before anything is compiled).
+  """
+  if metrics_lib.is_writer():
+    try:
+      os.makedirs(workdir, exist_ok=True)
+    except OSError as e:
+      raise ValueError(f'--workdir={workdir!r} cannot be created: {e.strerror or e}') from e
   apply_fn = lambda p, x: s.model.apply({'params': p}, x)
   init_fn = _init_fn(s)
   state_shape = jax.eval_shape(init_fn)
@@ -735,11 +807,6 @@ def make_runtime(s: Setup, workdir: str, wall0: float) -> Runtime:
   step_fns = {None: make(s.comps)}
   evaluate = make_eval(s.model, s.mesh, s.dataset.test_images, s.dataset.test_labels,
                        s.loop.eval_batch_size)
-  if metrics_lib.is_writer():
-    try:
-      os.makedirs(workdir, exist_ok=True)
-    except OSError as e:
-      raise ValueError(f'--workdir={workdir!r} cannot be created: {e.strerror or e}') from e
   shardings = step_lib.state_shardings(s.mesh, state_shape)
   leaf_names = [jax.tree_util.keystr(path) for path, _ in
                 jax.tree_util.tree_flatten_with_path(s.params_shape)[0]]
@@ -1055,18 +1122,18 @@ def _write_config(rt: Runtime) -> None:
 
 
 def _resumed(rt: Runtime, ls: LoopState, changed: list[str]) -> dict | None:
-  """Checks a restored run against its stopping rule (:mod:`hfl.budget`); its
-  summary when it already finished (printed again), else None."""
-  workdir, num_steps, stop = rt.workdir, rt.s.loop.num_steps, rt.s.loop.stop
-  if stop.governed_by == 'num_steps' and ls.step > num_steps:
-    raise ValueError(
-        f'train.num_steps={num_steps} is below the {ls.step} iterations '
-        f'--workdir={workdir} has already done; use a new workdir for a shorter run.')
+  """Checks a restored run against its stopping rule (:mod:`hfl.budget`; a shorter
+  ``train.num_steps`` was refused by :func:`check_workdir_config`); its summary
+  when it already finished (printed again), else None.
+
+  Raises:
+    ValueError: the finished run's summary.json is not a JSON object (names it).
+  """
+  workdir, stop = rt.workdir, rt.s.loop.stop
   summary_path = os.path.join(workdir, 'summary.json')
   if stop.finished(ls.step, ls.clock.now) and os.path.exists(summary_path):
     logging.info('%s already finished %d iterations; nothing to do.', workdir, ls.step)
-    with open(summary_path) as f:
-      summary = json.load(f)
+    summary = read_json_object(summary_path, _SUMMARY_ADVICE)
     task = rt.s.task
     history = summary.get('eval_history')  # absent in summaries of older runs: kept as is
     retarget = dict(target=task.target, **to_target(task, history or []))
@@ -1083,7 +1150,10 @@ def _resumed(rt: Runtime, ls: LoopState, changed: list[str]) -> dict | None:
       for cfg in stored:
         if isinstance(cfg, dict):
           cfg.setdefault('train', {}).update(targets)
-      if metrics_lib.is_writer():
+      if not os.access(workdir, os.W_OK):
+        logging.warning('%s cannot be written: the recomputed time and rounds to target are '
+                        'printed, not saved.', workdir)
+      elif metrics_lib.is_writer():
         metrics_lib.write_json(summary_path, summary)
         if os.path.exists(os.path.join(workdir, 'config.json')):
           metrics_lib.write_json(os.path.join(workdir, 'config.json'), stored[0])

@@ -3,9 +3,10 @@
 The launchers pass everything after ``--`` to ``main.py`` unchanged and run it
 in the caller's working directory, so every relative path (``--workdir``,
 ``--config``, ``--config.dataset.data_dir``) means what it means to the caller.
-The checks here turn the start-up mistakes a user makes first (no workdir, a
-missing config file, a taken port, a non-finite number) into one line on
-stderr and exit status 2, before any process is started or any file written.
+The checks here turn the start-up mistakes a user makes first (no workdir or
+one that is a file, a missing config file, a mesh the process count does not
+split, a taken port, a non-finite number) into one line on stderr and exit
+status 2, before any process is started or any file written.
 """
 
 import importlib.util
@@ -56,12 +57,17 @@ def workdir(main_args) -> str:
   """The run's ``--workdir`` as an absolute path (relative to the caller's directory).
 
   Raises:
-    LaunchError: no ``--workdir`` after ``--``.
+    LaunchError: no ``--workdir`` after ``--``, or one that cannot be a
+      directory (a file, or under one).
   """
   w = flag_value(main_args, 'workdir')
   if not w:
     raise LaunchError('pass the run\'s workdir to main.py after --, e.g. '
                       '-- --config=configs/smoke.py --workdir=/tmp/hfl_run')
+  from hfl import metrics  # pylint: disable=g-import-not-at-top
+  problem = metrics.dir_problem(w, writable=False)  # main.py judges the rest (a finished run)
+  if problem:
+    raise LaunchError(f'--workdir={w} {problem}; pass a directory (created if missing).')
   return os.path.abspath(w)
 
 
@@ -110,6 +116,28 @@ def config_value(main_args, field: str, default):
   except Exception as e:  # pylint: disable=broad-except
     raise LaunchError(f'could not read config field {field} from {main_args}: '
                       f'{type(e).__name__}: {" ".join(str(e).split())}') from None
+
+
+def mesh_devices_per_process(main_args, num_processes: int) -> int:
+  """The CPU devices each of ``num_processes`` processes gets for the run's mesh.
+
+  The mesh is ``mesh.num_dcs * mesh.workers_per_dc`` from the ``--config`` file
+  and its ``--config.mesh.*`` overrides (:func:`config_value`), split as
+  ``main.py`` splits it (``hfl.distributed.cpu_devices_per_process``).
+
+  Raises:
+    LaunchError: the config cannot be read, or the device count is not a
+      multiple of ``num_processes``.
+  """
+  from hfl import distributed  # pylint: disable=g-import-not-at-top
+  dcs = config_value(main_args, 'mesh.num_dcs', 2)
+  workers = config_value(main_args, 'mesh.workers_per_dc', 4)
+  try:
+    return distributed.cpu_devices_per_process(
+        dcs * workers, distributed.ProcessInfo(num_processes, 0, None, 'launcher'))
+  except ValueError as e:
+    raise LaunchError(f'--num_processes={num_processes} with mesh.num_dcs={dcs}, '
+                      f'mesh.workers_per_dc={workers}: {" ".join(str(e).split())}') from None
 
 
 def check_port(port: int) -> None:

@@ -9,9 +9,13 @@ Usage (from any directory; paths are the caller's):
 Everything after ``--`` goes to ``main.py`` in every process, which runs in the
 caller's working directory: a relative ``--workdir`` or ``--config`` means the
 same to the launcher and to every process. ``--workdir`` is required (the logs
-go to WORKDIR/logs unless ``--log_dir``); a missing one, a missing config file,
-a ``--port`` already in use or a non-finite number is reported in one line
-(exit status 2) before anything is started or written. Each process gets
+go to WORKDIR/logs unless ``--log_dir``); a missing one or one (or a
+``--log_dir``) that cannot be a directory, a missing config file, a mesh
+(``mesh.num_dcs * mesh.workers_per_dc`` of the config and its overrides) that
+``--num_processes`` does not divide, a ``--python`` that is not an executable,
+a ``--port`` already in use, a non-finite number, or main.py flags not placed
+after ``--`` is reported in one line (exit status 2) before anything is started
+or written. Each process gets
 ``HFL_COORDINATOR=127.0.0.1:<free port>``, ``HFL_NUM_PROCESSES`` and its own
 ``HFL_PROCESS_ID`` (read by ``hfl.distributed.maybe_initialize``) and
 ``JAX_PLATFORMS=cpu``; ``main.py`` then splits the mesh's
@@ -28,6 +32,7 @@ and exits with the first failing status (or 124 after ``--timeout_s``).
 
 import argparse
 import os
+import shutil
 import signal
 import socket
 import subprocess
@@ -48,6 +53,11 @@ def free_port() -> int:
 
 
 def parse_args(argv):
+  """The launcher's arguments (argparse's own usage errors exit with status 2).
+
+  Raises:
+    common.LaunchError: --num_processes < 1, or flags for main.py not after ``--``.
+  """
   p = argparse.ArgumentParser(description=__doc__.split('\n\n')[0])
   p.add_argument('--num_processes', type=int, default=2, help='processes to start (>= 1)')
   p.add_argument('--port', type=int, default=0, help='coordinator port (0: pick a free one)')
@@ -63,11 +73,16 @@ def parse_args(argv):
   p.add_argument('--python', default=sys.executable, help='python interpreter')
   p.add_argument('--quiet', action='store_true', help="don't echo process 0's output")
   p.add_argument('main_args', nargs=argparse.REMAINDER, help='-- then main.py flags')
-  args = p.parse_args(argv)
-  if args.main_args and args.main_args[0] == '--':
-    args.main_args = args.main_args[1:]
+  args, unknown = p.parse_known_args(argv)
+  stray = unknown + (args.main_args if args.main_args[:1] not in ([], ['--']) else [])
+  if stray:
+    raise common.LaunchError(
+        f'unrecognized arguments {" ".join(stray)}: main.py\'s flags go after --, e.g. '
+        'local_multiprocess.py --num_processes=2 -- --config=configs/smoke.py '
+        '--workdir=/tmp/hfl_mp')
+  args.main_args = args.main_args[1:]
   if args.num_processes < 1:
-    p.error(f'--num_processes={args.num_processes} must be >= 1')
+    raise common.LaunchError(f'--num_processes={args.num_processes} must be >= 1.')
   return args
 
 
@@ -76,7 +91,10 @@ def check(args) -> str:
 
   Raises:
     common.LaunchError: no --workdir or --config for main.py, a missing config
-      file, a non-finite or negative time, or a --port that is taken.
+      file, a --workdir that cannot be a directory, a log directory that cannot
+      be created or written, a mesh that --num_processes does not divide, a
+      --python that is not an executable, a non-finite or negative time, or a
+      --port that is taken.
   """
   common.finite(args.timeout_s, '--timeout_s')
   common.finite(args.grace_s, '--grace_s')
@@ -84,18 +102,32 @@ def check(args) -> str:
     raise common.LaunchError(f'--init_timeout_s={args.init_timeout_s} must be >= 1.')
   workdir = common.workdir(args.main_args)
   common.config_path(args.main_args)
+  common.mesh_devices_per_process(args.main_args, args.num_processes)
+  log_dir = os.path.abspath(args.log_dir) if args.log_dir else os.path.join(workdir, 'logs')
+  from hfl import metrics  # pylint: disable=g-import-not-at-top
+  problem = metrics.dir_problem(log_dir)
+  if problem:
+    what = f'--log_dir={args.log_dir}' if args.log_dir else f'the log directory {log_dir}'
+    raise common.LaunchError(f'{what} {problem}; pass a writable --log_dir (created if '
+                             'missing).')
+  if shutil.which(args.python) is None:
+    raise common.LaunchError(f'--python={args.python} is not an executable file (nor a '
+                             'command on PATH); pass a python interpreter.')
   if args.port:
     common.check_port(args.port)
-  return os.path.abspath(args.log_dir) if args.log_dir else os.path.join(workdir, 'logs')
+  return log_dir
 
 
 def main(argv=None) -> int:
-  args = parse_args(sys.argv[1:] if argv is None else argv)
   try:
+    args = parse_args(sys.argv[1:] if argv is None else argv)
     log_dir = check(args)
   except common.LaunchError as e:
     return common.fail('[launch]', e)
-  os.makedirs(log_dir, exist_ok=True)
+  try:
+    os.makedirs(log_dir, exist_ok=True)
+  except OSError as e:  # e.g. created as a file since check()
+    return common.fail('[launch]', common.LaunchError(f'cannot create {log_dir}: {e}'))
   port = args.port or free_port()
   coordinator = f'127.0.0.1:{port}'
   print(f'[launch] {args.num_processes} processes, coordinator {coordinator}, logs {log_dir}',

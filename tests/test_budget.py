@@ -65,6 +65,52 @@ def test_bad_stopping_fields_fail_before_compilation_naming_the_field(
   assert not os.path.exists(tmp_path / 'w')
 
 
+def test_max_iterations_bounds_the_hand_computed_runs():
+  # semi-sync on NET under 0.5 s: t = 0.05/2.2 (DC 0), C = 0.04, K_0 = 4 a round;
+  # the run below makes 16 iterations; sync (K = 1) makes 6.
+  assert budget.max_iterations(0.5, 0.05 / 2.2, 0.04, 4) == 19   # floor(15.3) + 4
+  assert budget.max_iterations(0.5, 0.05 / 2.2, 0.04, 1) == 8    # floor(7.97) + 1
+  assert budget.max_iterations(0.3, 0.1, 0.0, 1) == 4            # 3 whole, then 1
+  assert budget.max_iterations(1.0, 0.0, 0.0, 4) is None         # free iterations: no bound
+
+
+@pytest.mark.parametrize('faults,bound', [('', 6), ('1:0-0', 7)])
+def test_a_warmup_the_budget_cannot_finish_is_refused_by_validate(tmp_path, faults, bound):
+  """configs/smoke.py (t = 0.05 + 2e-4 s, C >= 2 x 0.02 s, K = 2) under 0.3 s, payloads
+  not counted: at most floor(0.3 / (t + C / 2)) + 2 = 6 iterations; 7 with faults
+  (a round with one DC present exchanges nothing: C >= 0)."""
+  cfg = lambda warm: smoke_config(str(tmp_path), **{
+      'train.num_steps': 0, 'train.sim_time_budget_s': 0.3, 'sync.faults': faults,
+      'optimizer.warmup_steps': warm})
+  for warm in (bound, 10**6):
+    with pytest.raises(ValueError) as e:
+      config_lib.validate(cfg(warm))
+    msg = str(e.value)
+    assert msg.startswith(f'optimizer.warmup_steps={warm} must be < {bound}, the most '
+                          'iterations a DC can run within train.sim_time_budget_s=0.3: ')
+    assert 'Estimated from the network model without the payloads' in msg
+    assert 'K = 2 the most iterations of a round' in msg
+  config_lib.validate(cfg(bound - 1))
+
+
+def test_setup_refuses_the_warmup_with_the_planned_times(fake_data, monkeypatch):
+  """semi-sync on NET under 0.5 s (16 iterations, hand_clock): validate bounds K by
+  sync.k_max = 64 (85 iterations); setup, with the schedule's K_0 = 4 and the planned
+  times, by 19. Nothing is compiled either way."""
+  monkeypatch.setattr(jax, 'jit', lambda *a, **k: (_ for _ in ()).throw(
+      AssertionError('compiled before validating the config')))
+  with pytest.raises(ValueError, match='optimizer.warmup_steps=85 must be < 85'):
+    config_lib.validate(budget_config(fake_data, 0.5, **{'optimizer.warmup_steps': 85}))
+  config_lib.validate(budget_config(fake_data, 0.5, **{'optimizer.warmup_steps': 19}))
+  with pytest.raises(ValueError) as e:
+    train.setup(budget_config(fake_data, 0.5, **{'optimizer.warmup_steps': 19}))
+  assert str(e.value).startswith('optimizer.warmup_steps=19 must be < 19')
+  assert 'Estimated from hfl.train.planned_times' in str(e.value)
+  assert 'K = 4 the most iterations of a round' in str(e.value)
+  s = train.setup(budget_config(fake_data, 0.5, **{'optimizer.warmup_steps': 18}))
+  assert s.loop.stop.governed_by == 'sim_time_budget_s'
+
+
 def test_stop_rule_and_unset_defaults():
   steps = budget.Stop(12, 0.0)
   assert steps.governed_by == 'num_steps' and steps.step_cap() == 12

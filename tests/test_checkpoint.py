@@ -154,10 +154,49 @@ def test_committed_but_unreadable_only_checkpoint_is_refused_untouched(tmp_path)
   with open(f, 'r+b') as fh:
     fh.truncate(os.path.getsize(f) // 2)
   before = _files(step_dir)
-  with pytest.raises(ckpt_lib.UnrestorableError, match=r'No checkpoint .* can be restored: 2: restore failed'):
+  with pytest.raises(ckpt_lib.UnrestorableError,
+                     match=r'No checkpoint .* can be restored: .*/checkpoints/2: restore failed'):
     ckpt_lib.restore_latest(ckpt_lib.manager(workdir), _abstract())
   assert _files(step_dir) == before
   assert not os.path.exists(os.path.join(workdir, ckpt_lib.SKIPPED_DIR))
+
+
+def test_restore_errors_are_one_short_line_with_their_cause():
+  """Orbax wraps a failed read in a bare Exception whose text ends in TensorStore's
+  spec repr (many lines): cut before it, capped, with the cause that says why."""
+  spec = '<bound method pybind11_detail_function_record_v1_spec of TensorStore({\n  "x": 1})>'
+  try:
+    try:
+      raise ValueError('DATA_LOSS: Error decoding manifest: ' + 'x' * 500
+                       + ' [tensorstore_spec=\'{"driver": "zarr"}\']')
+    except ValueError as cause:
+      raise Exception('Encountered error while reading array index: (slice(0, 1, 1),). '  # pylint: disable=broad-exception-raised
+                      f'See full TensorStore details: {spec}.') from cause
+  except Exception as e:  # pylint: disable=broad-except
+    text = ckpt_lib.short_error(e)
+  assert text.startswith('Exception: Encountered error while reading array index: '
+                         '(slice(0, 1, 1),). (caused by ValueError: DATA_LOSS: Error decoding '
+                         'manifest: xxx')
+  assert text.endswith('x)') and ' [...] x' in text and len(text) < 450
+  assert 'TensorStore' not in text and 'zarr' not in text and '\n' not in text
+  assert ckpt_lib.short_error(RuntimeError('')) == 'RuntimeError'
+  assert ckpt_lib.short_error(KeyError('a')) == "KeyError: 'a'"
+
+
+def test_newest_complete_step_reads_only_the_files(tmp_path):
+  """The step a restore starts from, found without orbax: incomplete step directories
+  and temporary ones do not count; nothing is created or moved."""
+  workdir = tmp_path / 'run'
+  assert ckpt_lib.newest_complete_step(str(workdir)) is None
+  for step in ('2', '4'):
+    for item in ckpt_lib.ITEMS:
+      (workdir / 'checkpoints' / step / item).mkdir(parents=True)
+    (workdir / 'checkpoints' / step / ckpt_lib.COMMIT_FILE).write_text('')
+  (workdir / 'checkpoints' / '6').mkdir()
+  (workdir / 'checkpoints' / ('8' + ckpt_lib.TMP_MARK)).mkdir()
+  before = _files(str(workdir)), sorted(os.listdir(workdir / 'checkpoints'))
+  assert ckpt_lib.newest_complete_step(str(workdir)) == 4
+  assert (_files(str(workdir)), sorted(os.listdir(workdir / 'checkpoints'))) == before
 
 
 def test_complete_checkpoints_restore_with_nothing_moved(tmp_path, caplog):

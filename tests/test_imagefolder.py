@@ -1,7 +1,9 @@
 """Image-folder source (hfl.data.imagefolder): layout, labels, order, cache, errors."""
 
+import logging
 import os
 import tarfile
+import threading
 
 import numpy as np
 import pytest
@@ -85,6 +87,122 @@ def test_directory_cache_invalidated_when_an_image_changes(tmp_path):
   second = imagefolder.load_image_folder(root, str(tmp_path / 'c'))
   assert second.cache_path != first.cache_path
   np.testing.assert_array_equal(np.asarray(second.test_images), expected(tree, 'test')[0])
+
+
+def _truncate(path):
+  with open(path, 'r+b') as f:
+    f.truncate(os.path.getsize(path) // 2)
+
+
+def test_damaged_cache_entry_is_replaced_and_moved_aside(tmp_path, monkeypatch, caplog):
+  tree = make_tree()
+  path = write_archive(tmp_path / 'a.tar.gz', tree)
+  cache = str(tmp_path / 'c')
+  entry = imagefolder.load_image_folder(path, cache).cache_path
+  _truncate(os.path.join(entry, 'train_images.npy'))
+  with caplog.at_level(logging.WARNING):
+    repaired = imagefolder.load_image_folder(path, cache)
+  warnings = [r.getMessage() for r in caplog.records if r.levelno >= logging.WARNING]
+  assert len(warnings) == 1, warnings
+  assert 'was unreadable (ValueError: mmap length' in warnings[0]
+  assert f'moved to {entry}.damaged-1' in warnings[0]
+  assert repaired.cache_path == entry
+  # The damaged copy is kept (truncated), never deleted.
+  aside = os.path.join(f'{entry}.damaged-1', 'train_images.npy')
+  assert os.path.getsize(aside) < os.path.getsize(os.path.join(entry, 'train_images.npy'))
+  # The next load reads the repaired entry: no decode, the original pixels.
+  monkeypatch.setattr(imagefolder, '_decode', lambda *a: pytest.fail('decoded again'))
+  again = imagefolder.load_image_folder(path, cache)
+  assert isinstance(again.train_images, np.memmap)
+  for split, images, labels in (('train', again.train_images, again.train_labels),
+                                ('test', again.test_images, again.test_labels)):
+    np.testing.assert_array_equal(np.asarray(images), expected(tree, split)[0])
+    np.testing.assert_array_equal(labels, expected(tree, split)[1])
+
+
+def test_damaged_entry_repaired_by_two_processes_at_once(tmp_path, monkeypatch, caplog):
+  tree = make_tree()
+  path = write_archive(tmp_path / 'a.tar', tree)
+  cache = str(tmp_path / 'c')
+  entry = imagefolder.load_image_folder(path, cache).cache_path
+  _truncate(os.path.join(entry, 'test_labels.npy'))
+  # Both loaders have decoded and found the damage before either writes.
+  barrier = threading.Barrier(2, timeout=30)
+  real_write = imagefolder._write_cache
+
+  def write(*args):
+    barrier.wait()
+    return real_write(*args)
+
+  monkeypatch.setattr(imagefolder, '_write_cache', write)
+  results, errors = [], []
+
+  def load():
+    try:
+      results.append(imagefolder.load_image_folder(path, cache))
+    except Exception as e:  # pylint: disable=broad-except
+      errors.append(e)
+
+  threads = [threading.Thread(target=load) for _ in range(2)]
+  with caplog.at_level(logging.WARNING):
+    for t in threads:
+      t.start()
+    for t in threads:
+      t.join(60)
+  assert not errors and len(results) == 2
+  assert caplog.text.count(f'moved to {entry}.damaged-1') == 1, caplog.text
+  assert caplog.text.count('another process has already replaced it') == 1, caplog.text
+  for out in results:
+    assert out.cache_path == entry
+    np.testing.assert_array_equal(np.asarray(out.test_images), expected(tree, 'test')[0])
+    np.testing.assert_array_equal(out.test_labels, expected(tree, 'test')[1])
+  # Repaired once: one damaged copy moved aside, not the repaired entry a second time.
+  assert os.path.isdir(f'{entry}.damaged-1') and not os.path.exists(f'{entry}.damaged-2')
+
+
+def test_entry_repaired_meanwhile_is_kept(tmp_path, caplog):
+  path = write_archive(tmp_path / 'a.tar', make_tree())
+  out = imagefolder.load_image_folder(path, str(tmp_path / 'c'))
+  arrays = {k: np.asarray(getattr(out, k)) for k in
+            ('train_images', 'train_labels', 'test_images', 'test_labels')}
+  meta_before = open(os.path.join(out.cache_path, 'meta.json')).read()
+  with caplog.at_level(logging.WARNING):
+    assert imagefolder._write_cache(out.cache_path, arrays, {'classes': []}, damaged='x')
+  assert 'another process has already replaced it' in caplog.text
+  assert open(os.path.join(out.cache_path, 'meta.json')).read() == meta_before
+  assert not os.path.exists(out.cache_path + '.damaged-1')
+  assert [p for p in os.listdir(tmp_path / 'c' / 'image_folder') if p.startswith('.tmp')] == []
+
+
+def test_one_greyscale_image_among_colour_ones_is_converted_to_rgb(tmp_path, caplog):
+  tree = make_tree()
+  grey = np.random.default_rng(3).integers(0, 256, (5, 4), np.uint8)
+  tree['train/moth/img02.png'] = grey  # png() of a 2-D array is a mode 'L' file
+  path = write_archive(tmp_path / 'a.tar', tree)
+  with caplog.at_level(logging.WARNING):
+    out = imagefolder.load_image_folder(path, str(tmp_path / 'c'))
+  assert out.train_images.shape == (9, 5, 4, 3) and out.test_images.shape == (5, 5, 4, 3)
+  assert "1 of 14 images are greyscale among colour ones (e.g. 'train/moth/img02.png')" in (
+      caplog.text)
+  tree['train/moth/img02.png'] = np.repeat(grey[..., None], 3, axis=-1)
+  np.testing.assert_array_equal(np.asarray(out.train_images), expected(tree, 'train')[0])
+
+
+def test_all_greyscale_images_stay_one_channel(tmp_path):
+  tree = {k: v[..., 0] for k, v in make_tree().items()}
+  out = imagefolder.load_image_folder(write_archive(tmp_path / 'a.tar', tree),
+                                      str(tmp_path / 'c'))
+  assert out.train_images.shape == (9, 5, 4, 1)
+  np.testing.assert_array_equal(np.asarray(out.test_images)[..., 0], expected(tree, 'test')[0])
+
+
+def test_single_class_is_refused(tmp_path):
+  tree = make_tree(classes={'cat': (2, 1)})
+  path = write_archive(tmp_path / 'a.tar', tree)
+  with pytest.raises(ValueError, match=r"dataset\.data_dir=.*a\.tar' has a single class, "
+                                       r"'cat' \(train/cat, test/cat\).*at least 2"):
+    imagefolder.load_image_folder(path, str(tmp_path / 'c'))
+  assert not os.path.exists(tmp_path / 'c')  # refused before decoding or caching
 
 
 def test_unwritable_cache_keeps_arrays_in_memory(tmp_path):

@@ -729,3 +729,73 @@ def test_emulated_wan_fails_when_its_delay_line_dies(tmp_path):
   assert 'error: the delay line (pid' in err and 'mid-run' in err
   assert subprocess.run(['ip', 'netns', 'list'], capture_output=True, text=True,
                         check=False).stdout.count('hflwan') == 0
+
+
+# ------------------------------------------------------------------------------
+# Launcher pre-checks (in this process: nothing is started) and a backend that
+# does not start.
+# ------------------------------------------------------------------------------
+
+def _local_launcher():
+  sys.path.insert(0, os.path.join(REPO, 'launch'))
+  import local_multiprocess  # pylint: disable=g-import-not-at-top
+  return local_multiprocess
+
+
+_SMOKE = f'--config={REPO}/configs/smoke.py'
+
+
+@pytest.mark.parametrize('argv, needles', [
+    (['--', _SMOKE, '--workdir=afile'], ['--workdir=afile', 'not a directory']),
+    (['--log_dir=afile', '--', _SMOKE, '--workdir=w'], ['--log_dir=afile', 'not a directory']),
+    (['--log_dir=afile/logs', '--', _SMOKE, '--workdir=w'], ['afile is a file']),
+    (['--python=/nonexistent/py', '--', _SMOKE, '--workdir=w'],
+     ['--python=/nonexistent/py', 'not an executable']),
+    (['--num_processes=3', '--', _SMOKE, '--workdir=w'],
+     ['--num_processes=3', 'mesh.num_dcs=2', 'mesh.workers_per_dc=4', 'cannot be split']),
+    (['--num_processes=2', '--', _SMOKE, '--workdir=w', '--config.mesh.num_dcs=3',
+      '--config.mesh.workers_per_dc', '1'], ['mesh.num_dcs=3', 'mesh.workers_per_dc=1']),
+    ([_SMOKE, '--workdir=w'], ['unrecognized arguments', "main.py's flags go after --"]),
+    (['--num_processes=0', '--', _SMOKE, '--workdir=w'], ['--num_processes=0 must be >= 1']),
+])
+def test_local_launcher_refuses_bad_launch_before_writing(tmp_path, monkeypatch, capsys,
+                                                          argv, needles):
+  """A workdir or log dir that is a file, a missing interpreter, a mesh the process
+  count does not split, and main.py flags before ``--`` used to end in tracebacks
+  (some after logs were written, or after every process started); now one line,
+  exit 2, nothing written."""
+  (tmp_path / 'afile').write_text('keep')
+  monkeypatch.chdir(tmp_path)
+  code = _local_launcher().main(argv)
+  err = [l for l in capsys.readouterr().err.splitlines() if l.strip()]
+  assert code == 2 and len(err) == 1 and 'error:' in err[0], err
+  for n in needles:
+    assert n in err[0], (n, err[0])
+  assert os.listdir(tmp_path) == ['afile'] and (tmp_path / 'afile').read_text() == 'keep'
+
+
+@pytest.mark.parametrize('failure', [AssertionError(), RuntimeError(
+    "Unable to initialize backend 'cuda': no CUDA devices")])
+def test_backend_that_does_not_start_is_named(monkeypatch, failure):
+  """JAX_PLATFORMS=cuda without a GPU ended in a bare AssertionError from jax.devices()."""
+  def broken():
+    raise failure
+  monkeypatch.setattr(jax, 'devices', broken)
+  before = jax.config.jax_platforms
+  jax.config.update('jax_platforms', 'cuda')
+  try:
+    with pytest.raises(ValueError) as e:  # main.py's error line, exit status 2
+      mesh_lib.make_mesh(2, 4)
+  finally:
+    jax.config.update('jax_platforms', before)
+  assert isinstance(e.value, mesh_lib.BackendUnavailableError)
+  msg = str(e.value)
+  assert "JAX_PLATFORMS='cuda'" in msg and 'cpu always does' in msg
+  assert (str(failure) or 'no device of that platform') in msg
+
+
+def test_main_names_a_backend_that_does_not_start(tmp_path):
+  proc, _ = run([sys.executable, 'main.py', '--config=configs/smoke.py',
+                 f'--workdir={tmp_path / "w"}'], timeout=120, JAX_PLATFORMS='nosuchplatform')
+  _one_line_error(proc, "JAX_PLATFORMS='nosuchplatform'", 'Set JAX_PLATFORMS to a platform')
+  assert not (tmp_path / 'w').exists()

@@ -641,6 +641,28 @@ def test_sweep_refuses_finished_runs_of_another_config_and_extends_longer_ones(t
   assert len(res.skipped) == 8
 
 
+def test_finished_runs_need_no_data_but_runs_to_launch_do(tmp_path):
+  """The data path is checked for the runs a sweep launches, not for finished ones,
+  which are only compared with their workdirs (a report rebuilt without the data)."""
+  data, root = tmp_path / 'data', str(tmp_path / 'sweep')
+  data.mkdir()
+  grid = {'dataset.data_dir': str(data), 'seed': [0, 1]}
+  sweep.run_sweep('configs/default.py', grid, root, runner=FakeRunner(), report=False,
+                  out=lambda s: None)
+  data.rmdir()
+  res = sweep.run_sweep('configs/default.py', grid, root, runner=FakeRunner(), report=False,
+                        out=lambda s: None)
+  assert len(res.skipped) == 2 and res.ran == []
+  runner = FakeRunner()
+  with pytest.raises(ValueError) as e:
+    sweep.run_sweep('configs/default.py', dict(grid, seed=[0, 1, 2]), root, runner=runner,
+                    out=lambda s: None)
+  new = sweep.run_name(dict(grid, seed=2))
+  assert str(e.value).startswith(f"run {new!r} (nothing was launched): dataset.data_dir="
+                                 f"'{data}' does not exist")
+  assert runner.calls == []
+
+
 def test_sweep_max_runs_and_parallel(tmp_path):
   root = str(tmp_path / 's')
   runner = FakeRunner()
@@ -656,7 +678,10 @@ def test_sweep_max_runs_and_parallel(tmp_path):
 @pytest.mark.parametrize('argv, message', [
     (['--parallel', '0'], '--parallel=0 must be >= 1'),
     (['--max_runs', '0'], '--max_runs=0 must be >= 1'),
-    (['--root_is_file'], 'exists and is not a directory')])
+    (['--root_is_file'], 'exists and is not a directory'),
+    # Checked before any run starts (each would fail to start its interpreter).
+    (['--python', '/nonexistent/python'], "--python='/nonexistent/python' is not an "
+     'executable file (nor a command on PATH)')])
 def test_sweep_cli_refuses_bad_counts_and_a_file_root(tmp_path, capsys, argv, message):
   f = tmp_path / 'f'
   f.write_text('x')
@@ -744,6 +769,15 @@ def test_subprocess_runner_logs_and_returns_status(tmp_path):
      "run 'compression.uplink.density=2.0__compression.uplink.name=topk' (nothing was "
      "launched): compression.uplink.density=2.0: density must be a number in (0, 1] "
      '(fraction of entries kept)'),
+    # What only hfl.train.setup used to check (built objects, the data path).
+    ({'network.wan_bandwidth_mbps': [100.0, -5.0]}, "run 'network.wan_bandwidth_mbps=-5.0' "
+     '(nothing was launched): network.wan_bandwidth_mbps=-5.0 must be finite and > 0.'),
+    ({'sync.outer.name': ['bogus']}, "run 'sync.outer.name=bogus' (nothing was launched): "
+     "sync.outer.name must be one of ('avg', 'sgd', 'nesterov'), got 'bogus'."),
+    ({'dataset.data_dir': ['/nonexistent']},
+     f"run {sweep.run_name({'dataset.data_dir': '/nonexistent'})!r} (nothing was launched): "
+     "dataset.data_dir='/nonexistent' does not exist; pass the path of the files of "
+     "dataset.name='fashion_mnist' (the README's dataset.data_dir row says what it holds)"),
 ])
 def test_sweep_checks_every_config_before_launching(tmp_path, capsys, grid, problem):
   root = tmp_path / 'bad'

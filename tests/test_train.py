@@ -196,8 +196,51 @@ def test_bad_config_fails_before_compilation_naming_the_field(fake_data, tmp_pat
   assert not os.path.exists(tmp_path / 'w')
 
 
+# What hfl.train.setup builds from the config (network model, fault plan, outer
+# optimizer, K schedule) and the data path: refused by hfl.config.validate itself, so
+# that the sweep's pre-check refuses them too.
+SETUP_ONLY_BAD = [
+    ({'network.wan_bandwidth_mbps': -5.0}, 'network.wan_bandwidth_mbps=-5.0 must be'),
+    ({'network.compute_time_s': -1.0}, 'network.compute_time_s=-1.0 must be'),
+    ({'network.wan_latencies_per_round': -1.0}, 'network.wan_latencies_per_round=-1.0 must be'),
+    ({'network.dc_speed': (1.0,)}, 'network.dc_speed=(1.0,) must hold mesh.num_dcs=2'),
+    ({'sync.faults': '5:1-2'}, 'sync.faults: DC id 5'),
+    ({'sync.outer.name': 'bogus'}, 'sync.outer.name must be one of'),
+    ({'sync.outer.momentum': 1.5}, 'sync.outer.momentum must be in [0, 1)'),
+    ({'sync.progress_aware': True, 'sync.progress_window': 0}, 'sync.progress_window'),
+    ({'sync.progress_aware': True, 'sync.progress_factor': 1.0}, 'sync.progress_factor'),
+    ({'dataset.data_dir': '/nonexistent'}, "dataset.data_dir='/nonexistent' does not exist"),
+    ({'dataset.data_dir': 'no/such/dir'}, "dataset.data_dir='no/such/dir' does not exist"),
+    ({'dataset.data_dir': None}, 'dataset.data_dir=None must be a string'),
+]
+
+
+@pytest.mark.parametrize('overrides,problem', SETUP_ONLY_BAD, ids=[b[1] for b in SETUP_ONLY_BAD])
+def test_validate_refuses_what_setup_would(tmp_path, overrides, problem, monkeypatch):
+  import jax  # pylint: disable=g-import-not-at-top
+  monkeypatch.setattr(jax, 'jit', lambda *a, **k: (_ for _ in ()).throw(
+      AssertionError('compiled while validating the config')))
+  config_lib.validate(smoke_config(str(tmp_path)))  # the same config, valid
+  with pytest.raises(ValueError) as e:
+    config_lib.validate(smoke_config(str(tmp_path), **overrides))
+  assert problem in str(e.value)
+
+
+def test_a_config_directory_is_named_as_one(tmp_path):
+  """--config=configs/ exists but is a directory: said so, not "not found"."""
+  with pytest.raises(FileNotFoundError, match=f'config file {tmp_path} is a directory'):
+    config_lib.load_file(str(tmp_path))
+  out = subprocess.run([sys.executable, os.path.join(REPO, 'main.py'), '--config=configs/',
+                        f'--workdir={tmp_path / "w"}'], env=dict(os.environ, JAX_PLATFORMS='cpu'),
+                       capture_output=True, text=True, timeout=300, cwd=REPO)
+  assert out.returncode == 2
+  assert out.stderr == ('error: could not load --config (configs/ is a directory, not a config '
+                        'file); pass a config file such as configs/default.py.\n')
+  assert not os.path.exists(tmp_path / 'w')
+
+
 @pytest.mark.parametrize('data_dir', [data_lib.FASHION_MNIST_DIR, data_lib.FASHION_MNIST_DIR + '/'])
-def test_mnist_from_the_fashion_mnist_directory_is_refused(data_dir):
+def test_mnist_from_the_fashion_mnist_directory_is_refused(data_dir, tmp_path):
   # configs/default.py's data_dir holds Fashion-MNIST, in MNIST's file layout.
   cfg = smoke_config(data_dir, **{'dataset.name': 'mnist'})
   with pytest.raises(ValueError) as e:
@@ -207,7 +250,7 @@ def test_mnist_from_the_fashion_mnist_directory_is_refused(data_dir):
                         "dataset.name='fashion_mnist', but dataset.name='mnist'")
   assert "set dataset.data_dir to mnist's own IDX directory" in msg
   config_lib.validate(smoke_config(data_dir))  # fashion_mnist from its own directory
-  config_lib.validate(smoke_config('/data/mnist', **{'dataset.name': 'mnist'}))
+  config_lib.validate(smoke_config(str(tmp_path), **{'dataset.name': 'mnist'}))
 
 
 def test_corrupt_data_file_names_the_file(fake_data, tmp_path):
@@ -341,6 +384,152 @@ def test_a_workdir_that_cannot_be_created_is_named(fake_data, tmp_path, monkeypa
   with pytest.raises(ValueError, match=r"--workdir='.*ro' cannot be created: Permission denied"):
     train.train_and_evaluate(smoke_config(fake_data), str(tmp_path / 'ro'))
 
+
+def _finished_workdir(tmp_path, num_steps=4):
+  """(workdir, config) as a finished smoke run leaves them, without training:
+  config.json, summary.json, metrics.jsonl, tb/ and a checkpoint of step
+  ``num_steps`` that looks complete (orbax's files and commit marker, no arrays)."""
+  config = smoke_config(str(tmp_path / 'data'), **{'train.num_steps': num_steps})
+  workdir = tmp_path / 'run'
+  step_dir = workdir / 'checkpoints' / str(num_steps)
+  for d in (step_dir / 'state', step_dir / 'host', workdir / 'tb'):
+    d.mkdir(parents=True)
+  (step_dir / 'commit_success.txt').write_text('')
+  (workdir / 'config.json').write_text(config.to_json())
+  (workdir / 'summary.json').write_text(json.dumps(dict(
+      intra_dc_iterations=num_steps, sim_time_s=1.5, config=json.loads(config.to_json()))))
+  (workdir / 'metrics.jsonl').write_text('{"step": 2}\n')
+  return str(workdir), config
+
+
+def _listing(workdir):
+  return sorted((root, sorted(dirs), sorted(files)) for root, dirs, files in os.walk(workdir))
+
+
+@pytest.mark.parametrize('name,make', [
+    ('checkpoints', 'file'), ('checkpoints_skipped', 'file'), ('tb', 'file'), ('logs', 'file'),
+    ('config.json', 'dir'), ('summary.json', 'dir'), ('metrics.jsonl', 'dir'),
+    ('tb', 'broken_link')])
+def test_workdir_entries_of_the_wrong_type_are_refused_untouched(tmp_path, name, make):
+  """checkpoints/ as a file, metrics.jsonl as a directory, ...: one ValueError naming
+  the path, what it is and what it must be, before anything reads or writes them."""
+  from hfl import metrics as metrics_lib  # pylint: disable=g-import-not-at-top
+  workdir, config = _finished_workdir(tmp_path)
+  path = os.path.join(workdir, name)
+  if os.path.isdir(path):
+    shutil.rmtree(path)
+  elif os.path.exists(path):
+    os.remove(path)
+  if make == 'file':
+    with open(path, 'w') as f:
+      f.write('keep me')
+  elif make == 'dir':
+    os.mkdir(path)
+  else:
+    os.symlink(os.path.join(workdir, 'nowhere'), path)
+  before = _listing(workdir)
+  must, what = ('a directory' if metrics_lib.WORKDIR_ENTRIES[name][0] else 'a file',
+                metrics_lib.WORKDIR_ENTRIES[name][1])
+  kind = {'file': 'a file', 'dir': 'a directory', 'broken_link': 'a broken symbolic link'}[make]
+  problem = (f'cannot be used: {path} is {kind}, but must be {must} ({what}); move it out '
+             'of the way, or use a new --workdir')
+  assert metrics_lib.workdir_entries_problem(workdir) == problem
+  with pytest.raises(ValueError) as e:
+    train.check_workdir_config(workdir, config)
+  assert str(e.value) == f'--workdir={workdir!r} {problem}'
+  assert _listing(workdir) == before
+  assert metrics_lib.workdir_entries_problem(str(tmp_path / 'new')) is None
+
+
+def test_main_refuses_a_workdir_entry_of_the_wrong_type_in_one_line(tmp_path):
+  """tb/ as a file: exit status 2 and one line, before JAX starts; nothing touched."""
+  workdir = tmp_path / 'run'
+  workdir.mkdir()
+  (workdir / 'tb').write_text('keep me')
+  out = subprocess.run([sys.executable, os.path.join(REPO, 'main.py'),
+                        f'--config={os.path.join(REPO, "configs/smoke.py")}',
+                        f'--workdir={workdir}'], env=dict(os.environ, JAX_PLATFORMS='cpu'),
+                       capture_output=True, text=True, timeout=300, cwd=str(tmp_path))
+  assert out.returncode == 2, out.stderr[-2000:]
+  assert out.stderr == (f"error: --workdir={str(workdir)!r} cannot be used: {workdir / 'tb'} "
+                        'is a file, but must be a directory (TensorBoard event files); move it '
+                        'out of the way, or use a new --workdir\n')
+  assert os.listdir(workdir) == ['tb'] and (workdir / 'tb').read_text() == 'keep me'
+
+
+@pytest.mark.parametrize('text', ['{"final_test', '[1, 2]'])
+def test_a_corrupt_summary_of_a_finished_run_is_named_with_what_to_do(tmp_path, text):
+  """Reporting a finished run again reads its summary.json: a damaged one is named,
+  with the remedy (without it the run resumes at its last checkpoint, finishes at
+  once and writes it again)."""
+  import types  # pylint: disable=g-import-not-at-top
+  workdir, config = _finished_workdir(tmp_path)
+  summary = os.path.join(workdir, 'summary.json')
+  with open(summary, 'w') as f:
+    f.write(text)
+  rt = types.SimpleNamespace(workdir=workdir, s=types.SimpleNamespace(
+      loop=train.loop_config(config)))
+  ls = types.SimpleNamespace(step=4, clock=network.new_clock(2))
+  with pytest.raises(ValueError) as e:
+    train._resumed(rt, ls, [])  # pylint: disable=protected-access
+  assert str(e.value).startswith(f'{summary} '), str(e.value)
+  assert str(e.value).endswith('; delete it and rerun the same command to rewrite it from '
+                               'metrics.jsonl and the last checkpoint')
+  assert open(summary).read() == text
+
+
+def test_a_shorter_run_is_refused_from_the_checkpoints_before_compiling(tmp_path):
+  """train.num_steps below the newest complete checkpoint's step: refused by
+  check_workdir_config (before anything is compiled); an incomplete newer step
+  directory does not count."""
+  workdir, config = _finished_workdir(tmp_path)
+  os.makedirs(os.path.join(workdir, 'checkpoints', '6'))  # empty: never committed
+  shorter = smoke_config(config.dataset.data_dir, **{'train.num_steps': 2})
+  with pytest.raises(ValueError) as e:
+    train.check_workdir_config(workdir, shorter)
+  assert str(e.value) == (f'train.num_steps=2 is below the 4 iterations --workdir={workdir} '
+                          'has already done; use a new workdir for a shorter run.')
+  assert train.check_workdir_config(workdir, config) == []
+  longer = smoke_config(config.dataset.data_dir, **{'train.num_steps': 6})
+  assert train.check_workdir_config(workdir, longer) == ['train.num_steps: 4 -> 6']
+
+
+def test_a_read_only_workdir_only_reports_its_finished_run(tmp_path, monkeypatch):
+  """On read-only media (os.access says so) a finished run is reported again (that
+  writes nothing); extending it, or a workdir without config.json (rewritten on
+  resume), is refused before anything is compiled."""
+  workdir, config = _finished_workdir(tmp_path)
+  monkeypatch.setattr(train.os, 'access', lambda path, mode: mode != os.W_OK)
+  assert train.check_workdir_config(workdir, config) == []
+  longer = smoke_config(config.dataset.data_dir, **{'train.num_steps': 6})
+  refused = (f'--workdir={workdir!r} cannot be written (read-only?); from there a finished '
+             'run can only be reported again: copy the workdir somewhere writable to '
+             'continue it.')
+  with pytest.raises(ValueError) as e:
+    train.check_workdir_config(workdir, longer)
+  assert str(e.value) == refused
+  os.remove(os.path.join(workdir, 'config.json'))
+  with pytest.raises(ValueError) as e:
+    train.check_workdir_config(workdir, config)
+  assert str(e.value) == refused
+
+
+def test_a_cut_short_last_metrics_line_is_skipped_with_a_warning(tmp_path, caplog):
+  """A crash mid-write cuts the last line of metrics.jsonl: skipped with a warning
+  naming file and line; a bad line elsewhere is an error naming them."""
+  import logging  # pylint: disable=g-import-not-at-top
+  from hfl import metrics as metrics_lib  # pylint: disable=g-import-not-at-top
+  path = tmp_path / 'metrics.jsonl'
+  path.write_text('{"step": 2}\n\n{"step": 4}\n{"step": 6, "te')
+  with caplog.at_level(logging.WARNING):
+    assert metrics_lib.read_jsonl(str(path)) == [{'step': 2}, {'step': 4}]
+  assert (f'{path}:4: skipping the last line, which is not JSON (cut short by a crash '
+          'mid-write?)') in caplog.text
+  path.write_text('{"step": 2}\n{"st\n{"step": 6}\n')
+  with pytest.raises(ValueError) as e:
+    metrics_lib.read_jsonl(str(path))
+  assert str(e.value).startswith(f'{path}:2 is not JSON (')
+  assert str(e.value).endswith('); fix or delete that line')
 
 def test_main_names_a_missing_config_or_workdir_flag(tmp_path):
   """No --config or no --workdir, or one given twice: exit status 2 and one line saying

@@ -9,9 +9,12 @@ without extracting it; a single top-level directory wrapping ``train`` and
 ``test`` is allowed). Files whose extension is not an image extension
 (:data:`IMAGE_EXTENSIONS`) and hidden files are skipped, as torchvision does.
 
-Images are decoded once, with Pillow, into uint8 arrays [N, H, W, C] (C = 3
-for colour images, 1 when the first training image is greyscale; every image is
-converted to that mode and must have the first image's size). The arrays are
+Images are decoded once, with Pillow, into uint8 arrays [N, H, W, C]. A colour
+dataset stays colour: C = 3 when any image (of either split) is colour, and the
+greyscale images among them are converted to RGB, their grey value replicated over
+the three channels as torchvision's loader does (a warning gives the count and one
+file); C = 1 only when every image is greyscale. Every image must have the first
+training image's size, and at least two classes are required. The arrays are
 cached on disk as ``.npy`` files and memory-mapped afterwards, so a process
 reads only the pages of the rows it indexes (a multi-process run reads only
 its own devices' rows, :mod:`hfl.data.rows`).
@@ -25,13 +28,19 @@ version, so a changed source is never served stale. The cache root is
 uint8 arrays). Entries are written to a temporary directory and renamed into
 place, so concurrent processes and interrupted runs never see half an entry;
 old entries are never deleted (remove the directory to reclaim the space). An
-unwritable cache root is not an error: the decoded arrays are then kept in
-memory and a warning is logged.
+unreadable entry (e.g. a truncated file) is decoded again and repaired once: the
+new entry is written to a temporary directory, the damaged one is moved aside to
+``<key>.damaged-<n>`` (nothing is deleted; remove it once inspected) and the new
+one renamed into place, under the lock file ``<key>.lock`` so that processes
+repairing the same entry at once neither fail nor move a repaired entry aside; one
+warning says what was found and done. An unwritable cache root is not an error:
+the decoded arrays are then kept in memory and a warning is logged.
 
 Hashing a directory source reads every image file once per load (about 55 MB
 for CIFAR-10); an archive is hashed by reading its file once.
 """
 
+import fcntl
 import hashlib
 import io
 import json
@@ -47,7 +56,7 @@ from absl import logging
 from hfl import metrics
 
 # Bump when the cached arrays' format or the decoding changes.
-CACHE_FORMAT = 1
+CACHE_FORMAT = 2  # 2: mixed grey/colour folders decode to RGB
 SPLITS = ('train', 'test')
 IMAGE_EXTENSIONS = ('.jpg', '.jpeg', '.png', '.bmp', '.gif', '.ppm', '.pgm', '.pbm',
                     '.tif', '.tiff', '.webp')
@@ -164,7 +173,7 @@ def _index(files: dict, where: str) -> dict:
 
   Raises:
     ValueError: a split missing or without images, a class directory without
-      images, or classes differing between train and test.
+      images, classes differing between train and test, or fewer than 2 classes.
   """
   splits = {s: [] for s in SPLITS}
   for rel in files:
@@ -188,6 +197,10 @@ def _index(files: dict, where: str) -> dict:
                     if only_test else '') if x)
     raise ValueError(f'{where}: the classes differ between train and test ({what}); '
                      'both splits need the same class directories.')
+  if len(classes['train']) < 2:
+    (only,) = classes['train']
+    raise ValueError(f'{where} has a single class, {only!r} (train/{only}, test/{only}): '
+                     'a classifier needs at least 2 class directories in each split.')
   return splits
 
 
@@ -210,8 +223,8 @@ def _content_hash(path: str, files: dict, archive: bool) -> str:
   return h.hexdigest()
 
 
-def _decode(data: bytes, name: str, mode: str | None, where: str) -> np.ndarray:
-  """Decodes one image with Pillow to uint8 [H, W, C] in ``mode`` (None: keep colour/grey).
+def _with_image(data: bytes, name: str, where: str, use):
+  """``use(image)`` of the image opened with Pillow (lazily: ``use`` decodes if needed).
 
   Raises:
     ValueError: the bytes are not a decodable image (names the file).
@@ -219,18 +232,43 @@ def _decode(data: bytes, name: str, mode: str | None, where: str) -> np.ndarray:
   from PIL import Image  # pylint: disable=g-import-not-at-top
   try:
     with Image.open(io.BytesIO(data)) as im:
-      im.load()
-      if mode is None:
-        mode = 'L' if im.mode in _GREY_MODES else 'RGB'
-      arr = np.asarray(im.convert(mode), dtype=np.uint8)
+      return use(im)
   except (OSError, ValueError, SyntaxError, Image.DecompressionBombError) as e:
     raise ValueError(f'{where}: image {name!r} cannot be decoded ({type(e).__name__}: {e}); '
                      'replace or remove the file.') from e
+
+
+def _decode(data: bytes, name: str, mode: str, where: str) -> np.ndarray:
+  """Decodes one image with Pillow to uint8 [H, W, C] in ``mode`` ('L': C = 1, 'RGB': 3).
+
+  Raises:
+    ValueError: the bytes are not a decodable image (names the file).
+  """
+  arr = _with_image(data, name, where, lambda im: np.asarray(im.convert(mode), np.uint8))
   return arr if arr.ndim == 3 else arr[..., None]
 
 
+def _common_mode(splits: dict, read, where: str) -> str:
+  """'RGB' when any image is colour (logging how many greyscale ones are converted),
+  'L' when all are greyscale; decodes only the images' headers.
+
+  Raises:
+    ValueError: an image whose header cannot be read (names the file).
+  """
+  grey = [rel for s in SPLITS for _, rel in splits[s]
+          if _with_image(read(rel), rel, where, lambda im: im.mode) in _GREY_MODES]
+  total = sum(len(splits[s]) for s in SPLITS)
+  if len(grey) == total:
+    return 'L'
+  if grey:
+    logging.warning('%s: %d of %d images are greyscale among colour ones (e.g. %r); they '
+                    'are converted to RGB, the grey value replicated over the 3 channels.',
+                    where, len(grey), total, grey[0])
+  return 'RGB'
+
+
 def _decode_split(entries, read, shape, mode, where):
-  """uint8 [len(entries), *shape] of the entries decoded in order."""
+  """uint8 [len(entries), *shape] of the entries decoded in order, in ``mode``."""
   out = np.empty((len(entries),) + shape, np.uint8)
   for i, (_, rel) in enumerate(entries):
     arr = _decode(read(rel), rel, mode, where)
@@ -245,9 +283,9 @@ def _decode_split(entries, read, shape, mode, where):
 
 def _decode_all(splits: dict, read, where: str) -> dict:
   """{'train_images', 'train_labels', 'test_images', 'test_labels'} decoded arrays."""
+  mode = _common_mode(splits, read, where)
   first_rel = splits['train'][0][1]
-  first = _decode(read(first_rel), first_rel, None, where)
-  mode = 'L' if first.shape[-1] == 1 else 'RGB'
+  first = _decode(read(first_rel), first_rel, mode, where)
   classes = sorted({c for c, _ in splits['train']})
   label_of = {c: i for i, c in enumerate(classes)}
   arrays = {}
@@ -257,30 +295,82 @@ def _decode_all(splits: dict, read, where: str) -> dict:
   return arrays
 
 
-def _write_cache(entry: str, arrays: dict, meta: dict) -> bool:
-  """Writes a cache entry atomically; False (and a warning) when it cannot."""
+def _rename_into_place(tmp: str, entry: str) -> bool:
+  """Renames the complete entry ``tmp`` to ``entry``; False when another process was first.
+
+  Raises:
+    OSError: the rename failed for another reason.
+  """
+  try:
+    os.rename(tmp, entry)
+  except OSError:
+    if not os.path.isdir(entry):
+      raise
+    return False
+  return True
+
+
+def _replace_damaged(entry: str, tmp: str) -> str:
+  """Puts the complete entry ``tmp`` in place of the unreadable ``entry``, which is moved
+  aside to ``<entry>.damaged-<n>``; under the lock ``<entry>.lock``, so that processes
+  repairing it at once do it once. Returns what was done, for the log.
+
+  Raises:
+    OSError: the lock or a rename failed.
+  """
+  with open(entry + '.lock', 'a') as lock:
+    fcntl.flock(lock, fcntl.LOCK_EX)  # released when the file is closed
+    try:
+      _read_cache(entry)
+      return 'another process has already replaced it'
+    except ValueError:
+      pass
+    aside = ''
+    if os.path.lexists(entry):
+      n = 1
+      while os.path.lexists(f'{entry}.damaged-{n}'):
+        n += 1
+      aside = f'{entry}.damaged-{n}'
+      os.rename(entry, aside)
+    if not _rename_into_place(tmp, entry):
+      return 'another process has already written a new one'
+  if not aside:
+    return 'it had been removed meanwhile; wrote a new one'
+  return (f'decoded the source again and replaced it; the damaged entry was moved to {aside} '
+          '(delete it once inspected)')
+
+
+def _write_cache(entry: str, arrays: dict, meta: dict, damaged: str = '') -> bool:
+  """Writes a cache entry atomically; False (and a warning) when it cannot.
+
+  ``damaged``: why the existing ``entry`` is unreadable ('' when there is none); it is
+  then replaced (:func:`_replace_damaged`) and one warning says what was found and done.
+  """
   parent = os.path.dirname(entry)
+  left = (f' The existing entry is unreadable ({damaged}) and was left as it is.'
+          if damaged else '')
   try:
     os.makedirs(parent, exist_ok=True)
     tmp = tempfile.mkdtemp(prefix='.tmp-', dir=parent)
   except OSError as e:
     logging.warning('Image-folder cache %s is not writable (%s); keeping the decoded '
                     'images in memory. Set dataset.cache_dir or $%s to a writable '
-                    'directory.', parent, e, CACHE_ENV)
+                    'directory.%s', parent, e, CACHE_ENV, left)
     return False
   try:
     for key, arr in arrays.items():
       np.save(os.path.join(tmp, key + '.npy'), arr)
     with open(os.path.join(tmp, 'meta.json'), 'w') as f:
       f.write(metrics.dumps(meta, indent=2))
-    try:
-      os.rename(tmp, entry)
-    except OSError:
-      if not os.path.isdir(entry):  # not "another process was first"
-        raise
+    if damaged:
+      done = _replace_damaged(entry, tmp)
+      logging.warning('The image-folder cache entry %s was unreadable (%s); %s.',
+                      entry, damaged, done)
+    else:
+      _rename_into_place(tmp, entry)
   except OSError as e:
     logging.warning('Could not write the image-folder cache %s (%s); keeping the '
-                    'decoded images in memory.', entry, e)
+                    'decoded images in memory.%s', entry, e, left)
     return False
   finally:
     if os.path.isdir(tmp):
@@ -289,20 +379,29 @@ def _write_cache(entry: str, arrays: dict, meta: dict) -> bool:
 
 
 def _read_cache(entry: str):
-  """(arrays, meta) of a complete cache entry, or None."""
+  """(arrays, meta) of a complete cache entry, the images memory-mapped.
+
+  Raises:
+    ValueError: the entry is unreadable (a file missing, truncated or malformed, or
+      arrays disagreeing with meta.json); the message says what is wrong.
+  """
   try:
     with open(os.path.join(entry, 'meta.json')) as f:
       meta = json.load(f)
+    if not isinstance(meta, dict) or not isinstance(meta.get('classes'), list):
+      raise ValueError('meta.json has no list of classes')
     arrays = {}
-    if not isinstance(meta.get('classes'), list):
-      raise KeyError('classes')
     for split in SPLITS:
-      arrays[f'{split}_images'] = np.load(os.path.join(entry, f'{split}_images.npy'),
-                                          mmap_mode='r')
-      arrays[f'{split}_labels'] = np.load(os.path.join(entry, f'{split}_labels.npy'))
-  except (OSError, ValueError, KeyError) as e:
-    logging.warning('Ignoring the unreadable image-folder cache entry %s (%s).', entry, e)
-    return None
+      images = np.load(os.path.join(entry, f'{split}_images.npy'), mmap_mode='r')
+      labels = np.load(os.path.join(entry, f'{split}_labels.npy'))
+      count = meta.get(f'{split}_count')
+      if images.dtype != np.uint8 or images.ndim != 4 or labels.shape != (count,) or (
+          len(images) != count):
+        raise ValueError(f'{split} images {images.dtype}{list(images.shape)} and labels '
+                         f'{list(labels.shape)} do not match {split}_count={count!r}')
+      arrays[f'{split}_images'], arrays[f'{split}_labels'] = images, labels
+  except (OSError, ValueError, EOFError) as e:
+    raise ValueError(f'{type(e).__name__}: {e}') from e
   return arrays, meta
 
 
@@ -318,13 +417,14 @@ def load_image_folder(data_dir: str, cache_dir: str = '') -> ImageFolderSplits:
 
   Returns:
     ImageFolderSplits: uint8 images [N, H, W, C] memory-mapped from the cache
-    (decoded on the first load of this content), int64 labels.
+    (decoded on the first load of this content, or when its cache entry is
+    unreadable, which is then replaced), int64 labels.
 
   Raises:
     FileNotFoundError: ``data_dir`` does not exist.
     ValueError: not a readable archive, a split missing, classes differing
-      between train and test, an undecodable image or one of another size (each
-      message names ``dataset.data_dir`` and the file).
+      between train and test, fewer than 2 classes, an undecodable image or one of
+      another size (each message names ``dataset.data_dir`` and the file).
   """
   path = os.path.expanduser(os.fspath(data_dir))
   where = f'dataset.data_dir={os.fspath(data_dir)!r}'
@@ -341,7 +441,12 @@ def load_image_folder(data_dir: str, cache_dir: str = '') -> ImageFolderSplits:
     key = _content_hash(path, files, archive=False)
   entry = os.path.join(os.path.expanduser(cache_dir) if cache_dir else default_cache_root(),
                        'image_folder', key[:32])
-  cached = _read_cache(entry) if os.path.isdir(entry) else None
+  cached, damaged = None, ''
+  if os.path.lexists(entry):
+    try:
+      cached = _read_cache(entry)
+    except ValueError as e:
+      damaged = str(e)
   if cached is not None:
     arrays, meta = cached
     classes = tuple(meta['classes'])
@@ -359,10 +464,15 @@ def load_image_folder(data_dir: str, cache_dir: str = '') -> ImageFolderSplits:
     arrays = _decode_all(splits, read, where)
     meta = dict(source=os.path.abspath(path), sha256=key, classes=list(classes),
                 format=CACHE_FORMAT, **{f'{s}_count': len(splits[s]) for s in SPLITS})
-    written = _write_cache(entry, arrays, meta) and _read_cache(entry)
+    written = _write_cache(entry, arrays, meta, damaged)
     if written:
-      arrays = written[0]
-    else:
+      try:
+        arrays = _read_cache(entry)[0]
+      except ValueError as e:
+        logging.warning('Could not read back the image-folder cache entry %s (%s); keeping '
+                        'the decoded images in memory.', entry, e)
+        written = False
+    if not written:
       entry = ''
   return ImageFolderSplits(arrays['train_images'], arrays['train_labels'],
                            arrays['test_images'], arrays['test_labels'], classes, entry)

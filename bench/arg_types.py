@@ -1,0 +1,61 @@
+"""argparse ``type=`` checks shared by the benchmark scripts.
+
+Each function returns a converter for ``ArgumentParser.add_argument(type=...)``:
+it turns the flag's text into a value or raises ``argparse.ArgumentTypeError``,
+so a bad value ends in argparse's ``error: argument --flag: ...`` line and exit
+status 2 while the arguments are parsed, before anything is compiled. Checks
+that a library owns (a model name, a config, a CO3 format) stay with the
+library; these are only the plain ranges of counts and numbers.
+
+No side effects on import (no JAX): the tests import it.
+"""
+
+import argparse
+import math
+
+
+def _int(text: str) -> int:
+  try:
+    return int(text)
+  except ValueError:
+    raise argparse.ArgumentTypeError(f'{text!r} is not an integer') from None
+
+
+def int_at_least(lo: int):
+  """Converter for an integer >= ``lo``."""
+  def parse(text):
+    value = _int(text)
+    if value < lo:
+      raise argparse.ArgumentTypeError(f'{value} must be an integer >= {lo}')
+    return value
+  return parse
+
+
+def number_in(lo: float, hi: float = math.inf, lo_open: bool = False):
+  """Converter for a finite float in [lo, hi] (in (lo, hi] when ``lo_open``)."""
+  def parse(text):
+    try:
+      value = float(text)
+    except ValueError:
+      raise argparse.ArgumentTypeError(f'{text!r} is not a number') from None
+    ok = math.isfinite(value) and (value > lo if lo_open else value >= lo) and value <= hi
+    if not ok:
+      where = (f'in {"(" if lo_open else "["}{lo:g}, {hi:g}]' if math.isfinite(hi) else
+               f'{">" if lo_open else ">="} {lo:g}')
+      raise argparse.ArgumentTypeError(f'{text} must be a finite number {where}')
+    return value
+  return parse
+
+
+def int_list(lo: int = 1, multiple_of: int = 1):
+  """Converter for comma-separated integers, each >= ``lo`` and a multiple of
+  ``multiple_of``; returns the list."""
+  def parse(text):
+    values = [_int(v.strip()) for v in str(text).split(',')]
+    bad = [v for v in values if v < lo or v % multiple_of]
+    if bad:
+      rule = f'>= {lo}' + (f' and a multiple of {multiple_of}' if multiple_of > 1 else '')
+      raise argparse.ArgumentTypeError(f'{text!r}: each value must be an integer {rule} '
+                                       f'(not {", ".join(map(str, bad))})')
+    return values
+  return parse

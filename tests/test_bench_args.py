@@ -1,0 +1,49 @@
+"""bench/ scripts refuse bad arguments while parsing them (bench/arg_types.py)."""
+
+import argparse
+import os
+import subprocess
+import sys
+
+import pytest
+
+REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+sys.path.insert(0, os.path.join(REPO, 'bench'))
+import arg_types  # noqa: E402  pylint: disable=g-import-not-at-top
+
+
+def test_converters_accept_good_values_and_name_the_rule():
+  assert arg_types.int_at_least(1)('3') == 3
+  assert arg_types.number_in(0, 1, lo_open=True)('1') == 1.0
+  assert arg_types.int_list(1000, 1000)('1000,20000') == [1000, 20000]
+  for conv, text, rule in ((arg_types.int_at_least(1), '0', '>= 1'),
+                           (arg_types.int_at_least(1), 'x', 'not an integer'),
+                           (arg_types.number_in(0, 1, lo_open=True), '0', 'in (0, 1]'),
+                           (arg_types.number_in(0, lo_open=True), 'inf', '> 0'),
+                           (arg_types.number_in(0), 'nan', 'finite'),
+                           (arg_types.int_list(1000, 1000), '1000,1500', 'multiple of 1000'),
+                           (arg_types.int_list(), 'abc', 'not an integer')):
+    with pytest.raises(argparse.ArgumentTypeError) as e:
+      conv(text)
+    assert rule in str(e.value), (text, str(e.value))
+
+
+@pytest.mark.parametrize('script, flags, needle', [
+    ('compressed_step.py', ['--density=0'],
+     'argument --density: 0 must be a finite number in (0, 1]'),
+    ('zero_memory.py', ['--optimizer=bogus'], "argument --optimizer: invalid choice: 'bogus'"),
+    ('compressors.py', ['--only=bogus'], "'bogus' matches no compressor"),
+    ('co3.py', ['--fmt=bogus'], "argument --fmt: co3: fmt='bogus' is not a float format"),
+    ('plateau_replay.py', ['/nonexistent'], 'no /nonexistent/metrics.jsonl'),
+])
+def test_bad_arguments_end_before_any_compilation(script, flags, needle):
+  """These used to end in tracebacks, some after dozens of compilations (or, for
+  --only, to run the copy row alone with status 0)."""
+  env = dict(os.environ, JAX_LOG_COMPILES='1', JAX_PLATFORMS='cpu')
+  proc = subprocess.run([sys.executable, os.path.join(REPO, 'bench', script)] + flags,
+                        cwd=REPO, env=env, capture_output=True, text=True, timeout=120,
+                        check=False)
+  assert proc.returncode == 2, (proc.returncode, proc.stderr[-2000:])
+  errors = [l for l in proc.stderr.splitlines() if 'error:' in l]
+  assert len(errors) == 1 and needle in errors[0], proc.stderr[-2000:]
+  assert 'Traceback' not in proc.stderr and 'Compiling' not in proc.stderr, proc.stderr[-2000:]
