@@ -89,17 +89,21 @@ def test_directory_cache_invalidated_when_an_image_changes(tmp_path):
   np.testing.assert_array_equal(np.asarray(second.test_images), expected(tree, 'test')[0])
 
 
-def _truncate(path):
-  with open(path, 'r+b') as f:
-    f.truncate(os.path.getsize(path) // 2)
+def _damaged_entry(tmp_path, archive: str, damaged_file: str):
+  """(tree, archive path, cache root, entry): an archive loaded once, then one file of
+  its cache entry truncated to half its size."""
+  tree = make_tree()
+  path = write_archive(tmp_path / archive, tree)
+  cache = str(tmp_path / 'c')
+  entry = imagefolder.load_image_folder(path, cache).cache_path
+  damaged = os.path.join(entry, damaged_file)
+  with open(damaged, 'r+b') as f:
+    f.truncate(os.path.getsize(damaged) // 2)
+  return tree, path, cache, entry
 
 
 def test_damaged_cache_entry_is_replaced_and_moved_aside(tmp_path, monkeypatch, caplog):
-  tree = make_tree()
-  path = write_archive(tmp_path / 'a.tar.gz', tree)
-  cache = str(tmp_path / 'c')
-  entry = imagefolder.load_image_folder(path, cache).cache_path
-  _truncate(os.path.join(entry, 'train_images.npy'))
+  tree, path, cache, entry = _damaged_entry(tmp_path, 'a.tar.gz', 'train_images.npy')
   with caplog.at_level(logging.WARNING):
     repaired = imagefolder.load_image_folder(path, cache)
   warnings = [r.getMessage() for r in caplog.records if r.levelno >= logging.WARNING]
@@ -121,11 +125,7 @@ def test_damaged_cache_entry_is_replaced_and_moved_aside(tmp_path, monkeypatch, 
 
 
 def test_damaged_entry_repaired_by_two_processes_at_once(tmp_path, monkeypatch, caplog):
-  tree = make_tree()
-  path = write_archive(tmp_path / 'a.tar', tree)
-  cache = str(tmp_path / 'c')
-  entry = imagefolder.load_image_folder(path, cache).cache_path
-  _truncate(os.path.join(entry, 'test_labels.npy'))
+  tree, path, cache, entry = _damaged_entry(tmp_path, 'a.tar', 'test_labels.npy')
   # Both loaders have decoded and found the damage before either writes.
   barrier = threading.Barrier(2, timeout=30)
   real_write = imagefolder._write_cache
