@@ -148,8 +148,8 @@ def validate(config: ml_collections.ConfigDict, paths: bool = True
   validate_dgc(config)
   validate_shard_state(config)
   validate_heterogeneity_options(config)
-  # The K schedule's fields (sync.progress_*): stand-in times (t = 1 s, C = 0), which only semi_sync's
-  # K_d use (hfl.train.setup builds the schedule with the planned ones).
+  # The K schedule's fields (sync.progress_*), with stand-in times (t = 1 s, C = 0),
+  # which only semi_sync's K_d use (hfl.train.setup builds it with the planned ones).
   schedule_lib.from_config(s, d, t=np.ones(d), c=np.zeros(d))
   validate_streaming(config)
   # Payloads unknown here: times without them, a lower bound (hfl.train.setup checks
