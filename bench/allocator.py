@@ -28,6 +28,11 @@ sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
 from hfl import runtime  # noqa: E402
 
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+from arg_types import int_at_least, names_in  # noqa: E402
+
+VARIANTS = ('glibc', 'tunables', 'tunables32m', 'tcmalloc', 'both')
+
 _CLEAR = ('LD_PRELOAD', 'GLIBC_TUNABLES', runtime.MARKER, runtime.CHOICE)
 
 
@@ -40,7 +45,7 @@ def variant_env(name: str, tcmalloc: str) -> dict:
   elif name == 'tunables32m':
     env['GLIBC_TUNABLES'] = runtime.GLIBC_MALLOC_TUNABLES.replace(
         'mmap_threshold=4294967295', 'mmap_threshold=33554432')
-  elif name != 'glibc' and name != 'tcmalloc':
+  elif name not in VARIANTS:
     raise ValueError(f'unknown variant {name!r}')
   if name in ('tcmalloc', 'both'):
     if not tcmalloc:
@@ -63,16 +68,21 @@ def run(cmd: list[str], env: dict) -> tuple[float, object, int, str]:
 
 def main():
   ap = argparse.ArgumentParser(description=__doc__.split('\n')[0])
-  ap.add_argument('--variants', default='glibc,tunables,tcmalloc,both')
-  ap.add_argument('--rounds', type=int, default=1)
-  ap.add_argument('--tail', type=int, default=1, help="lines of the child's stdout shown")
+  ap.add_argument('--variants', type=names_in(VARIANTS, 'variant'),
+                  default='glibc,tunables,tcmalloc,both')
+  ap.add_argument('--rounds', type=int_at_least(1), default=1)
+  ap.add_argument('--tail', type=int_at_least(0), default=1,
+                  help="lines of the child's stdout shown")
   ap.add_argument('command', nargs=argparse.REMAINDER)
   args = ap.parse_args()
   cmd = args.command[1:] if args.command[:1] == ['--'] else args.command
   if not cmd:
     ap.error('give the command after --')
   tcmalloc = runtime.find_tcmalloc()
-  names = args.variants.split(',')
+  names = args.variants
+  if not tcmalloc and {'tcmalloc', 'both'} & set(names):
+    ap.error(f'--variants: {runtime.TCMALLOC} is not installed (launch/setup.sh installs '
+             'it); leave out tcmalloc and both')
   print(f'command: {" ".join(cmd)}')
   print('| variant | round | wall (s) | user CPU (s) | sys CPU (s) | minor page faults | '
         'max RSS (MB) | exit |')

@@ -12,6 +12,7 @@ No side effects on import (no JAX): the tests import it.
 
 import argparse
 import math
+import os
 
 
 def _int(text: str) -> int:
@@ -58,4 +59,38 @@ def int_list(lo: int = 1, multiple_of: int = 1):
       raise argparse.ArgumentTypeError(f'{text!r}: each value must be an integer {rule} '
                                        f'(not {", ".join(map(str, bad))})')
     return values
+  return parse
+
+
+def number_list(lo: float = 0.0):
+  """Converter for comma-separated finite floats, each >= ``lo``; returns the list."""
+  one = number_in(lo)
+  def parse(text):
+    return [one(v.strip()) for v in str(text).split(',')]
+  return parse
+
+
+def names_in(allowed, what: str = 'name'):
+  """Converter for comma-separated names, each one of ``allowed`` (an iterable of
+  str, read when the converter is made); returns the list in the order given."""
+  allowed = sorted(allowed)
+  def parse(text):
+    values = [v.strip() for v in str(text).split(',')]
+    bad = [v for v in values if v not in allowed]
+    if bad:
+      raise argparse.ArgumentTypeError(
+          f'unknown {what} {", ".join(map(repr, bad))} (allowed: {", ".join(allowed)})')
+    return values
+  return parse
+
+
+def existing_path(files_only: bool = False):
+  """Converter for the path of something that exists (a file when ``files_only``);
+  returns the path as given."""
+  def parse(text):
+    if not os.path.exists(text):
+      raise argparse.ArgumentTypeError(f'{text!r} does not exist')
+    if files_only and not os.path.isfile(text):
+      raise argparse.ArgumentTypeError(f'{text!r} is not a file')
+    return text
   return parse

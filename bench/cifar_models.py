@@ -32,6 +32,9 @@ from hfl import data as data_lib  # noqa: E402
 from hfl import models  # noqa: E402
 from hfl.data import augment  # noqa: E402
 
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+from arg_types import existing_path, int_at_least, names_in, number_in  # noqa: E402
+
 # Candidates: name -> constructor(num_classes).
 CANDIDATES = {
     'cnn': lambda k: models.get_model('cnn', k),
@@ -125,12 +128,13 @@ def run(name, ds, args):
 
 def main():
   p = argparse.ArgumentParser(description=__doc__.split('\n')[0])
-  p.add_argument('--data', default='../shared/data/cifar10-jpeg.tar.gz')
-  p.add_argument('--models', default='cnn,cifar_cnn,convnet3,convnet6')
-  p.add_argument('--epochs', type=int, default=3)
-  p.add_argument('--batch', type=int, default=128)
-  p.add_argument('--lr', type=float, default=0.05)
-  p.add_argument('--wd', type=float, default=5e-4)
+  p.add_argument('--data', type=existing_path(), default='../shared/data/cifar10-jpeg.tar.gz')
+  p.add_argument('--models', type=names_in(CANDIDATES, 'model'),
+                 default='cnn,cifar_cnn,convnet3,convnet6')
+  p.add_argument('--epochs', type=int_at_least(1), default=3)
+  p.add_argument('--batch', type=int_at_least(1), default=128)
+  p.add_argument('--lr', type=number_in(0, lo_open=True), default=0.05)
+  p.add_argument('--wd', type=number_in(0), default=5e-4)
   p.add_argument('--seed', type=int, default=0)
   p.add_argument('--no_augment', dest='augment', action='store_false')
   args = p.parse_args()
@@ -141,7 +145,7 @@ def main():
   print('| model | params | MACs/img | train img/s | train img/CPU-s | host data share '
         '| test acc | test loss | eval 10k s | wall s |')
   print('|---|---|---|---|---|---|---|---|---|---|', flush=True)
-  for name in args.models.split(','):
+  for name in args.models:
     r = run(name, ds, args)
     print(f'| {r["model"]} | {r["params"]:,} | {r["macs"] / 1e6:.1f} M | {r["img_per_s"]:.0f} '
           f'| {r["img_per_cpu_s"]:.0f} | {r["data_share"]:.0%} | {r["test_accuracy"]:.4f} '

@@ -52,6 +52,10 @@ sys.path.insert(0, REPO)
 sys.path.insert(0, os.path.join(REPO, 'launch'))
 import common  # launch/common.py  # pylint: disable=g-import-not-at-top,wrong-import-position
 from hfl import network  # pylint: disable=g-import-not-at-top,wrong-import-position
+from hfl.compress import policy  # pylint: disable=g-import-not-at-top,wrong-import-position
+sys.path.insert(0, os.path.join(REPO, 'bench'))
+from arg_types import (  # pylint: disable=g-import-not-at-top,wrong-import-position
+    existing_path, int_at_least, int_list, names_in, number_in, number_list)
 
 
 def run(cmd, workdir):
@@ -99,19 +103,22 @@ def main():
       'namespaces) vs the network model with one H derived from gloo\'s algorithms, at '
       'several latencies and K; prints a markdown table.',
       formatter_class=argparse.ArgumentDefaultsHelpFormatter)
-  ap.add_argument('--wan_mbps', type=float, default=100.0, help='WAN rate per DC, Mbit/s')
-  ap.add_argument('--latencies_ms', default='10,20', help='comma-separated one-way delays, ms')
-  ap.add_argument('--rounds', type=int, default=10, help='inter-DC rounds per run')
-  ap.add_argument('--repeats', type=int, default=3,
+  ap.add_argument('--wan_mbps', type=number_in(0, lo_open=True), default=100.0,
+                  help='WAN rate per DC, Mbit/s')
+  ap.add_argument('--latencies_ms', type=number_list(0), default='10,20',
+                  help='comma-separated one-way delays, ms')
+  ap.add_argument('--rounds', type=int_at_least(1), default=10, help='inter-DC rounds per run')
+  ap.add_argument('--repeats', type=int_at_least(1), default=3,
                   help='runs of each (payload, K, latency), interleaved with the loopback '
                   'runs; medians are taken over them (a shared machine\'s load drifts)')
-  ap.add_argument('--ks', default='2,8',
+  ap.add_argument('--ks', type=int_list(2), default='2,8',
                   help='comma-separated K >= 2 (local steps per round; the local iterations '
                   'are the paired reference of each round)')
-  ap.add_argument('--wans', default='identity',
+  ap.add_argument('--wans', type=names_in(policy.REGISTRY, 'compressor'), default='identity',
                   help='comma-separated WAN compressors (compression.wan.name)')
   ap.add_argument('--keep', action='store_true', help='keep the runs\' temporary workdirs')
-  ap.add_argument('--config', default=os.path.join(REPO, 'configs', 'smoke.py'),
+  ap.add_argument('--config', type=existing_path(files_only=True),
+                  default=os.path.join(REPO, 'configs', 'smoke.py'),
                   help='experiment config (its model sets the WAN payload; one process '
                   'per DC); a relative path is the caller\'s')
   args = ap.parse_args()
@@ -128,9 +135,9 @@ def main():
 def bench(args, config, root, num_dcs):
   """Runs every (payload, K, latency) and prints the table (see the module docstring)."""
   rows = []
-  lats = [float(x) for x in args.latencies_ms.split(',')]
-  for wan in args.wans.split(','):
-    for k in [int(x) for x in args.ks.split(',')]:
+  lats = args.latencies_ms
+  for wan in args.wans:
+    for k in args.ks:
       common_args = [f'--config={config}', f'--config.sync.k={k}',
                      f'--config.train.num_steps={args.rounds * k}',
                      '--config.train.eval_every=100000', '--config.train.checkpoint_every=0',

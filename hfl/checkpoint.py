@@ -16,6 +16,7 @@ run then saves its next steps as usual.
 """
 
 import ast
+import errno
 import json
 import os
 import re
@@ -120,6 +121,12 @@ class UnrestorableError(ValueError):
   ValueError: the workdir given is unusable as it is; main.py exits with status 2)."""
 
 
+class MoveAsideError(ValueError):
+  """Skipped checkpoint directories could not be moved out of the way (e.g. a
+  read-only workdir: a run that resumes must be able to write there; a
+  ValueError: main.py exits with status 2)."""
+
+
 class Skipped(NamedTuple):
   """A directory under WORKDIR/checkpoints that is not restored from.
 
@@ -176,18 +183,36 @@ def _move_aside(mngr: ocp.CheckpointManager, skipped: list) -> None:
   barrier) and before any of them goes on (the second); every process then
   re-reads the step list. Every process calls this once per restore, skipped or
   not, so the barriers match.
+
+  Raises:
+    MoveAsideError: process 0 could not create the destination or rename a
+      directory (an OSError, e.g. a read-only workdir); the message names what
+      was moved before that.
   """
   _barrier('scanned')
   dest_root = epath.Path(mngr.directory).parent / SKIPPED_DIR
   if skipped and jax.process_index() == 0:
-    dest_root.mkdir(parents=True, exist_ok=True)
-    for s in skipped:
-      dest, n = dest_root / s.path.name, 1
-      while dest.exists():
-        dest, n = dest_root / f'{s.path.name}.{n}', n + 1
-      s.path.rename(dest)
-      logging.warning('Checkpoint directory %s skipped (%s); moved to %s.', s.path, s.reason,
-                      dest)
+    moved = []
+    try:
+      if dest_root.exists() and not dest_root.is_dir():
+        raise NotADirectoryError(errno.ENOTDIR, os.strerror(errno.ENOTDIR), str(dest_root))
+      dest_root.mkdir(parents=True, exist_ok=True)
+      for s in skipped:
+        dest, n = dest_root / s.path.name, 1
+        while dest.exists():
+          dest, n = dest_root / f'{s.path.name}.{n}', n + 1
+        s.path.rename(dest)
+        moved.append(f'{s.path} -> {dest}')
+        logging.warning('Checkpoint directory %s skipped (%s); moved to %s.', s.path,
+                        s.reason, dest)
+    except OSError as err:
+      raise MoveAsideError(
+          f'Cannot move the skipped checkpoint directories of {mngr.directory} to '
+          f'{dest_root} ({err.strerror or err}: {err.filename or dest_root}); '
+          + ('moved before that: ' + ', '.join(moved) if moved else 'nothing was moved')
+          + '. Skipped: ' + '; '.join(f'{s.path.name} ({s.reason})' for s in skipped)
+          + '. A run resumes only in a writable workdir: make it writable, or copy it '
+          'to one that is.') from None
   _barrier('moved')
   if skipped:
     mngr.reload()
@@ -280,6 +305,7 @@ def restore_latest(mngr: ocp.CheckpointManager, abstract_state):
     UnrestorableError: no step restores and at least one of them looks committed (its
       restore error may be the program's, not the files'): nothing is moved; the
       message lists every step directory and its error (:func:`short_error`).
+    MoveAsideError: the skipped directories cannot be moved (:func:`_move_aside`).
   """
   root = epath.Path(mngr.directory)
   skipped = [Skipped(p, 'temporary directory of an interrupted save', True)

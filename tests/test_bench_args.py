@@ -16,13 +16,21 @@ def test_converters_accept_good_values_and_name_the_rule():
   assert arg_types.int_at_least(1)('3') == 3
   assert arg_types.number_in(0, 1, lo_open=True)('1') == 1.0
   assert arg_types.int_list(1000, 1000)('1000,20000') == [1000, 20000]
+  assert arg_types.number_list(0)('10, 2.5') == [10.0, 2.5]
+  assert arg_types.names_in(('a', 'b'))('b,a') == ['b', 'a']
+  assert arg_types.existing_path()(REPO) == REPO
   for conv, text, rule in ((arg_types.int_at_least(1), '0', '>= 1'),
                            (arg_types.int_at_least(1), 'x', 'not an integer'),
                            (arg_types.number_in(0, 1, lo_open=True), '0', 'in (0, 1]'),
                            (arg_types.number_in(0, lo_open=True), 'inf', '> 0'),
                            (arg_types.number_in(0), 'nan', 'finite'),
                            (arg_types.int_list(1000, 1000), '1000,1500', 'multiple of 1000'),
-                           (arg_types.int_list(), 'abc', 'not an integer')):
+                           (arg_types.int_list(), 'abc', 'not an integer'),
+                           (arg_types.number_list(0), '1,-2', '>= 0'),
+                           (arg_types.names_in(('a', 'b'), 'variant'), 'a,c',
+                            "unknown variant 'c' (allowed: a, b)"),
+                           (arg_types.existing_path(), '/nonexistent', 'does not exist'),
+                           (arg_types.existing_path(files_only=True), REPO, 'is not a file')):
     with pytest.raises(argparse.ArgumentTypeError) as e:
       conv(text)
     assert rule in str(e.value), (text, str(e.value))
@@ -35,6 +43,9 @@ def test_converters_accept_good_values_and_name_the_rule():
     ('compressors.py', ['--only=bogus'], "'bogus' matches no compressor"),
     ('co3.py', ['--fmt=bogus'], "argument --fmt: co3: fmt='bogus' is not a float format"),
     ('plateau_replay.py', ['/nonexistent'], 'no /nonexistent/metrics.jsonl'),
+    ('allocator.py', ['--variants=glibc,jemalloc'], "unknown variant 'jemalloc'"),
+    ('cifar_models.py', ['--models=cnn,vgg'], "unknown model 'vgg'"),
+    ('wan_model_check.py', ['--ks=1,8'], 'argument --ks:'),
 ])
 def test_bad_arguments_end_before_any_compilation(script, flags, needle):
   """These used to end in tracebacks, some after dozens of compilations (or, for

@@ -305,3 +305,21 @@ def test_checkpoint_without_a_field_added_since_restores(tmp_path):
   # A target whose added field has leaves (eager on) does not match the old checkpoint.
   with_eager = abstract._replace(eager=abstract.params)
   assert ckpt_lib.added_fields(ckpt_lib.saved_fields(tmp_path / 'checkpoints' / '4'), with_eager) == []
+
+
+def test_skipped_directories_that_cannot_be_moved_are_named_and_kept(tmp_path):
+  """A workdir where the skipped steps cannot be moved (here WORKDIR/checkpoints_skipped
+  is a file; a read-only workdir fails the same way) gives one clear error, and
+  every checkpoint directory stays where it was."""
+  workdir = _workdir(tmp_path)
+  ckpts = os.path.join(workdir, 'checkpoints')
+  _empty(ckpts)
+  with open(os.path.join(workdir, ckpt_lib.SKIPPED_DIR), 'w') as fh:
+    fh.write('not a directory')
+  before = _files(ckpts)
+  with pytest.raises(ckpt_lib.MoveAsideError,
+                     match=r'Cannot move the skipped checkpoint directories .* \(Not a '
+                     r'directory: .*; nothing was moved\. Skipped: 6 \(empty directory.*\)'
+                     r'\. A run resumes only in a writable workdir'):
+    ckpt_lib.restore_latest(ckpt_lib.manager(workdir), _abstract())
+  assert _files(ckpts) == before
