@@ -1,7 +1,9 @@
-"""Model shapes and sizes."""
+"""Model shapes and sizes; the pooling op against flax's."""
 
+import flax.linen as nn
 import jax
 import jax.numpy as jnp
+import numpy as np
 import pytest
 
 from hfl import models
@@ -27,6 +29,56 @@ def test_output_shape_and_parameter_count(name, shape, params):
     assert n == params
   else:  # ResNet-20 has ~0.27M parameters (He et al. 2016, Table 6)
     assert 260_000 < n < 290_000
+
+
+def _flax_pool(x):
+  return nn.max_pool(x, (2, 2), (2, 2))
+
+
+@pytest.mark.parametrize('shape', [(4, 7, 9, 3), (2, 28, 28, 5), (3, 6, 6, 2)])
+@pytest.mark.parametrize('dtype', [jnp.float32, jnp.bfloat16])
+@pytest.mark.parametrize('ties', [True, False])
+def test_max_pool_2x2_is_flax_max_pool_bit_for_bit(shape, dtype, ties):
+  # Reference: flax's pooling, i.e. XLA's reduce-window and select-and-scatter. Small
+  # integers make most windows hold tied maxima, which is where a different gradient
+  # rule (e.g. splitting among ties) would show.
+  rng = np.random.default_rng(0)
+  x = rng.integers(0, 3, shape) if ties else rng.standard_normal(shape)
+  x = jnp.asarray(x, dtype)
+  g = jnp.asarray(rng.standard_normal((shape[0], shape[1] // 2, shape[2] // 2, shape[3])), dtype)
+  for fn in (lambda f: f, jax.jit):
+    y, vjp = jax.vjp(fn(models.max_pool_2x2), x)
+    y_ref, vjp_ref = jax.vjp(fn(_flax_pool), x)
+    assert y.dtype == dtype and y.shape == y_ref.shape
+    np.testing.assert_array_equal(np.asarray(y, np.float32), np.asarray(y_ref, np.float32))
+    (gx,), (gx_ref,) = vjp(g), vjp_ref(g)
+    assert gx.dtype == dtype and gx.shape == x.shape
+    np.testing.assert_array_equal(np.asarray(gx, np.float32), np.asarray(gx_ref, np.float32))
+
+
+def test_max_pool_2x2_rejects_non_images():
+  with pytest.raises(ValueError, match=r'\[B, H, W, C\].*\(3, 4\)'):
+    models.max_pool_2x2(jnp.zeros((3, 4)))
+
+
+@pytest.mark.parametrize('name,shape', [('cnn', (8, 28, 28, 1)), ('cifar_cnn', (8, 32, 32, 3))])
+def test_model_gradient_unchanged_by_the_pooling_op(name, shape, monkeypatch):
+  net = models.get_model(name, 10)
+  x = jax.random.normal(jax.random.PRNGKey(1), shape)
+  labels = jnp.arange(shape[0]) % 10
+  params = net.init(jax.random.PRNGKey(0), x)
+
+  def loss(p):
+    logits = net.apply(p, x)
+    return -jnp.mean(jnp.take_along_axis(jax.nn.log_softmax(logits), labels[:, None], 1))
+
+  grads = jax.grad(loss)(params)
+  monkeypatch.setattr(models, 'max_pool_2x2', _flax_pool)
+  grads_ref = jax.grad(loss)(params)
+  # Same operations in the same order; only XLA's fusion of the surrounding ops may
+  # differ, which moves float32 results by a few ulps at most.
+  for a, b in zip(jax.tree.leaves(grads), jax.tree.leaves(grads_ref)):
+    np.testing.assert_allclose(a, b, rtol=1e-5, atol=1e-6 * float(jnp.abs(b).max()))
 
 
 def test_unknown_model_names_the_field():
