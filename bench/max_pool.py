@@ -42,13 +42,16 @@ def shape_list(text: str) -> list[tuple[int, ...]]:
   """'BxHxWxC,...' -> [(B, H, W, C), ...]; argparse type."""
   out = []
   for item in text.split(','):
+    if not item.strip():
+      raise argparse.ArgumentTypeError(f'{text!r} holds an empty shape (a stray comma?)')
     try:
       dims = tuple(int(d) for d in item.lower().split('x'))
     except ValueError:
       dims = ()
-    if len(dims) != 4 or min(dims) < 1:
+    if len(dims) != 4 or min(dims) < 1 or min(dims[1:3]) < 2:
       raise argparse.ArgumentTypeError(
-          f'{item!r} is not a shape BxHxWxC of four positive integers (e.g. 256x28x28x32)')
+          f'{item!r} is not a shape BxHxWxC of four positive integers with H, W >= 2 '
+          '(e.g. 256x28x28x32)')
     out.append(dims)
   return out
 

@@ -35,25 +35,44 @@ def _flax_pool(x):
   return nn.max_pool(x, (2, 2), (2, 2))
 
 
+def _pool_input(shape, dtype, values, rng):
+  if values == 'normal':
+    return jnp.asarray(rng.standard_normal(shape), dtype)
+  # Small integers: most windows hold tied maxima, where a different gradient rule
+  # (e.g. splitting among ties) would show.
+  x = rng.integers(0, 3, shape).astype(np.float64)
+  if values == 'nonfinite':  # NaN and infinities in every position of the windows
+    x[rng.random(shape) < 0.15] = np.nan
+    x[rng.random(shape) < 0.1] = np.inf
+    x[rng.random(shape) < 0.1] = -np.inf
+  return jnp.asarray(x, dtype)
+
+
 @pytest.mark.parametrize('shape', [(4, 7, 9, 3), (2, 28, 28, 5), (3, 6, 6, 2)])
 @pytest.mark.parametrize('dtype', [jnp.float32, jnp.bfloat16])
-@pytest.mark.parametrize('ties', [True, False])
-def test_max_pool_2x2_is_flax_max_pool_bit_for_bit(shape, dtype, ties):
-  # Reference: flax's pooling, i.e. XLA's reduce-window and select-and-scatter. Small
-  # integers make most windows hold tied maxima, which is where a different gradient
-  # rule (e.g. splitting among ties) would show.
+@pytest.mark.parametrize('values', ['ties', 'normal', 'nonfinite'])
+def test_max_pool_2x2_is_flax_max_pool_bit_for_bit(shape, dtype, values):
+  # Reference: flax's pooling, i.e. XLA's reduce-window, its select-and-scatter
+  # gradient and select-and-gather tangent. NaN compares equal to NaN here.
   rng = np.random.default_rng(0)
-  x = rng.integers(0, 3, shape) if ties else rng.standard_normal(shape)
-  x = jnp.asarray(x, dtype)
-  g = jnp.asarray(rng.standard_normal((shape[0], shape[1] // 2, shape[2] // 2, shape[3])), dtype)
+  x = _pool_input(shape, dtype, values, rng)
+  out = (shape[0], shape[1] // 2, shape[2] // 2, shape[3])
+  g = jnp.asarray(rng.standard_normal(out), dtype)
+  t = jnp.asarray(rng.standard_normal(shape), dtype)
+  same = lambda a, b: np.testing.assert_array_equal(np.asarray(a, np.float32),
+                                                    np.asarray(b, np.float32))
   for fn in (lambda f: f, jax.jit):
     y, vjp = jax.vjp(fn(models.max_pool_2x2), x)
     y_ref, vjp_ref = jax.vjp(fn(_flax_pool), x)
-    assert y.dtype == dtype and y.shape == y_ref.shape
-    np.testing.assert_array_equal(np.asarray(y, np.float32), np.asarray(y_ref, np.float32))
+    assert y.dtype == dtype and y.shape == y_ref.shape == out
+    same(y, y_ref)
     (gx,), (gx_ref,) = vjp(g), vjp_ref(g)
     assert gx.dtype == dtype and gx.shape == x.shape
-    np.testing.assert_array_equal(np.asarray(gx, np.float32), np.asarray(gx_ref, np.float32))
+    same(gx, gx_ref)
+    (_, ty), (_, ty_ref) = (jax.jvp(fn(f), (x,), (t,)) for f in (models.max_pool_2x2,
+                                                                 _flax_pool))
+    assert ty.dtype == dtype
+    same(ty, ty_ref)
 
 
 def test_max_pool_2x2_rejects_non_images():
