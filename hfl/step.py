@@ -88,7 +88,10 @@ class LinkState(NamedTuple):
 
   Attributes:
     residual: error-feedback memory e, a pytree like the parameters (f32 leaves),
-      with the link's leading axes ([D, W] uplink, [D] downlink and WAN).
+      with the link's leading axes ([D, W] uplink, [D] downlink and WAN); None at
+      a leaf whose compressor is lossless (identity), which never leaves a residual
+      (hfl.compress.ef.ef_step): such a link holds no parameter-sized copy, and
+      its step takes and returns no array for that leaf.
     compressor_state: list with one compressor state per parameter leaf (leading
       axes likewise).
   """
@@ -167,10 +170,33 @@ def _stack(tree, lead):
 
 
 def init_link(comps: Sequence[base.Compressor], params, lead) -> LinkState:
-  """A link's initial state: zero residuals, fresh compressor states, each with
-  leading axes ``lead`` (e.g. (D, W))."""
-  return LinkState(_stack(jax.tree.map(jnp.zeros_like, params), lead),
-                   _stack([c.init() for c in comps], lead))
+  """A link's initial state: zero residuals (None for a lossless compressor's leaf),
+  fresh compressor states, each with leading axes ``lead`` (e.g. (D, W)).
+
+  Raises:
+    ValueError: not one compressor per leaf of ``params``.
+  """
+  leaves, treedef = jax.tree.flatten(params)
+  if len(comps) != len(leaves):
+    raise ValueError(f'init_link: {len(comps)} compressors for {len(leaves)} parameter leaves')
+  residual = treedef.unflatten([None if c.lossless else jnp.zeros_like(x)
+                                for c, x in zip(comps, leaves)])
+  return LinkState(_stack(residual, lead), _stack([c.init() for c in comps], lead))
+
+
+def check_links(comps: Compressors, state_like) -> None:
+  """Raises ValueError when a lossy compressor's leaf has no residual in the state
+  (a state built by :func:`init_state` for other compressors)."""
+  treedef = jax.tree.structure(state_like.params)
+  for link in ('up', 'down', 'wan'):
+    residual = treedef.flatten_up_to(getattr(state_like, link).residual)
+    for i, (c, r) in enumerate(zip(getattr(comps, link), residual)):
+      if r is None and not c.lossless:
+        raise ValueError(
+            f'make_step: the {link} link\'s leaf {i} has compressor {c.name!r}, which needs '
+            'an error-feedback residual, but the state holds none (it was built for a '
+            'lossless compressor there); build the state with init_state(...) for the '
+            'same compressors')
 
 
 def init_state(params, optimizer: optax.GradientTransformation,
@@ -525,9 +551,10 @@ def uplink(setup: Setup, grads, link: LinkState, velocity, key):
   momentum = float(setup.dgc.momentum)
   if momentum > 0:
     # u <- m u + g is sent through the EF (the residual is DGC's v).
-    grads = jax.tree.map(lambda u, v, g: dgc.accumulate(dgc.DGCState(u=u, v=v), g,
-                                                        momentum).u,
-                         velocity, link.residual, grads)
+    # The sent u depends on u and g alone, not on v (the link's residual, None at a
+    # lossless leaf).
+    grads = jax.tree.map(lambda u, g: dgc.accumulate(
+        dgc.DGCState(u=u, v=jnp.zeros_like(u)), g, momentum).u, velocity, grads)
   up = exchange(setup.comps.up, grads, link, key, WORKER, setup.num_workers,
                 scatter=_scatters(setup))
   if momentum > 0:
@@ -886,10 +913,12 @@ def make_step(apply_fn: Callable, optimizer: optax.GradientTransformation,
 
   Raises:
     ValueError: DGC momentum without a velocity in the state (or the reverse), or
-      with ZeRO-1.
+      with ZeRO-1; a lossy compressor at a leaf where the state holds no residual
+      (:func:`check_links`).
   """
   opts = dgc_options or dgc.Options()
   _check_options(state_like, opts)
+  check_links(comps, state_like)
 
   loss_fn = lambda params, images, labels: optax.softmax_cross_entropy_with_integer_labels(
       apply_fn(params, images), labels).mean()

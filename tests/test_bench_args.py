@@ -47,6 +47,7 @@ def test_converters_accept_good_values_and_name_the_rule():
     ('cifar_models.py', ['--models=cnn,vgg'], "unknown model 'vgg'"),
     ('wan_model_check.py', ['--ks=1,8'], 'argument --ks:'),
     ('max_pool.py', ['--shapes=256x28x28x32,2x3x4'], "'2x3x4' is not a shape BxHxWxC"),
+    ('trace_step.py', ['--model=cnn,vgg'], "--model='vgg' is not one of"),
 ])
 def test_bad_arguments_end_before_any_compilation(script, flags, needle):
   """These used to end in tracebacks, some after dozens of compilations (or, for

@@ -23,9 +23,11 @@ def _state(step):
           'b': jnp.full((3,), step, jnp.int32)}
 
 
-def _abstract():
+def _abstract(state=None):
+  """The restore target of ``state`` (default ``_state(0)``) on one device."""
+  state = _state(0) if state is None else state
   sh = jax.sharding.SingleDeviceSharding(jax.devices()[0])
-  return ckpt_lib.abstract(_state(0), jax.tree.map(lambda _: sh, _state(0)))
+  return ckpt_lib.abstract(state, jax.tree.map(lambda _: sh, state))
 
 
 def _workdir(tmp_path, steps=(2, 4)):
@@ -252,7 +254,10 @@ def test_checkpoint_of_the_layout_before_link_state_restores(tmp_path):
             'key', 'dgc_velocity')
   Old = typing.NamedTuple('Old', [(f, typing.Any) for f in fields])  # the old field order
   params = {'w': jnp.arange(6.0).reshape(2, 3), 'b': jnp.ones(3)}
-  comps = step_lib.Compressors(*[[base.identity(l.shape) for l in jax.tree.leaves(params)]] * 3)
+  # Lossy uplink and WAN (residual arrays), a lossless downlink (no residual).
+  bf16 = [base.cast(l.shape, jnp.bfloat16) for l in jax.tree.leaves(params)]
+  comps = step_lib.Compressors(bf16, [base.identity(l.shape) for l in jax.tree.leaves(params)],
+                               bf16)
   new = step_lib.init_state(params, optax.adam(0.1), optax.sgd(1.0), comps, 1, 1,
                             jax.random.PRNGKey(0))
   # The old layout had none of the fields added since (TrainState.eager).
@@ -262,14 +267,13 @@ def test_checkpoint_of_the_layout_before_link_state_restores(tmp_path):
   old = Old(**legacy)
   mngr = ckpt_lib.manager(str(tmp_path))
   ckpt_lib.save(mngr, 5, old, {'round': 1})
-  sh = jax.sharding.SingleDeviceSharding(jax.devices()[0])
-  abstract = jax.tree.map(lambda x: jax.ShapeDtypeStruct(x.shape, x.dtype, sharding=sh), new)
+  abstract = _abstract(new)
   step, state, host = ckpt_lib.restore_latest(ckpt_lib.manager(str(tmp_path)), abstract)
   assert (step, host) == (5, {'round': 1})
   assert type(state) is step_lib.TrainState and type(state.up) is step_lib.LinkState
   assert float(state.up.residual['w'][0, 0, 1, 2]) == 3.0
   assert float(state.wan.residual['b'][0, 2]) == -1.0
-  assert float(state.down.residual['w'].sum()) == 0.0
+  assert state.down.residual == {'w': None, 'b': None}
   for a, b in zip(jax.tree.leaves(ckpt_lib.to_legacy(state)), jax.tree.leaves(old._asdict())):
     np.testing.assert_array_equal(np.asarray(a), np.asarray(b))
   ckpt_lib.save(mngr, 6, state, {'round': 2})
@@ -296,8 +300,7 @@ def test_checkpoint_without_a_field_added_since_restores(tmp_path):
   before = Before(**{f: getattr(new, f) for f in fields})._replace(
       params=jax.tree.map(lambda x: x + 2.0, new.params))
   ckpt_lib.save(ckpt_lib.manager(str(tmp_path)), 4, before, {'round': 1})
-  sh = jax.sharding.SingleDeviceSharding(jax.devices()[0])
-  abstract = jax.tree.map(lambda x: jax.ShapeDtypeStruct(x.shape, x.dtype, sharding=sh), new)
+  abstract = _abstract(new)
   step, state, _ = ckpt_lib.restore_latest(ckpt_lib.manager(str(tmp_path)), abstract)
   assert step == 4 and type(state) is step_lib.TrainState and state.eager == ()
   for a, b in zip(jax.tree.leaves(state), jax.tree.leaves(before)):
@@ -323,3 +326,34 @@ def test_skipped_directories_that_cannot_be_moved_are_named_and_kept(tmp_path):
                      r'\. A run resumes only in a writable workdir'):
     ckpt_lib.restore_latest(ckpt_lib.manager(workdir), _abstract())
   assert _files(ckpts) == before
+
+
+def test_checkpoint_with_residuals_of_lossless_links_restores_without_them(tmp_path):
+  """Checkpoints written when lossless (identity) links kept zero residual arrays
+  restore into today's state, which holds none there (hfl.step.init_link); every
+  other array restores unchanged."""
+  import optax  # pylint: disable=g-import-not-at-top
+  from hfl import step as step_lib  # pylint: disable=g-import-not-at-top
+  from hfl.compress import base  # pylint: disable=g-import-not-at-top
+  params = {'w': jnp.arange(6.0).reshape(2, 3), 'b': jnp.ones(3)}
+  leaves = jax.tree.leaves(params)
+  ident = [base.identity(l.shape) for l in leaves]
+  bf16 = [base.cast(l.shape, jnp.bfloat16) for l in leaves]
+  # The old state: the same structure with a (lossy-shaped) residual on every link.
+  old = step_lib.init_state(params, optax.adam(0.1), optax.sgd(1.0),
+                            step_lib.Compressors(bf16, bf16, bf16), 1, 2, jax.random.PRNGKey(0))
+  old = old._replace(params=jax.tree.map(lambda x: x + 0.5, old.params))
+  now = step_lib.init_state(params, optax.adam(0.1), optax.sgd(1.0),
+                            step_lib.Compressors(ident, ident, bf16), 1, 2, jax.random.PRNGKey(0))
+  assert now.up.residual == {'w': None, 'b': None}
+  assert now.down.residual == {'w': None, 'b': None}
+  mngr = ckpt_lib.manager(str(tmp_path))
+  ckpt_lib.save(mngr, 3, old, {'round': 1})
+  abstract = _abstract(now)
+  step, state, host = ckpt_lib.restore_latest(ckpt_lib.manager(str(tmp_path)), abstract)
+  assert (step, host) == (3, {'round': 1})
+  assert jax.tree.structure(state) == jax.tree.structure(now)
+  kept = old._replace(up=now.up._replace(compressor_state=old.up.compressor_state),
+                      down=now.down._replace(compressor_state=old.down.compressor_state))
+  for a, b in zip(jax.tree.leaves(state), jax.tree.leaves(kept)):
+    np.testing.assert_array_equal(np.asarray(a), np.asarray(b))

@@ -542,3 +542,27 @@ def test_inter_dc_round_alone_is_the_weighted_model_average():
   assert np.asarray(new.local_steps).tolist() == [0, 0]
   (charge,) = charges
   assert (charge.wan_sum, charge.wan_gather) == (32 * 9, 0) and charge.wan.static == 32 * 9
+
+
+def test_lossless_links_hold_no_residual_and_a_mismatched_state_is_refused():
+  """A lossless (identity) leaf keeps no residual on any link: the state's arrays are
+  the two models and the step counters alone, and the step's program takes and
+  returns no residual for it. A lossy compressor on such a state is refused before
+  tracing, naming the link and the leaf."""
+  mesh, params, apply_fn, state, fn = _setup()
+  n = len(jax.tree.leaves(params))
+  for link in (state.up, state.down, state.wan):
+    assert all(r is None for r in jax.tree.structure(params).flatten_up_to(link.residual))
+  assert len(jax.tree.leaves(state)) == 2 * n + 3  # params, global_params, counters, key
+  num_args = len(jax.tree.leaves(state)) + 4  # + images, labels, active, weights
+  xs, ys = _batches(1, seed=3)
+  lowered = fn.jitted[True].lower(state, _put(mesh, xs[0], 'dc', 'worker'),
+                                  _put(mesh, ys[0], 'dc', 'worker'),
+                                  _put(mesh, np.ones(D, bool), 'dc'),
+                                  _put(mesh, np.full(D, 0.5, np.float32)))
+  assert len(jax.tree.leaves(lowered.args_info)) == num_args
+  assert lowered.out_tree.num_leaves == len(jax.tree.leaves(state)) + 1  # + the metrics
+  bf16 = [base.cast(l.shape, jnp.bfloat16) for l in jax.tree.leaves(params)]
+  comps = fn.comps._replace(wan=fn.comps.wan[:1] + bf16[1:])
+  with pytest.raises(ValueError, match=r"wan link's leaf 1 has compressor 'bfloat16'"):
+    step_lib.make_step(apply_fn, optax.sgd(LR), optax.sgd(1.0), comps, mesh, state)

@@ -38,7 +38,8 @@ def ef_step(compressor: Compressor, x: jax.Array, residual: jax.Array, state,
   Args:
     compressor: the leaf's compressor.
     x: f32[shape], the new gradient (or pseudo-gradient).
-    residual: f32[shape], the error memory e (zeros at the start).
+    residual: f32[shape], the error memory e (zeros at the start); a lossless
+      compressor passes it through, so it may be None there (hfl.step.init_link).
     state: the compressor's state.
     key: PRNG key for stochastic compressors.
     decay: gamma in p = x + gamma * e (1.0: classic EF; CO3 uses 0.9); None
@@ -93,7 +94,7 @@ def tree_ef_step(compressors, xs, residuals, states, key, decay: float | None = 
   Args:
     compressors: list of Compressor, one per leaf of ``xs``.
     xs: pytree of f32 leaves.
-    residuals: pytree like ``xs``.
+    residuals: pytree like ``xs`` (None at a lossless compressor's leaf).
     states: list of compressor states, one per leaf.
     key: PRNG key; leaf i uses ``jax.random.fold_in(key, key_offset + i)``.
     decay: as in :func:`ef_step` (None: each state's ``ef_gamma``, else 1).

@@ -210,15 +210,21 @@ def describe(fragments: tuple, params) -> str:
   return '\n'.join(lines)
 
 
+def _is_none(x) -> bool:
+  return x is None
+
+
 def select(tree, fragment: Sequence[int]) -> list:
-  """The fragment's leaves of a params-like pytree, as a list."""
-  leaves = jax.tree.leaves(tree)
+  """The fragment's leaves of a params-like pytree, as a list. A None in place of a
+  leaf (a lossless link's residual, hfl.step.LinkState) counts as a leaf."""
+  leaves = jax.tree.leaves(tree, is_leaf=_is_none)
   return [leaves[i] for i in fragment]
 
 
 def replace(tree, fragment: Sequence[int], new: Sequence):
-  """``tree`` with the fragment's leaves replaced by ``new`` (same structure)."""
-  leaves, treedef = jax.tree.flatten(tree)
+  """``tree`` with the fragment's leaves replaced by ``new`` (same structure; None
+  counts as a leaf, as in :func:`select`)."""
+  leaves, treedef = jax.tree.flatten(tree, is_leaf=_is_none)
   leaves = list(leaves)
   for i, x in zip(fragment, new):
     leaves[i] = x
