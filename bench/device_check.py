@@ -1,5 +1,6 @@
 """One prepared accelerator check: the step benchmark and the three workload configs
-(issue 13), sized to fit one device-machine call (10 minutes; about 9 by default).
+(issue 13), sized to fit one device-machine call (at most 10 minutes; the stages take
+420 s by default).
 
 Two steps. Here, on a machine with the data and a package registry:
 

@@ -38,52 +38,92 @@ from arg_types import int_at_least  # noqa: E402
 from hfl import mesh as mesh_lib, models  # noqa: E402
 
 
+WINDOW = 'trace_step: timed steps'  # the annotation around the traced steps
+
+
+def _busy_ns(intervals) -> int:
+  """Length of the union of (start, end) intervals: nested events counted once."""
+  total, end = 0, None
+  for s, e in sorted(intervals):
+    if end is None or s > end:
+      total += e - s
+      end = e
+    elif e > end:
+      total += e - end
+      end = e
+  return total
+
+
 def planes_summary(trace_dir: str, steps: int, top: int = 12) -> dict:
-  """{plane name: ({line name: (events per step, ms per step)}, the ``top`` events
-  by time per step of the "XLA Ops" line (device) and the Python thread (host):
-  [(name, us per step, calls per step)])} of the device and host planes."""
+  """{plane name: ({line name: (events per step, busy ms per step)}, the ``top``
+  events by time per step of the device's "XLA Ops" line and of the Python thread:
+  [(name, us per step, calls per step)])} of the device and host planes.
+
+  Host events count only inside the :data:`WINDOW` annotation (the profiler's own
+  start and stop are left out); an event nested in one of the same name (jit's
+  ``PjitFunction`` appears twice per call) counts once; a line's busy time is the
+  union of its events' intervals, so nested events are not added up.
+  """
   files = [os.path.join(r, f) for r, _, fs in os.walk(trace_dir) for f in fs
            if f.endswith('.xplane.pb')]
-  out = {}
   if not files:
-    return out
+    return {}
   prof = ProfileData.from_file(files[0])
-  for plane in prof.planes:
-    if not (plane.name.startswith('/device:') or plane.name.startswith('/host:CPU')):
-      continue
-    lines = {}
-    ops = collections.Counter()
-    counts = collections.Counter()
+  planes = [p for p in prof.planes if p.name.startswith(('/device:', '/host:CPU'))]
+  window = None
+  for plane in planes:
     for line in plane.lines:
-      n, t = 0, 0
       for ev in line.events:
-        n += 1
-        t += ev.duration_ns
-        if line.name in ('XLA Ops', 'python3', 'python'):
-          ops[ev.name] += ev.duration_ns
-          counts[ev.name] += 1
-      if n:
-        lines[line.name] = (n / steps, t / steps / 1e6)
+        if ev.name == WINDOW:
+          window = (ev.start_ns, ev.start_ns + ev.duration_ns)
+  out = {}
+  for plane in planes:
+    lines, ops, counts = {}, collections.Counter(), collections.Counter()
+    for line in plane.lines:
+      evs = sorted(((ev.start_ns, ev.start_ns + ev.duration_ns, ev.name) for ev in line.events
+                    if ev.name != WINDOW), key=lambda e: (e[0], -e[1]))
+      if plane.name.startswith('/host') and window is not None:
+        evs = [e for e in evs if window[0] <= e[0] and e[1] <= window[1]]
+      if not evs:
+        continue
+      lines[line.name] = (len(evs) / steps, _busy_ns([e[:2] for e in evs]) / steps / 1e6)
+      if line.name in ('XLA Ops', 'python3', 'python'):
+        open_until = {}  # name -> end of its outermost event so far
+        for start, end, name in evs:
+          if start < open_until.get(name, -1):
+            continue  # nested in an event of the same name
+          open_until[name] = end
+          ops[name] += end - start
+          counts[name] += 1
     out[plane.name] = (lines, [(k, v / steps / 1e3, counts[k] / steps)
                                for k, v in ops.most_common(top)])
   return out
 
 
 def main():
-  ap = argparse.ArgumentParser(description=__doc__.split('\n')[0])
+  ap = argparse.ArgumentParser(
+      description="Profiles the hierarchical step and data parallelism: the device's "
+                  "kernels and the host's dispatch per step (bench/trace_step.py's docstring).")
   ap.add_argument('--model', default='transformer,cnn',
                   help=f'comma-separated models ({", ".join(models.MODELS)})')
-  ap.add_argument('--mesh', default='1,1')
-  ap.add_argument('--batch', type=int_at_least(1), default=256)
-  ap.add_argument('--steps', type=int_at_least(1), default=10)
-  ap.add_argument('--blocks', type=int_at_least(1), default=3)
-  ap.add_argument('--top', type=int_at_least(1), default=12, help='events listed per line')
-  ap.add_argument('--out', default='/tmp/hfl_trace_step')
+  ap.add_argument('--mesh', default='1,1', help='D,W (default 1,1: one GPU)')
+  ap.add_argument('--batch', type=int_at_least(1), default=256,
+                  help='examples per worker (default 256)')
+  ap.add_argument('--steps', type=int_at_least(1), default=10,
+                  help='steps per timed block, and steps traced (default 10)')
+  ap.add_argument('--blocks', type=int_at_least(1), default=3,
+                  help='alternating untraced blocks for the steps/s medians (default 3)')
+  ap.add_argument('--top', type=int_at_least(1), default=12,
+                  help='events listed per line (default 12)')
+  ap.add_argument('--out', default='/tmp/hfl_trace_step',
+                  help='directory for the traces (default /tmp/hfl_trace_step)')
   args = ap.parse_args()
   try:
     d, w = mesh_lib.parse_shape(args.mesh)
   except ValueError as e:
     ap.error(str(e))
+  if os.path.exists(args.out) and not os.path.isdir(args.out):
+    ap.error(f'--out={args.out!r} exists and is not a directory')
   for n in args.model.split(','):
     if n not in models.MODELS:
       ap.error(f'--model={n!r} is not one of {", ".join(models.MODELS)}')
@@ -104,9 +144,10 @@ def main():
       shutil.rmtree(tdir, ignore_errors=True)
       run(2)
       with jax.profiler.trace(tdir):
-        t0 = time.perf_counter()
-        run(args.steps)
-        wall = (time.perf_counter() - t0) / args.steps * 1e3
+        with jax.profiler.TraceAnnotation(WINDOW):
+          t0 = time.perf_counter()
+          run(args.steps)
+          wall = (time.perf_counter() - t0) / args.steps * 1e3
       print(f'\n### {k}: {rates[k]:.1f} steps/s untraced ({1e3 / rates[k]:.3f} ms/step); '
             f'traced {wall:.3f} ms/step', flush=True)
       for plane, (lines, top) in planes_summary(tdir, args.steps, args.top).items():

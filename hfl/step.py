@@ -185,18 +185,23 @@ def init_link(comps: Sequence[base.Compressor], params, lead) -> LinkState:
 
 
 def check_links(comps: Compressors, state_like) -> None:
-  """Raises ValueError when a lossy compressor's leaf has no residual in the state
-  (a state built by :func:`init_state` for other compressors)."""
-  treedef = jax.tree.structure(state_like.params)
+  """Raises ValueError when a link's compressors are not one per parameter leaf, or a
+  lossy compressor's leaf has no residual in the state (a state built by
+  :func:`init_state` for other compressors). Leaves are named by their path."""
+  paths, treedef = jax.tree_util.tree_flatten_with_path(state_like.params)
   for link in ('up', 'down', 'wan'):
+    link_comps = getattr(comps, link)
+    if len(link_comps) != len(paths):
+      raise ValueError(f'make_step: {len(link_comps)} {link} compressors for '
+                       f'{len(paths)} parameter leaves')
     residual = treedef.flatten_up_to(getattr(state_like, link).residual)
-    for i, (c, r) in enumerate(zip(getattr(comps, link), residual)):
+    for i, (c, r, (path, _)) in enumerate(zip(link_comps, residual, paths)):
       if r is None and not c.lossless:
         raise ValueError(
-            f'make_step: the {link} link\'s leaf {i} has compressor {c.name!r}, which needs '
-            'an error-feedback residual, but the state holds none (it was built for a '
-            'lossless compressor there); build the state with init_state(...) for the '
-            'same compressors')
+            f'make_step: the {link} link\'s leaf {i} ({jax.tree_util.keystr(path)}) has '
+            f'compressor {c.name!r}, which needs an error-feedback residual, but the state '
+            'holds none (it was built for a lossless compressor there); build the state '
+            'with init_state(...) for the same compressors')
 
 
 def init_state(params, optimizer: optax.GradientTransformation,

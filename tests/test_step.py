@@ -1,5 +1,7 @@
 """The shard_map'd step against independent single-device references."""
 
+import re
+
 import chex
 import jax
 import jax.numpy as jnp
@@ -564,5 +566,10 @@ def test_lossless_links_hold_no_residual_and_a_mismatched_state_is_refused():
   assert lowered.out_tree.num_leaves == len(jax.tree.leaves(state)) + 1  # + the metrics
   bf16 = [base.cast(l.shape, jnp.bfloat16) for l in jax.tree.leaves(params)]
   comps = fn.comps._replace(wan=fn.comps.wan[:1] + bf16[1:])
-  with pytest.raises(ValueError, match=r"wan link's leaf 1 has compressor 'bfloat16'"):
+  name = jax.tree_util.keystr(jax.tree_util.tree_flatten_with_path(params)[0][1][0])
+  with pytest.raises(ValueError, match=re.escape(
+      f"wan link's leaf 1 ({name}) has compressor 'bfloat16'")):
     step_lib.make_step(apply_fn, optax.sgd(LR), optax.sgd(1.0), comps, mesh, state)
+  with pytest.raises(ValueError, match=f'{len(bf16) - 1} up compressors for {len(bf16)} '):
+    step_lib.make_step(apply_fn, optax.sgd(LR), optax.sgd(1.0),
+                       fn.comps._replace(up=fn.comps.up[1:]), mesh, state)
