@@ -23,10 +23,14 @@ default: the caller either refuses it (``nonfinite='error'``, the default: a
 ``ValueError`` naming where it is) or maps it to ``null`` (``nonfinite='null'``).
 """
 
+import contextlib
+import fcntl
 import json
 import logging
 import math
 import os
+import socket
+import time
 from typing import Any, Mapping, Sequence
 
 import numpy as np
@@ -128,7 +132,76 @@ WORKDIR_ENTRIES = {
     'config.json': (False, "the run's config"),
     'metrics.jsonl': (False, 'the evaluation records'),
     'summary.json': (False, "the finished run's summary"),
+    '.lock': (False, 'held by the run using the workdir (workdir_lock)'),
 }
+
+LOCK_FILE = '.lock'
+
+
+class WorkdirInUseError(ValueError):
+  """Another run holds the workdir's lock (:func:`workdir_lock`)."""
+
+
+@contextlib.contextmanager
+def workdir_lock(workdir: str):
+  """Holds WORKDIR/.lock exclusively (``fcntl.flock``) for the ``with`` block, so that a
+  second run started in the same workdir stops before it reads or writes anything there.
+
+  Process 0 only (it writes the files; other processes of a multi-process run use
+  the workdir it holds). The file names the holder (pid, host, start time) and is
+  removed at the end, and so is the workdir if this created it and it is still
+  empty. Where the lock file cannot be created (a read-only workdir, in which a
+  finished run is only reported; a non-local path) or the filesystem has no
+  ``flock``, the block runs unlocked.
+
+  Raises:
+    WorkdirInUseError (a ValueError): another open file holds the lock; the message
+      names its holder.
+  """
+  if not is_writer():
+    yield
+    return
+  path = os.path.join(workdir, LOCK_FILE)
+  created = not os.path.lexists(workdir)
+  try:
+    os.makedirs(workdir, exist_ok=True)
+    fd = os.open(path, os.O_RDWR | os.O_CREAT, 0o644)
+  except OSError:
+    fd = None
+  locked = False
+  try:
+    if fd is not None:
+      try:
+        fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+        locked = True
+      except BlockingIOError:
+        holder = os.pread(fd, 300, 0).decode(errors='replace').strip() or 'another process'
+        raise WorkdirInUseError(
+            f'{workdir} is in use by another run ({holder}; {path} is locked): wait for '
+            'it to end or stop it, or use another --workdir') from None
+      except OSError:  # no flock on this filesystem
+        pass
+    if locked:
+      try:
+        same = os.fstat(fd).st_ino == os.stat(path).st_ino
+      except FileNotFoundError:
+        same = False
+      if not same:  # removed by a run ending just now
+        raise WorkdirInUseError(f'{workdir}: another run just ended or started there; '
+                                'run the command again')
+      os.ftruncate(fd, 0)
+      os.pwrite(fd, f'pid {os.getpid()} on {socket.gethostname()}, since '
+                    f'{time.strftime("%Y-%m-%d %H:%M:%S")}\n'.encode(), 0)
+    yield
+  finally:
+    if fd is not None:
+      if locked:
+        with contextlib.suppress(OSError):
+          os.unlink(path)
+      os.close(fd)
+      if created:  # e.g. a config refused before the run wrote anything
+        with contextlib.suppress(OSError):
+          os.rmdir(workdir)
 
 
 def _kind(path: str) -> str:

@@ -1263,7 +1263,15 @@ def train_and_evaluate(config: ml_collections.ConfigDict, workdir: str) -> dict:
     FloatingPointError: the train loss became NaN or infinite.
     hfl.checkpoint.UnrestorableError (a ValueError): no checkpoint in the workdir
       restores and one looks committed; nothing is moved.
+    hfl.metrics.WorkdirInUseError (a ValueError): another run holds the workdir
+      (:func:`hfl.metrics.workdir_lock`); nothing there is read or written.
   """
+  with metrics_lib.workdir_lock(workdir):
+    return _train_and_evaluate(config, workdir)
+
+
+def _train_and_evaluate(config: ml_collections.ConfigDict, workdir: str) -> dict:
+  """:func:`train_and_evaluate` while the workdir is held."""
   wall0 = time.time()
   s = setup(config)
   changed = check_workdir_config(workdir, config)

@@ -766,3 +766,33 @@ def test_progress_line_shows_the_per_dc_k_of_semi_sync():
   plan = schedule_lib.RoundPlan(np.array([9, 7, 5, 4]), 4)
   assert train._k_text(plan) == '[9,7,5,4] (K_base 4)'
   assert train._k_text(schedule_lib.RoundPlan(np.array([4, 4]), 4)) == '4'
+
+
+def test_a_workdir_in_use_by_another_run_is_refused_untouched(fake_data, tmp_path):
+  """While another run holds WORKDIR/.lock (fcntl.flock), a second run stops before it
+  reads or writes anything there, naming the holder; once the lock is free, the
+  lock file is gone and a workdir the refused run created is removed again."""
+  import fcntl  # pylint: disable=g-import-not-at-top
+  from hfl import metrics as metrics_lib  # pylint: disable=g-import-not-at-top
+  workdir = tmp_path / 'run'
+  workdir.mkdir()
+  (workdir / 'metrics.jsonl').write_text('{"step": 2}\n')
+  lock = workdir / metrics_lib.LOCK_FILE
+  lock.write_text('pid 12345 on elsewhere, since 2026-12-04 10:00:00\n')
+  with open(lock) as held:
+    fcntl.flock(held, fcntl.LOCK_EX | fcntl.LOCK_NB)
+    with pytest.raises(metrics_lib.WorkdirInUseError) as e:
+      train.train_and_evaluate(smoke_config(fake_data), str(workdir))
+    assert str(e.value).startswith(f'{workdir} is in use by another run (pid 12345 on '
+                                   'elsewhere, since 2026-12-04 10:00:00; ')
+    assert isinstance(e.value, ValueError)
+    assert sorted(os.listdir(workdir)) == ['.lock', 'metrics.jsonl']
+    assert lock.read_text().startswith('pid 12345')
+  # Free: the lock is taken, the holder written, and both removed at the end.
+  with metrics_lib.workdir_lock(str(workdir)):
+    assert lock.read_text().startswith(f'pid {os.getpid()} on ')
+  assert sorted(os.listdir(workdir)) == ['metrics.jsonl']
+  # A refused config leaves no workdir behind that the run itself created.
+  with pytest.raises(ValueError, match='sync.k'):
+    train.train_and_evaluate(smoke_config(fake_data, **{'sync.k': 0}), str(tmp_path / 'new'))
+  assert not (tmp_path / 'new').exists()
