@@ -454,8 +454,29 @@ def test_policy_hyper_passed():
   cs = C.build(_spec(name='qsgd', levels=3, bucket_size=20), {'w': jnp.zeros((10, 10))}, 0,
                'float32')
   assert cs[0].name == 'qsgd(s=3,d=20)'
-  cs = C.build(_spec(name='powersgd', rank=5), {'w': jnp.zeros((10, 10))}, 0, 'float32')
-  assert cs[0].name == 'powersgd(r=5)'
+  cs = C.build(_spec(name='powersgd', rank=4), {'w': jnp.zeros((10, 10))}, 0, 'float32')
+  assert cs[0].name == 'powersgd(r=4)'
+
+
+@pytest.mark.parametrize('shape,rank,compressed', [
+    ((10, 10), 4, True),    # 4 * 20 = 80 < 100 entries
+    ((10, 10), 5, False),   # 5 * 20 = 100: the factors are as large as the leaf
+    ((3, 3, 1, 8), 8, False),  # (9, 8), r clipped to 8: 136 > 72
+    ((3, 3, 16, 32), 2, True),
+])
+def test_powersgd_sends_dense_where_factors_would_not_be_smaller(shape, rank, compressed):
+  c = C.build(_spec(name='powersgd', rank=rank), {'w': jnp.zeros(shape)}, 0, 'float32')[0]
+  m, n = C.matrix_shape(shape)
+  dense_bits = 32 * m * n
+  if compressed:
+    assert c.name == f'powersgd(r={rank})' and not c.lossless
+    assert C.static_bits(c) == 32 * min(rank, m, n) * (m + n) < dense_bits
+  else:
+    assert c.lossless and c.name.startswith('identity') and 'powersgd' in c.name
+    assert C.static_bits(c) == dense_bits
+    x = _distinct(shape)
+    _, xh, _ = _roundtrip(c, x)
+    np.testing.assert_array_equal(np.asarray(xh), x)
 
 
 @pytest.mark.parametrize('kw,match', [

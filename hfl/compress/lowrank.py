@@ -56,6 +56,19 @@ def matrix_shape(shape) -> tuple:
   return (int(np.prod(shape[:-1])), shape[-1])
 
 
+def compresses(shape, rank: int) -> bool:
+  """Whether rank-``rank`` factors of a leaf are smaller than the dense leaf.
+
+  ``32 * r * (m + n) < 32 * m * n`` bits with r = min(rank, m, n), (m, n) =
+  :func:`matrix_shape`. Where they are not, hfl's policy
+  (:func:`hfl.compress.policy.build`) sends the leaf dense instead, as PyTorch's
+  PowerSGD communication hook does (``_should_compress``).
+  """
+  m, n = matrix_shape(shape)
+  r = min(int(rank), m, n)
+  return r * (m + n) < m * n
+
+
 def powersgd(shape, rank: int = 2, seed: int = 0, **unused) -> Compressor:
   """PowerSGD rank-``rank`` compressor with warm start (state: Q).
 

@@ -2,7 +2,9 @@
 
 Following DGC (Lin et al. 2018) and the seed thesis: large tensors (ndim >= 2 and
 size >= ``small_threshold``) get the compressor named by the spec (top-k, QSGD,
-...); small tensors (biases, norms) are sent dense in ``small`` precision (float32 = identity, bfloat16, float16).
+...); small tensors (biases, norms) are sent dense in ``small`` precision (float32 =
+identity, bfloat16, float16). A large leaf that PowerSGD's rank-r factors would not
+shrink is sent dense in float32 (:func:`hfl.compress.lowrank.compresses`).
 
 A spec is the ``compression.uplink`` / ``.downlink`` / ``.wan`` ConfigDict of
 ``configs/default.py``: ``name`` plus hyper-parameters (``density``, ``levels``,
@@ -64,7 +66,17 @@ register('topk', sparse.topk, ('density', 'threshold_variant'))
 register('randk', sparse.randk, ('density',))
 register('qsgd', quantize.qsgd, ('levels', 'bucket_size'))
 register('sign', quantize.sign)
-register('powersgd', lowrank.powersgd, ('rank',))
+def _powersgd_or_dense(shape, rank: int = 2, **hyper) -> base.Compressor:
+  """PowerSGD where its factors are smaller than the leaf, float32 identity elsewhere
+  (:func:`hfl.compress.lowrank.compresses`): a rank of at least a layer's smaller
+  side would send more bits than the dense leaf and approximate nothing better."""
+  if lowrank.compresses(shape, rank):
+    return lowrank.powersgd(shape, rank=rank, **hyper)
+  c = base.identity(shape)
+  return c._replace(name=f'identity (powersgd r={rank} would not compress)')
+
+
+register('powersgd', _powersgd_or_dense, ('rank',))
 register('co3', co3.co3, ('fmt', 'gamma', 'coder', 'refit_every'))
 register('e3m0', minifloat.e3m0)
 
