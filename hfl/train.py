@@ -1266,6 +1266,9 @@ def train_and_evaluate(config: ml_collections.ConfigDict, workdir: str) -> dict:
     hfl.metrics.WorkdirInUseError (a ValueError): another run holds the workdir
       (:func:`hfl.metrics.workdir_lock`); nothing there is read or written.
   """
+  # The lock asks for the process index, which starts JAX's backend: a backend
+  # that cannot start (a bad JAX_PLATFORMS) is explained here first.
+  mesh_lib.global_devices()
   with metrics_lib.workdir_lock(workdir):
     return _train_and_evaluate(config, workdir)
 
