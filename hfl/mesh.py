@@ -44,14 +44,29 @@ def global_devices() -> list:
         'check that nvidia-smi sees it.') from None
 
 
+# The most simulated CPU devices one process may ask for. hfl's step has several
+# collectives; XLA:CPU's rendezvous of one of them on 512 simulated devices never
+# completed (jax 0.10.2, 2 cores: every participant waited; XLA aborted the process
+# after 40 s, and after 500 s with its terminate timeout raised), while 256 ran.
+MAX_CPU_DEVICES = 256
+
+
 def configure_cpu_devices(num_devices: int) -> None:
   """Asks for ``num_devices`` simulated CPU devices (no-op on GPU/TPU hosts).
 
   Must run before anything touches the JAX backend (first array, ``jax.devices()``).
 
   Raises:
+    ValueError: ``num_devices`` exceeds :data:`MAX_CPU_DEVICES` (XLA:CPU's
+      collectives deadlock on more).
     RuntimeError: the backend is already initialised with a different CPU device count.
   """
+  if num_devices > MAX_CPU_DEVICES:
+    raise ValueError(
+        f'mesh.num_dcs * mesh.workers_per_dc = {num_devices} simulated CPU devices in one '
+        f'process; at most {MAX_CPU_DEVICES} are supported (XLA:CPU\'s collectives '
+        'deadlock on more: 512 aborted after 40 s here). Use a smaller mesh, or a GPU/TPU '
+        'host, whose devices are real.')
   try:
     jax.config.update('jax_num_cpu_devices', int(num_devices))
   except RuntimeError:
