@@ -157,6 +157,7 @@ def workdir_lock(workdir: str):
   Raises:
     WorkdirInUseError (a ValueError): another open file holds the lock; the message
       names its holder.
+    ValueError: the workdir does not exist and cannot be created.
   """
   if not is_writer():
     yield
@@ -165,6 +166,10 @@ def workdir_lock(workdir: str):
   created = not os.path.lexists(workdir)
   try:
     os.makedirs(workdir, exist_ok=True)
+  except OSError as e:
+    if created:  # nothing could ever be written there
+      raise ValueError(f'workdir {workdir!r} cannot be created: {e.strerror or e}') from None
+  try:
     fd = os.open(path, os.O_RDWR | os.O_CREAT, 0o644)
   except OSError:
     fd = None

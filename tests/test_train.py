@@ -796,3 +796,7 @@ def test_a_workdir_in_use_by_another_run_is_refused_untouched(fake_data, tmp_pat
   with pytest.raises(ValueError, match='sync.k'):
     train.train_and_evaluate(smoke_config(fake_data, **{'sync.k': 0}), str(tmp_path / 'new'))
   assert not (tmp_path / 'new').exists()
+  # A workdir that cannot be created is refused before anything is loaded.
+  (tmp_path / 'a_file').write_text('')
+  with pytest.raises(ValueError, match=r"workdir '.*a_file/run' cannot be created: "):
+    train.train_and_evaluate(smoke_config(fake_data), str(tmp_path / 'a_file' / 'run'))
