@@ -144,8 +144,9 @@ class WorkdirInUseError(ValueError):
 
 @contextlib.contextmanager
 def workdir_lock(workdir: str):
-  """Holds WORKDIR/.lock exclusively (``fcntl.flock``) for the ``with`` block, so that a
-  second run started in the same workdir stops before it reads or writes anything there.
+  """Creates ``workdir`` if needed and holds WORKDIR/.lock exclusively
+  (``fcntl.flock``) for the ``with`` block, so that a second run started in the same
+  workdir stops before it reads or writes anything there.
 
   Process 0 only (it writes the files; other processes of a multi-process run use
   the workdir it holds). The file names the holder (pid, host, start time) and is
@@ -168,7 +169,7 @@ def workdir_lock(workdir: str):
     os.makedirs(workdir, exist_ok=True)
   except OSError as e:
     if created:  # nothing could ever be written there
-      raise ValueError(f'workdir {workdir!r} cannot be created: {e.strerror or e}') from None
+      raise ValueError(f'--workdir={workdir!r} cannot be created: {e.strerror or e}') from e
   try:
     fd = os.open(path, os.O_RDWR | os.O_CREAT, 0o644)
   except OSError:

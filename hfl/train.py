@@ -788,16 +788,9 @@ def _init_fn(s: Setup) -> Callable:
 
 def make_runtime(s: Setup, workdir: str, wall0: float) -> Runtime:
   """Builds the step of the configured compressors (compiled on its first call),
-  the evaluation, and the checkpoint manager (creating ``workdir`` on process 0, first).
-
-  Raises:
-    ValueError: ``workdir`` cannot be created (before anything is compiled).
+  the evaluation, and the checkpoint manager, in ``workdir`` (which
+  :func:`hfl.metrics.workdir_lock` created on process 0).
   """
-  if metrics_lib.is_writer():
-    try:
-      os.makedirs(workdir, exist_ok=True)
-    except OSError as e:
-      raise ValueError(f'--workdir={workdir!r} cannot be created: {e.strerror or e}') from e
   apply_fn = lambda p, x: s.model.apply({'params': p}, x)
   init_fn = _init_fn(s)
   state_shape = jax.eval_shape(init_fn)

@@ -798,5 +798,5 @@ def test_a_workdir_in_use_by_another_run_is_refused_untouched(fake_data, tmp_pat
   assert not (tmp_path / 'new').exists()
   # A workdir that cannot be created is refused before anything is loaded.
   (tmp_path / 'a_file').write_text('')
-  with pytest.raises(ValueError, match=r"workdir '.*a_file/run' cannot be created: "):
+  with pytest.raises(ValueError, match=r"--workdir='.*a_file/run' cannot be created: "):
     train.train_and_evaluate(smoke_config(fake_data), str(tmp_path / 'a_file' / 'run'))
