@@ -7,6 +7,7 @@ Rerunning the same command on an existing workdir resumes from its last checkpoi
 """
 
 import os
+import signal
 import sys
 
 from hfl import runtime
@@ -46,6 +47,7 @@ class _LibraryInfoFilter:
 
 
 def main(argv):
+  signal.signal(signal.SIGTERM, _raise_terminated)
   if len(argv) > 1:
     print(f'error: unexpected arguments {argv[1:]}; main.py takes only flags: --config=FILE, '
           '--workdir=DIR, --config.FIELD=VALUE (e.g. --config.sync.k=8).', file=sys.stderr)
@@ -61,9 +63,11 @@ def main(argv):
     sys.exit(2)
   # Distributed start-up and the CPU device count come before anything touches
   # the JAX backend.
+  from hfl import config as config_lib  # pylint: disable=g-import-not-at-top
   from hfl import distributed  # pylint: disable=g-import-not-at-top
   from hfl import mesh  # pylint: disable=g-import-not-at-top
   try:
+    config_lib.validate(config)  # every check that needs only the config, e.g. the mesh
     info = distributed.maybe_initialize(_COORDINATOR.value, _NUM_PROCESSES.value,
                                         _PROCESS_ID.value, timeout_s=_INIT_TIMEOUT.value)
     mesh.configure_cpu_devices(distributed.cpu_devices_per_process(
@@ -86,10 +90,24 @@ def main(argv):
   except FloatingPointError as e:
     print(f'error: {e}', file=sys.stderr)
     sys.exit(3)
-  except KeyboardInterrupt:
-    print(f'interrupted: rerun the same command to resume {_WORKDIR.value} from its last '
-          'checkpoint.', file=sys.stderr)
-    sys.exit(130)
+  except KeyboardInterrupt as e:  # Ctrl-C, or SIGTERM (_Terminated)
+    from hfl import checkpoint  # pylint: disable=g-import-not-at-top
+    step = checkpoint.newest_complete_step(_WORKDIR.value)
+    where = (f'from its checkpoint of iteration {step}' if step is not None else
+             'from the start (no checkpoint was written yet)')
+    print(f'interrupted{" by SIGTERM" if isinstance(e, _Terminated) else ""}: rerun the '
+          f'same command to resume {_WORKDIR.value} {where}.', file=sys.stderr)
+    sys.exit(143 if isinstance(e, _Terminated) else 130)
+
+
+class _Terminated(KeyboardInterrupt):
+  """SIGTERM (a scheduler's or ``kill``'s stop): unwinds like Ctrl-C, so that the
+  workdir's lock is released and the run can be resumed."""
+
+
+def _raise_terminated(signum, frame):
+  del signum, frame
+  raise _Terminated()
 
 
 def _workdir_problem(workdir: str) -> str | None:
@@ -144,6 +162,11 @@ def _parse_flags(argv):
       msg += ' (an integer field)'
     elif 'could not convert string to float' in msg:
       msg += ' (a number field)'
+    if "Unknown command line flag 'config." in msg and _config_args(argv)[0] is None:
+      print('error: --config.FIELD overrides need a --config file to override, e.g. '
+            'python3 main.py --config=configs/default.py --workdir=workdirs/run '
+            '--config.train.num_steps=80', file=sys.stderr)
+      sys.exit(2)
     for name in ('config', 'workdir'):
       if f'Flag --{name} must have a value other than None' in msg:  # a required flag missing
         print(f'error: --{name} is required, e.g. python3 main.py --config=configs/default.py '

@@ -16,10 +16,13 @@ run then saves its next steps as usual.
 """
 
 import ast
+import contextlib
 import errno
 import json
 import os
 import re
+import signal
+import threading
 from typing import NamedTuple
 
 import jax
@@ -73,9 +76,34 @@ def save(mngr: ocp.CheckpointManager, step: int, state, host: dict) -> None:
       see hfl.metrics.to_json_value); nothing is saved.
   """
   host = metrics.to_json_value(host, where='checkpoint host state')
-  mngr.save(step, args=ocp.args.Composite(
-      state=ocp.args.StandardSave(state), host=ocp.args.JsonSave(host)))
-  mngr.wait_until_finished()
+  with _signals_deferred():
+    mngr.save(step, args=ocp.args.Composite(
+        state=ocp.args.StandardSave(state), host=ocp.args.JsonSave(host)))
+    mngr.wait_until_finished()
+
+
+@contextlib.contextmanager
+def _signals_deferred(signums=(signal.SIGINT, signal.SIGTERM)):
+  """Holds Ctrl-C and SIGTERM until the block ends, then acts on the first one.
+
+  An interrupt raised inside orbax's save leaves its background commit running
+  while the interpreter shuts down: the step is left uncommitted and the log ends
+  in tracebacks. Deferred, the save completes and the run stops right after it.
+  Only the main thread can set handlers; elsewhere the block runs as it is.
+  """
+  if threading.current_thread() is not threading.main_thread():
+    yield
+    return
+  held = []
+  previous = {s: signal.signal(s, lambda signum, frame: held.append(signum))
+              for s in signums}
+  try:
+    yield
+  finally:
+    for s, handler in previous.items():
+      signal.signal(s, signal.SIG_DFL if handler is None else handler)
+    if held:
+      signal.raise_signal(held[0])  # to the handler that was in place
 
 
 def incomplete_reason(path) -> str | None:

@@ -11,6 +11,7 @@ import pytest
 
 from hfl import compress as C
 from hfl.compress import dgc
+from hfl.compress import quantize
 from hfl.compress import sparse
 
 KEY = jax.random.PRNGKey(0)
@@ -177,6 +178,24 @@ def test_qsgd_levels_and_unbiased(levels):
   mean = np.asarray(dec(jax.random.split(KEY, 4000))).mean(0)
   err = np.abs(mean - x).max() / np.linalg.norm(x)
   assert err < 0.05 / math.sqrt(levels), err
+
+
+def test_qsgd_at_the_most_levels_stays_within_a_level_and_unbiased():
+  s = quantize.MAX_LEVELS
+  shape = (13, 7)
+  x = _distinct(shape, seed=3)
+  c = C.qsgd(shape, s)
+  dec = jax.jit(jax.vmap(lambda k: c.decode(c.encode(jnp.asarray(x), (), k)[0])))
+  out = np.asarray(dec(jax.random.split(KEY, 1000)), np.float64)
+  norm = np.linalg.norm(x)
+  # Each decode is within one level (norm / s) of x, up to float32 rounding of the
+  # decoded value (|x| * 2**-23) and of the norm (x.size terms).
+  step = norm / s
+  assert np.all(np.abs(out - x) <= step + np.abs(x) * (x.size + 2) * U)
+  # Unbiased: the mean of 1000 draws is within 6 standard errors of the mean of a
+  # level draw (<= step / 2 / sqrt(1000)), plus the same float32 rounding.
+  tol = 6 * step / 2 / math.sqrt(1000) + np.abs(x) * (x.size + 2) * U
+  assert np.all(np.abs(out.mean(0) - x) <= tol)
 
 
 def test_qsgd_buckets_and_zero():
@@ -485,6 +504,8 @@ def test_powersgd_sends_dense_where_factors_would_not_be_smaller(shape, rank, co
     ({'density': 1.5}, r"compression\.uplink\.density=1\.5"),
     ({'name': 'randk', 'density': -0.1}, r'compression\.uplink\.density=-0\.1'),
     ({'name': 'qsgd', 'levels': 0}, r"compression\.uplink\.levels=0.*>= 1"),
+    ({'name': 'qsgd', 'levels': 2**16 + 1}, r"compression\.uplink\.levels=65537.*at most 65536"),
+    ({'name': 'qsgd', 'levels': 2**31}, r"compression\.uplink\.levels=2147483648.*at most"),
     ({'name': 'powersgd', 'rank': 0}, r"compression\.uplink\.rank=0.*>= 1"),
 ])
 def test_policy_rejects_bad_spec(kw, match):

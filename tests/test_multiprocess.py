@@ -810,3 +810,49 @@ def test_main_refuses_more_simulated_cpu_devices_than_xla_cpu_collectives_can_me
   _one_line_error(proc, 'mesh.num_dcs * mesh.workers_per_dc = 258 simulated CPU devices',
                   f'at most {mesh_lib.MAX_CPU_DEVICES}')
   assert not (tmp_path / 'w').exists()
+
+
+@pytest.mark.slow
+def test_sigterm_stops_a_run_like_ctrl_c_and_it_resumes(tmp_path):
+  """SIGTERM (kill, a scheduler's stop) unwinds like Ctrl-C: exit status 143, one
+  line naming the checkpoint to resume from, the workdir's lock removed; the same
+  command then resumes and finishes."""
+  data = make_dataset(str(tmp_path / 'data'))
+  workdir = tmp_path / 'w'
+  cmd = [sys.executable, 'main.py'] + main_args(str(workdir), data, num_steps=100000)[:-1] + [
+      '--config.train.checkpoint_every=1', '--config.train.eval_every=50',
+      '--config.train.log_every=50']
+  proc = subprocess.Popen(cmd, cwd=REPO, env=_env(), stdout=subprocess.PIPE,
+                          stderr=subprocess.PIPE, text=True)
+  try:
+    deadline = time.monotonic() + 120
+    ckpts = workdir / 'checkpoints'
+    while not (ckpts.is_dir() and any(n.isdigit() for n in os.listdir(ckpts))):
+      assert proc.poll() is None and time.monotonic() < deadline, proc.communicate()
+      time.sleep(0.5)
+    assert (workdir / '.lock').is_file()
+    proc.terminate()
+    _, err = proc.communicate(timeout=60)
+  finally:
+    proc.kill()
+  assert proc.returncode == 143, err[-2000:]
+  assert 'Traceback' not in err, err[-3000:]  # the save in flight finished first
+  last = err.strip().splitlines()[-1]
+  assert last.startswith(f'interrupted by SIGTERM: rerun the same command to resume {workdir} '
+                         'from its checkpoint of iteration '), last
+  step = int(last.rsplit(' ', 1)[1].rstrip('.'))
+  assert step >= 2 and (ckpts / str(step)).is_dir()
+  assert not (workdir / '.lock').exists()
+  resumed = run_ok(cmd[:-3] + [f'--config.train.num_steps={step + 4}',
+                               '--config.train.checkpoint_every=1'])
+  assert f'Resumed from {workdir} at step {step}' in resumed.stderr
+  summary = json.loads((workdir / 'summary.json').read_text())
+  assert summary['intra_dc_iterations'] == step + 4
+
+
+@pytest.mark.parametrize('field', ['num_dcs', 'workers_per_dc'])
+def test_main_names_an_empty_mesh_axis_before_the_backend_starts(tmp_path, field):
+  proc, _ = run([sys.executable, 'main.py', '--config=configs/smoke.py',
+                 f'--workdir={tmp_path / "w"}', f'--config.mesh.{field}=0'], timeout=120)
+  _one_line_error(proc, f'mesh.{field}=0 must be >= 1')
+  assert not (tmp_path / 'w').exists()

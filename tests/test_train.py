@@ -542,6 +542,14 @@ def test_main_names_a_missing_config_or_workdir_flag(tmp_path):
     assert out.returncode == 2, out.stderr[-2000:]
     assert out.stderr == (f'error: {flag} is required, e.g. python3 main.py '
                           '--config=configs/default.py --workdir=workdirs/run\n')
+  # Overrides without a --config file to override.
+  out = subprocess.run([sys.executable, os.path.join(REPO, 'main.py'), '--workdir=w',
+                        '--config.train.num_steps=80'],
+                       env=dict(os.environ, JAX_PLATFORMS='cpu'), capture_output=True,
+                       text=True, timeout=300, cwd=str(tmp_path))
+  assert out.returncode == 2
+  assert out.stderr.startswith('error: --config.FIELD overrides need a --config file')
+  assert out.stderr.count('\n') == 1 and not os.path.exists(tmp_path / 'w')
   smoke = os.path.join(REPO, 'configs/smoke.py')
   out = subprocess.run([sys.executable, os.path.join(REPO, 'main.py'), f'--config={smoke}',
                         '--workdir=w', '--config.seed=1', '--config', smoke],

@@ -114,6 +114,10 @@ def _check_hyper(field, name, value):
     if not _is_int(value) or value < 1:
       raise ValueError(f'{where}={value!r}: {name} must be an integer >= 1 '
                        f'({_POSITIVE_INTS[name]})')
+    if name == 'levels' and value > quantize.MAX_LEVELS:
+      raise ValueError(f'{where}={value!r}: levels must be at most {quantize.MAX_LEVELS} '
+                       '(2**16: float32 keeps the stochastic rounding\'s fraction only '
+                       'that far)')
   elif name == 'threshold_variant':
     if not isinstance(value, (bool, np.bool_)):
       raise ValueError(f'{where}={value!r}: threshold_variant must be True or False')

@@ -60,6 +60,13 @@ def unpack_bits(packed: jax.Array, n: int) -> jax.Array:
   return bits.reshape(packed.shape[:-1] + (-1,))[..., :n]
 
 
+# The most QSGD levels s: the scaled magnitude s * |x| / ||x|| <= s is a float32
+# (24 significand bits), and the stochastic rounding needs its fraction: with
+# s <= 2**16 at least 8 fraction bits are left, so the rounding probability is
+# resolved to 2**-8 or finer and the code stays unbiased to that resolution.
+MAX_LEVELS = 2**16
+
+
 def level_bits(levels: int) -> int:
   """Bits of a QSGD magnitude code in {0, ..., levels}: ceil(log2(levels + 1))."""
   return max(1, math.ceil(math.log2(levels + 1)))
@@ -80,7 +87,7 @@ def qsgd(shape, levels: int = 16, bucket_size: int | None = 512,
 
   Args:
     shape: the leaf's shape.
-    levels: s >= 1, number of non-zero magnitude levels.
+    levels: s in [1, MAX_LEVELS], number of non-zero magnitude levels.
     bucket_size: entries per norm (default 512); None for one norm per leaf —
       with s = 16 levels on a 10^5-entry leaf that variance diverges training.
     **unused: other spec hyper-parameters, ignored.
@@ -91,11 +98,11 @@ def qsgd(shape, levels: int = 16, bucket_size: int | None = 512,
     1 = negative; planes 1..: level bits, least significant first).
 
   Raises:
-    ValueError: levels < 1 or bucket_size < 1.
+    ValueError: levels not in [1, MAX_LEVELS] or bucket_size < 1.
   """
   del unused
-  if int(levels) != levels or levels < 1:
-    raise ValueError(f'levels must be an integer >= 1, got {levels!r}')
+  if int(levels) != levels or not 1 <= levels <= MAX_LEVELS:
+    raise ValueError(f'levels must be an integer in [1, {MAX_LEVELS}], got {levels!r}')
   levels = int(levels)
   shape = tuple(int(d) for d in shape)
   size = int(np.prod(shape, dtype=np.int64))
