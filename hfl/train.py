@@ -1286,6 +1286,11 @@ def _train_and_evaluate(config: ml_collections.ConfigDict, workdir: str) -> dict
     state, pending, weights, present = run_round(rt, state, ls)
     ls, loss = account(rt, ls, pending, weights, present)
     ls = end_round(rt, state, ls, loss)
+  for o in faults.unreached(config.sync.faults, s.mesh.shape[mesh_lib.DC], ls.round):
+    logging.warning('sync.faults: DC %d was to be absent in round %s, but the run ended '
+                    'after %d rounds (rounds 0-%d): that outage did not (fully) happen.',
+                    o.dc, o.first if o.first == o.last else f'{o.first}-{o.last}',
+                    ls.round, ls.round - 1)
   summary = summarize(rt, state, ls)
   rt.mw.close()
   rt.mngr.close()

@@ -413,6 +413,15 @@ def test_fednova_equal_k_is_fedavg_and_errors():
 # faults
 
 
+def test_faults_unreached_are_those_ending_at_or_after_the_run():
+  spec = '0:1-2,1:3-5,0:7,1:9'
+  assert faults.unreached(spec, 2, 10) == ()
+  assert faults.unreached(spec, 2, 8) == (faults.Outage(1, 9, 9),)
+  assert faults.unreached(spec, 2, 5) == (faults.Outage(1, 3, 5), faults.Outage(0, 7, 7),
+                                          faults.Outage(1, 9, 9))
+  assert faults.unreached('', 2, 0) == ()
+
+
 def test_faults_parse_and_present():
   present = faults.make_present_fn('1:10-12, 2:5', 3)
   assert present(0).tolist() == [True, True, True]

@@ -572,9 +572,14 @@ def test_semi_sync_with_equal_speeds_equals_periodic(fake_data, tmp_path):
 
 
 @pytest.mark.slow
-def test_dc_outage_leaves_the_other_training_and_the_run_finishing(fake_data, tmp_path):
-  cfg = {'train.num_steps': 8, 'sync.faults': '1:1-2', 'train.checkpoint_every': 0}
+def test_dc_outage_leaves_the_other_training_and_the_run_finishing(fake_data, tmp_path,
+                                                                    caplog):
+  # DC 0's outage in round 20 lies beyond the run's 4 rounds: it is warned about.
+  cfg = {'train.num_steps': 8, 'sync.faults': '1:1-2,0:20', 'train.checkpoint_every': 0}
   summary = train.train_and_evaluate(smoke_config(fake_data, **cfg), str(tmp_path / 'f'))
+  assert ('sync.faults: DC 0 was to be absent in round 20, but the run ended after 4 '
+          'rounds (rounds 0-3)') in caplog.text
+  assert 'DC 1 was to be absent' not in caplog.text
   full = train.train_and_evaluate(
       smoke_config(fake_data, **dict(cfg, **{'sync.faults': ''})), str(tmp_path / 'n'))
   assert summary['inter_dc_rounds'] == 4 and summary['intra_dc_iterations'] == 8

@@ -131,6 +131,17 @@ def present_mask(outages: tuple[Outage, ...], num_dcs: int,
   return mask
 
 
+def unreached(spec: str, num_dcs: int, num_rounds: int) -> tuple[Outage, ...]:
+  """The outages of ``spec`` that a run of ``num_rounds`` rounds (0..num_rounds-1)
+  never reaches, wholly or in part (``last >= num_rounds``): a configured fault
+  that did not happen, which the run warns about at its end.
+
+  Raises:
+    ValueError: as :func:`parse_faults`.
+  """
+  return tuple(o for o in parse_faults(spec, num_dcs) if o.last >= num_rounds)
+
+
 def make_present_fn(spec: str, num_dcs: int) -> Callable[[int], np.ndarray]:
   """Parses ``sync.faults`` and returns ``present(round) -> bool [D]``.
 
