@@ -4,7 +4,8 @@ field by field (floats bitwise, through their exact JSON text), wall-clock field
 
   python3 bench/same_results.py WORKDIR_A WORKDIR_B
 
-Exit status 0 when they agree, 1 with the differing fields listed otherwise.
+Exit status 0 when they agree, 1 with the differing fields listed otherwise, 2
+when a workdir cannot be read (no finished run there, or a file that is not JSON).
 """
 
 import json
@@ -42,7 +43,12 @@ def main(argv):
   if len(argv) != 3:
     print(__doc__, file=sys.stderr)
     return 2
-  diff = differences(load(argv[1]), load(argv[2]))
+  try:
+    runs = [load(w) for w in argv[1:]]
+  except (OSError, ValueError) as e:  # json.JSONDecodeError is a ValueError
+    print(f'error: cannot read a finished run: {e}', file=sys.stderr)
+    return 2
+  diff = differences(*runs)
   if diff:
     print('\n'.join(diff))
     return 1

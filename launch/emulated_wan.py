@@ -91,6 +91,10 @@ def sh(*cmd, check=True):
   return r
 
 
+# The fastest emulated WAN, Mbit/s per DC (1 Tbit/s).
+MAX_WAN_MBPS = 1e6
+
+
 def shape(ns: str, dev: str, rate_mbit: float, delay_ms: float) -> str:
   """Shapes ``dev``'s egress in ``ns`` (netem with ``delay_ms`` if it can); returns the qdisc."""
   r = sh('ip', 'netns', 'exec', ns, 'tc', 'qdisc', 'replace', 'dev', dev, 'root', 'netem',
@@ -200,7 +204,7 @@ def setup(num_dcs: int, rate_mbit: float, delay_ms: float, logs: str,
       f.write(f'127.0.0.1 localhost\n{dc_addr(i)} {host}\n')
   if use_line:
     path = os.path.join(logs, 'delay_line.log')
-    with open(path, 'w') as err:
+    with open(path, 'a') as err:
       line = subprocess.Popen(  # pylint: disable=consider-using-with
           ['ip', 'netns', 'exec', HUB, sys.executable, os.path.abspath(__file__),
            f'--_delay_line={delay_ms / 1000}'], stdout=subprocess.PIPE, stderr=err,
@@ -243,6 +247,12 @@ def check(args, margs):
   else:
     rate = common.finite(common.config_value(margs, 'network.wan_bandwidth_mbps', 100.0),
                          'network.wan_bandwidth_mbps', 0.0, allow_equal=False)
+  if rate > MAX_WAN_MBPS:
+    where = '--wan_mbps' if args.wan_mbps is not None else 'network.wan_bandwidth_mbps'
+    raise common.LaunchError(
+        f'{where}={rate:g} Mbit/s exceeds {MAX_WAN_MBPS:g} (1 Tbit/s): tc cannot shape '
+        'faster (its token bucket of about 1 ms at the rate outgrows 32 bits near '
+        '34 Tbit/s); give a rate in (0, 1e6].')
   if args.wan_latency_ms is not None:
     delay = common.finite(args.wan_latency_ms, '--wan_latency_ms')
   else:
@@ -384,7 +394,10 @@ def main() -> int:
                  PYTHONUNBUFFERED='1')
       env[distributed.ENV_ONE_DC_PER_PROCESS] = '1'
       path = os.path.join(logs, f'process_{i}.log')
-      with open(path, 'w') as log:  # the child keeps its own descriptor
+      with open(path, 'a') as log:  # the child keeps its own descriptor; a rerun appends
+        log.write(f'[wan] {time.strftime("%Y-%m-%d %H:%M:%S")}: process {i} of {num_dcs} '
+                  'starts\n')
+        log.flush()
         procs[i] = (subprocess.Popen(  # in the caller's directory: its relative paths hold
             ['ip', 'netns', 'exec', f'hflwan-dc{i}', sys.executable, common.MAIN] + margs,
             env=env, stdout=log, stderr=subprocess.STDOUT, start_new_session=True), path)

@@ -23,11 +23,15 @@ or written. Each process gets
 processes (2 processes x 4 devices for the default 2 DCs x 4 workers: DC d runs
 in process d). Cross-process collectives go over gloo (TCP on 127.0.0.1).
 
-Process i writes its stdout and stderr to ``LOG_DIR/process_<i>.log`` (and, for
-process 0, also echoes it here unless ``--quiet``). The launcher exits with 0 when
-every process does; otherwise it stops the remaining processes after
-``--grace_s`` seconds, prints which process failed with the tail of its log,
-and exits with the first failing status (or 124 after ``--timeout_s``).
+Process i appends its stdout and stderr to ``LOG_DIR/process_<i>.log`` after a
+line naming the session's start (and, for process 0, also echoes this session's
+output here unless ``--quiet``). The launcher exits with 0 when every process
+does; otherwise it stops the remaining processes after ``--grace_s`` seconds,
+prints which process failed with the tail of its log, and exits with the first
+failing status (or 124 after ``--timeout_s``). Ctrl-C or SIGTERM sends SIGTERM
+to every process, which lets a checkpoint save in progress finish and stops
+(main.py), and SIGKILL after ``STOP_GRACE_S`` seconds; the launcher then exits
+with 130 or 143 and one line.
 """
 
 import argparse
@@ -118,6 +122,34 @@ def check(args) -> str:
   return log_dir
 
 
+# Seconds the processes get after SIGTERM to finish a checkpoint save and exit.
+STOP_GRACE_S = 30.0
+
+
+class _Terminated(KeyboardInterrupt):
+  """The launcher got SIGTERM: stop like Ctrl-C."""
+
+
+def _raise_terminated(signum, frame):
+  del signum, frame
+  raise _Terminated()
+
+
+def _stop(procs: dict, grace_s: float) -> None:
+  """SIGTERM to each running process's group, then SIGKILL to those still running
+  after ``grace_s`` seconds; waits for all of them."""
+  for p in procs.values():
+    if p.poll() is None:
+      os.killpg(p.pid, signal.SIGTERM)
+  deadline = time.monotonic() + grace_s
+  for p in procs.values():
+    try:
+      p.wait(max(deadline - time.monotonic(), 0.1))
+    except subprocess.TimeoutExpired:
+      os.killpg(p.pid, signal.SIGKILL)
+      p.wait()
+
+
 def main(argv=None) -> int:
   try:
     args = parse_args(sys.argv[1:] if argv is None else argv)
@@ -133,9 +165,13 @@ def main(argv=None) -> int:
   print(f'[launch] {args.num_processes} processes, coordinator {coordinator}, logs {log_dir}',
         flush=True)
 
-  # SIGTERM (e.g. a job's timeout) ends the run through the cleanup below.
-  signal.signal(signal.SIGTERM, lambda *_: sys.exit(128 + signal.SIGTERM))
+  # Ctrl-C or SIGTERM (e.g. a job's timeout) stops the processes through the
+  # cleanup below: each gets SIGTERM, which main.py handles like Ctrl-C after any
+  # checkpoint save in progress.
+  signal.signal(signal.SIGTERM, _raise_terminated)
   procs = {}  # process id -> (Popen, log path, log file)
+  starts = {}  # process id -> where this session's output begins in its log
+  interrupted = None  # exit status: 130 (Ctrl-C) or 143 (SIGTERM)
   try:
     for i in range(args.num_processes):
       if i in args.skip_process:
@@ -146,12 +182,18 @@ def main(argv=None) -> int:
                  PYTHONUNBUFFERED='1')
       env.setdefault('JAX_PLATFORMS', 'cpu')
       path = os.path.join(log_dir, f'process_{i}.log')
-      log = open(path, 'w')  # pylint: disable=consider-using-with
+      log = open(path, 'a')  # pylint: disable=consider-using-with  (a rerun appends)
+      log.write(f'[launch] {time.strftime("%Y-%m-%d %H:%M:%S")}: process {i} of '
+                f'{args.num_processes} starts\n')
+      log.flush()
+      starts[i] = log.tell()
       cmd = [args.python, common.MAIN] + args.main_args  # in the caller's directory
       procs[i] = (subprocess.Popen(cmd, env=env, stdout=log,
                                    stderr=subprocess.STDOUT, start_new_session=True), path, log)
 
     echo = None if args.quiet or 0 not in procs else open(procs[0][1], errors='replace')
+    if echo is not None:
+      echo.seek(starts[0])  # this session's output only
     t0 = time.monotonic()
     failed = None  # (process id, status)
     fail_time = None
@@ -168,18 +210,8 @@ def main(argv=None) -> int:
       now = time.monotonic()
       timed_out = args.timeout_s and now - t0 > args.timeout_s
       if timed_out or (failed is not None and now - fail_time > args.grace_s):
-        for i, (p, _, _) in procs.items():
-          if i not in status and p.poll() is None:
-            os.killpg(p.pid, signal.SIGTERM)
-        deadline = time.monotonic() + 5
-        for i, (p, _, _) in procs.items():
-          if i not in status:
-            try:
-              p.wait(max(deadline - time.monotonic(), 0.1))
-            except subprocess.TimeoutExpired:
-              os.killpg(p.pid, signal.SIGKILL)
-              p.wait()
-            status[i] = p.returncode
+        _stop({i: p for i, (p, _, _) in procs.items() if i not in status}, 5)
+        status.update({i: p.returncode for i, (p, _, _) in procs.items()})
         if timed_out and failed is None:
           failed = (-1, 124)
         break
@@ -189,12 +221,15 @@ def main(argv=None) -> int:
       echo.close()
     for _, _, log in procs.values():
       log.close()
-
+  except KeyboardInterrupt as e:
+    interrupted = 143 if isinstance(e, _Terminated) else 130
   finally:  # nothing outlives the launcher
-    for p, _, _ in procs.values():
-      if p.poll() is None:
-        os.killpg(p.pid, signal.SIGKILL)
-        p.wait()
+    _stop({i: p for i, (p, _, _) in procs.items()}, STOP_GRACE_S)
+  if interrupted is not None:
+    print(f'[launch] interrupted: the processes were stopped (SIGTERM; SIGKILL after '
+          f'{STOP_GRACE_S:.0f} s); rerun the same command to resume from the last '
+          f'checkpoint (logs in {log_dir}).', file=sys.stderr, flush=True)
+    return interrupted
   if failed is None:
     print(f'[launch] all {len(procs)} processes finished OK in '
           f'{time.monotonic() - t0:.1f} s', flush=True)

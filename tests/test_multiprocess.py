@@ -456,6 +456,19 @@ def test_emulated_wan_refuses_non_finite_settings_before_anything(tmp_path, flag
   assert not (tmp_path / 'w').exists()
 
 
+@pytest.mark.parametrize('flags,field', [
+    (['--wan_mbps=1e12'], '--wan_mbps=1e+12'),
+    (['--', '--config.network.wan_bandwidth_mbps=2e6'], 'network.wan_bandwidth_mbps=2e+06')])
+@pytest.mark.multiprocess
+def test_emulated_wan_refuses_a_rate_tc_cannot_shape_before_anything(tmp_path, flags, field):
+  extra = flags[1:] if flags[0] == '--' else []
+  cmd = [sys.executable, EMULATED_WAN] + (flags if not extra else []) + [
+      '--', f'--config={REPO}/configs/smoke.py', '--workdir=w'] + extra
+  proc = run_in(tmp_path, cmd, timeout=60)
+  _one_line_error(proc, f'{field} Mbit/s exceeds 1e+06 (1 Tbit/s)')
+  assert not (tmp_path / 'w').exists()
+
+
 @pytest.mark.parametrize('flag', ['--timeout_s=nan', '--grace_s=inf', '--timeout_s=-1'])
 @pytest.mark.multiprocess
 def test_local_launcher_refuses_non_finite_settings(tmp_path, flag):
@@ -856,3 +869,37 @@ def test_main_names_an_empty_mesh_axis_before_the_backend_starts(tmp_path, field
                  f'--workdir={tmp_path / "w"}', f'--config.mesh.{field}=0'], timeout=120)
   _one_line_error(proc, f'mesh.{field}=0 must be >= 1')
   assert not (tmp_path / 'w').exists()
+
+
+@pytest.mark.multiprocess
+def test_launcher_stopped_by_sigterm_lets_its_processes_stop_cleanly(tmp_path):
+  """SIGTERM to local_multiprocess.py reaches every process as SIGTERM (main.py
+  finishes a checkpoint save in progress, then stops): exit 143 and one line; no
+  half-written checkpoint, no lock left; each process's log ends with its own
+  interrupt line, and a rerun appends to the logs."""
+  data = make_dataset(str(tmp_path / 'data'))
+  workdir = tmp_path / 'w'
+  args = main_args(str(workdir), data, num_steps=100000)[:-1] + [
+      '--config.train.checkpoint_every=1', '--config.train.log_every=50']
+  proc = subprocess.Popen(launch(2, args), cwd=REPO, env=_env(), stdout=subprocess.PIPE,
+                          stderr=subprocess.PIPE, text=True)
+  try:
+    deadline = time.monotonic() + 150
+    ckpts = workdir / 'checkpoints'
+    while not (ckpts.is_dir() and any(n.isdigit() for n in os.listdir(ckpts))):
+      assert proc.poll() is None and time.monotonic() < deadline, proc.communicate()
+      time.sleep(0.5)
+    proc.terminate()
+    _, err = proc.communicate(timeout=90)
+  finally:
+    proc.kill()
+  assert proc.returncode == 143, err[-3000:]
+  assert err.strip().splitlines()[-1].startswith('[launch] interrupted: the processes were '
+                                                 'stopped (SIGTERM')
+  assert not [n for n in os.listdir(ckpts) if not n.isdigit()]
+  assert not (workdir / '.lock').exists()
+  for i in range(2):
+    log = (workdir / 'logs' / f'process_{i}.log').read_text().strip().splitlines()
+    assert log[0].startswith('[launch] ') and log[0].endswith(f'process {i} of 2 starts')
+    assert log[-1].startswith(f'interrupted by SIGTERM: rerun the same command to resume '
+                              f'{workdir} from its checkpoint of iteration '), log[-3:]

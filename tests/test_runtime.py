@@ -185,3 +185,14 @@ def test_same_results_sees_one_ulp_and_ignores_wall_clock(tmp_path):
   assert same_results.differences(same_results.load(a), same_results.load(c)) == [
       'metrics.jsonl[0].test_loss: 0.25 != 0.25000000000000006',
       'summary.json.final_test_loss: 0.25 != 0.25000000000000006']
+
+
+def test_same_results_names_a_workdir_it_cannot_read(tmp_path, capsys):
+  (tmp_path / 'a').mkdir()
+  (tmp_path / 'a' / 'summary.json').write_text('{"x": 1}')
+  (tmp_path / 'a' / 'metrics.jsonl').write_text('{"step": 1}\n')
+  assert same_results.main(['same_results.py', str(tmp_path / 'a'), str(tmp_path / 'a')]) == 0
+  assert same_results.main(['same_results.py', str(tmp_path / 'a'), str(tmp_path / 'b')]) == 2
+  assert capsys.readouterr().err.startswith('error: cannot read a finished run: ')
+  (tmp_path / 'a' / 'summary.json').write_text('{"x": ')
+  assert same_results.main(['same_results.py', str(tmp_path / 'a'), str(tmp_path / 'a')]) == 2
