@@ -825,6 +825,25 @@ def test_main_refuses_more_simulated_cpu_devices_than_xla_cpu_collectives_can_me
   assert not (tmp_path / 'w').exists()
 
 
+def _sigterm_after_first_checkpoint(cmd, workdir):
+  """Starts ``cmd``, sends it SIGTERM once WORKDIR holds a checkpoint and the lock,
+  and returns (the ended Popen, its stderr)."""
+  proc = subprocess.Popen(cmd, cwd=REPO, env=_env(), stdout=subprocess.PIPE,
+                          stderr=subprocess.PIPE, text=True)
+  try:
+    deadline = time.monotonic() + 150
+    ckpts = workdir / 'checkpoints'
+    while not (ckpts.is_dir() and any(n.isdigit() for n in os.listdir(ckpts))):
+      assert proc.poll() is None and time.monotonic() < deadline, proc.communicate()
+      time.sleep(0.5)
+    assert (workdir / '.lock').is_file()
+    proc.terminate()
+    _, err = proc.communicate(timeout=90)
+  finally:
+    proc.kill()
+  return proc, err
+
+
 @pytest.mark.slow
 def test_sigterm_stops_a_run_like_ctrl_c_and_it_resumes(tmp_path):
   """SIGTERM (kill, a scheduler's stop) unwinds like Ctrl-C: exit status 143, one
@@ -835,19 +854,8 @@ def test_sigterm_stops_a_run_like_ctrl_c_and_it_resumes(tmp_path):
   cmd = [sys.executable, 'main.py'] + main_args(str(workdir), data, num_steps=100000)[:-1] + [
       '--config.train.checkpoint_every=1', '--config.train.eval_every=50',
       '--config.train.log_every=50']
-  proc = subprocess.Popen(cmd, cwd=REPO, env=_env(), stdout=subprocess.PIPE,
-                          stderr=subprocess.PIPE, text=True)
-  try:
-    deadline = time.monotonic() + 120
-    ckpts = workdir / 'checkpoints'
-    while not (ckpts.is_dir() and any(n.isdigit() for n in os.listdir(ckpts))):
-      assert proc.poll() is None and time.monotonic() < deadline, proc.communicate()
-      time.sleep(0.5)
-    assert (workdir / '.lock').is_file()
-    proc.terminate()
-    _, err = proc.communicate(timeout=60)
-  finally:
-    proc.kill()
+  ckpts = workdir / 'checkpoints'
+  proc, err = _sigterm_after_first_checkpoint(cmd, workdir)
   assert proc.returncode == 143, err[-2000:]
   assert 'Traceback' not in err, err[-3000:]  # the save in flight finished first
   last = err.strip().splitlines()[-1]
@@ -881,18 +889,8 @@ def test_launcher_stopped_by_sigterm_lets_its_processes_stop_cleanly(tmp_path):
   workdir = tmp_path / 'w'
   args = main_args(str(workdir), data, num_steps=100000)[:-1] + [
       '--config.train.checkpoint_every=1', '--config.train.log_every=50']
-  proc = subprocess.Popen(launch(2, args), cwd=REPO, env=_env(), stdout=subprocess.PIPE,
-                          stderr=subprocess.PIPE, text=True)
-  try:
-    deadline = time.monotonic() + 150
-    ckpts = workdir / 'checkpoints'
-    while not (ckpts.is_dir() and any(n.isdigit() for n in os.listdir(ckpts))):
-      assert proc.poll() is None and time.monotonic() < deadline, proc.communicate()
-      time.sleep(0.5)
-    proc.terminate()
-    _, err = proc.communicate(timeout=90)
-  finally:
-    proc.kill()
+  ckpts = workdir / 'checkpoints'
+  proc, err = _sigterm_after_first_checkpoint(launch(2, args), workdir)
   assert proc.returncode == 143, err[-3000:]
   assert err.strip().splitlines()[-1].startswith('[launch] interrupted: the processes were '
                                                  'stopped (SIGTERM')
