@@ -67,12 +67,36 @@ SHARES = (0.25, 0.06, 0.21, 0.21, 0.27)
 MAX_BUDGET_S = 560.0  # one device command runs for at most 600 s
 
 
-def prepare(data_dir: str, python_version: str) -> None:
-  """Fills ``.device/`` (data and wheels). Raises SystemExit naming what is missing."""
+def check_data_dir(data_dir: str) -> None:
+  """Checks that ``data_dir`` is a directory holding every file of :data:`DATA_FILES`,
+  readable, before ``--prepare`` writes anything.
+
+  Raises:
+    ValueError: one line naming ``--data_dir``, the path and what is wrong with it
+      (does not exist, is not a directory, a file missing, not a file or unreadable).
+  """
+  needs = ', '.join(DATA_FILES.values())
+  if not os.path.isdir(data_dir):
+    what = 'is not a directory' if os.path.exists(data_dir) else 'does not exist'
+    raise ValueError(f'--data_dir={data_dir} {what}; pass the directory holding {needs}')
+  problems = []
   for name in DATA_FILES.values():
     src = os.path.join(data_dir, name)
     if not os.path.exists(src):
-      raise SystemExit(f'--data_dir: {src} does not exist (needs {", ".join(DATA_FILES.values())})')
+      problems.append(f'{src} does not exist')
+    elif not os.path.isfile(src):
+      problems.append(f'{src} is not a file')
+    elif not os.access(src, os.R_OK):
+      problems.append(f'{src} is not readable')
+  if problems:
+    raise ValueError(f'--data_dir={data_dir}: {"; ".join(problems)} (--prepare needs {needs} '
+                     'there)')
+
+
+def prepare(data_dir: str, python_version: str) -> None:
+  """Fills ``.device/`` (data and wheels); ValueError from :func:`check_data_dir` for a
+  bad ``data_dir``, before anything is written."""
+  check_data_dir(data_dir)
   os.makedirs(os.path.join(DEVICE_DIR, 'data'), exist_ok=True)
   for name in DATA_FILES.values():
     src = os.path.join(data_dir, name)
@@ -245,6 +269,10 @@ def main(argv=None) -> int:
                   help="iterations per config (0: the config's train.num_steps)")
   args = ap.parse_args(argv)
   if args.prepare:
+    try:
+      check_data_dir(args.data_dir)
+    except ValueError as e:
+      ap.error(str(e))
     prepare(args.data_dir, args.python_version)
     return 0
   try:

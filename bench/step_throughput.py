@@ -13,6 +13,12 @@ per-block ratios of adjacent blocks, robust to the shared machine's speed drifti
     what a default experiment runs;
   * data parallel: one shard_map'd step, gradient pmean over ('dc', 'worker'),
     optax update;
+  * two-level floor: the least any hierarchical step with a round every iteration
+    runs: per-DC parameters (sharded over 'dc', like hfl's), each worker's gradient
+    pmean'd over 'worker' and then over 'dc' (two dependent collectives instead of
+    data parallelism's one), optax update; no pseudo-gradient, outer optimizer,
+    WAN split, finiteness flags or accounting. "hier. / floor" is how far hfl's
+    step is from it, "floor / DP" what the second collective level alone costs;
   * one device: plain jax.jit of the same SGD step on the whole global batch on
     device 0 (no mesh, no collectives).
 
@@ -179,6 +185,29 @@ def programs(net, x_host, y_host, mesh, k: int = 4):
       box['dp'] = dp(*box['dp'], x, y)
       jax.block_until_ready(box['dp'])
 
+  # ---- Two-level floor: per-DC parameters, pmean over 'worker' then over 'dc'.
+  def floor_body(p, o, x, y):  # p, o: this DC's copy, leaves [1, ...]
+    p_var = jax.lax.pcast(jax.tree.map(lambda a: a[0], p), 'worker', to='varying')
+    g = jax.lax.pmean(jax.lax.pmean(jax.grad(loss_fn)(p_var, x[0, 0], y[0, 0]), 'worker'),
+                      'dc')
+    # The update in the stored [1, ...] layout: XLA then updates the donated buffers in
+    # place (squeezing and re-adding the axis makes it copy them; no measurable cost here).
+    u, o = jax.vmap(opt.update)(jax.tree.map(lambda a: a[None], g), o, p)
+    return optax.apply_updates(p, u), o
+  floor = jax.jit(jax.shard_map(floor_body, mesh=mesh,
+                                in_specs=(P('dc'), P('dc'), P('dc', 'worker'), P('dc', 'worker')),
+                                out_specs=(P('dc'), P('dc'))), donate_argnums=(0, 1))
+  per_dc = lambda t: jax.tree.map(lambda a: np.broadcast_to(a, (D,) + a.shape).copy(),
+                                  jax.tree.map(np.asarray, t))
+  box['floor'] = jax.device_put(per_dc((params, opt.init(params))),
+                                NamedSharding(mesh, P('dc')))
+  floor_flops = xla_flops(floor.lower(*box['floor'], x, y).compile()) * D * W
+
+  def run_floor(n):
+    for _ in range(n):
+      box['floor'] = floor(*box['floor'], x, y)
+      jax.block_until_ready(box['floor'])
+
   # ---- One device, plain jax.jit, the global batch.
   dev = jax.devices()[0]
 
@@ -197,14 +226,17 @@ def programs(net, x_host, y_host, mesh, k: int = 4):
       jax.block_until_ready(box['one'])
 
   progs = {'hierarchical': (run_h, h_flops), f'hierarchical K={k}': (run_hk, h_flops),
-           'data parallel': (run_dp, dp_flops), 'one device': (run_one, one_flops)}
+           'data parallel': (run_dp, dp_flops), 'two-level floor': (run_floor, floor_flops),
+           'one device': (run_one, one_flops)}
   return progs, model_flops, mb
 
 
 def measure(progs, steps: int, blocks: int) -> tuple[dict, dict]:
   """Median steps/s of each program over alternating blocks (after 2 warm-up steps),
-  and per hierarchical program the per-block ratios to data parallel (each from
-  adjacent blocks, so a slow drift of the shared machine's speed cancels)."""
+  and the per-block ratios (each from adjacent blocks, so a slow drift of the shared
+  machine's speed cancels): of every program but data parallelism and one device to
+  data parallelism (steps/s over DP's), and 'hierarchical / floor' (the hierarchical
+  step's steps/s over the two-level floor's) where both ran."""
   for run, _ in progs.values():
     run(2)
   times = {k: [] for k in progs}
@@ -214,7 +246,10 @@ def measure(progs, steps: int, blocks: int) -> tuple[dict, dict]:
       run(steps)
       times[k].append(time.perf_counter() - t0)
   ratios = {k: [d / h for h, d in zip(times[k], times['data parallel'])]
-            for k in times if k.startswith('hierarchical')}
+            for k in times if k not in ('data parallel', 'one device')}
+  if 'hierarchical' in times and 'two-level floor' in times:
+    ratios['hierarchical / floor'] = [f / h for h, f in zip(times['hierarchical'],
+                                                             times['two-level floor'])]
   return {k: steps / float(np.median(v)) for k, v in times.items()}, ratios
 
 
@@ -259,9 +294,10 @@ def main():
   mesh = mesh_lib.make_mesh(D, W)
   print('\n| model | input | model GFLOP/step (jaxpr) | XLA GFLOP/step: hier. / DP / 1 dev. | '
         f'hierarchical steps/s | data-parallel steps/s | hier. / DP: median (quartiles) of blocks | '
-        f'hier. K={args.k} / DP: median (quartiles) | one device (jit) steps/s | '
+        f'hier. K={args.k} / DP: median (quartiles) | two-level floor / DP | hier. / floor | '
+        'one device (jit) steps/s | '
         'MFU hierarchical | MFU one device | XLA MB accessed/step/device: hier. / DP |')
-  print('|---|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|', flush=True)
+  print('|---|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|', flush=True)
   for name in names:  # each row as soon as its model is measured
     net, x, y, desc = build(name, args.batch, np.random.default_rng(0), D, W)
     progs, mf, mb = programs(net, x, y, mesh, args.k)
@@ -273,6 +309,7 @@ def main():
     h, dp, one = r['hierarchical'], r['data parallel'], r['one device']
     print(f'| {name} | {desc} | {mf / 1e9:.3f} | {xla} | {h:.2f} | {dp:.2f} | '
           f'{quart(ratios["hierarchical"])} | {quart(ratios[f"hierarchical K={args.k}"])} | '
+          f'{quart(ratios["two-level floor"])} | {quart(ratios["hierarchical / floor"])} | '
           f'{one:.2f} | {mfu(h)} | {mfu(one)} | '
           f'{mb[0]:.1f} / {mb[1]:.1f} |', flush=True)
 

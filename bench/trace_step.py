@@ -136,7 +136,7 @@ def main():
   for name in args.model.split(','):
     net, xh, yh, desc = step_throughput.build(name, args.batch, rng, d, w)
     progs, _, _ = step_throughput.programs(net, xh, yh, mesh)
-    progs = {k: v for k, v in progs.items() if k != 'one device'}
+    progs = {k: v for k, v in progs.items() if k not in ('one device', 'two-level floor')}
     rates, _ = step_throughput.measure(progs, args.steps, args.blocks)
     print(f'\n## {name} ({desc})', flush=True)
     for k, (run, _) in progs.items():

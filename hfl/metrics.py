@@ -105,6 +105,15 @@ def dumps(obj: Any, nonfinite: str = 'error', where: str = '', **kwargs) -> str:
   return json.dumps(to_json_value(obj, nonfinite, where), allow_nan=False, **kwargs)
 
 
+def replace_file(path: str, text: str) -> None:
+  """Writes ``text`` (UTF-8) to ``path`` whole: to ``path + '.tmp'``, then renamed over
+  ``path``, so a crash or a full disk leaves the old file as it was."""
+  tmp = path + '.tmp'
+  with open(tmp, 'w', encoding='utf-8') as f:
+    f.write(text)
+  os.replace(tmp, path)
+
+
 def write_json(path: str, obj: Any, nonfinite: str = 'error') -> None:
   """Writes ``obj`` as strict JSON atomically (temp file + rename).
 
@@ -114,11 +123,8 @@ def write_json(path: str, obj: Any, nonfinite: str = 'error') -> None:
   Raises:
     ValueError / TypeError: as :func:`to_json_value` (nothing is written).
   """
-  text = dumps(obj, nonfinite, where=os.path.basename(path), indent=2, sort_keys=True)
-  tmp = path + '.tmp'
-  with open(tmp, 'w') as f:
-    f.write(text + '\n')
-  os.replace(tmp, path)
+  replace_file(path, dumps(obj, nonfinite, where=os.path.basename(path), indent=2,
+                           sort_keys=True) + '\n')
 
 
 # What a workdir holds, by name: (a directory?, what for). checkpoints/ and
@@ -297,10 +303,9 @@ class MetricsWriter:
     if not self._enabled:
       return
     kept = [r for r in read_jsonl(self.path) if r['step'] <= resume_step]
-    with open(self.path + '.tmp', 'w') as f:
-      # Written by this or an older hfl: a non-finite value there becomes null.
-      f.writelines(dumps(r, 'null', where='metrics.jsonl') + '\n' for r in kept)
-    os.replace(self.path + '.tmp', self.path)
+    # Written by this or an older hfl: a non-finite value there becomes null.
+    replace_file(self.path, ''.join(dumps(r, 'null', where='metrics.jsonl') + '\n'
+                                    for r in kept))
     from tensorboardX import SummaryWriter  # pylint: disable=g-import-not-at-top
     self._tb = SummaryWriter(os.path.join(workdir, 'tb'), purge_step=resume_step + 1)
 

@@ -28,6 +28,8 @@ import threading
 import time
 from typing import Any, Callable, Mapping, NamedTuple, Sequence
 
+from hfl import metrics as metrics_lib
+
 REPO_ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 MAIN_PY = os.path.join(REPO_ROOT, 'main.py')
 SUMMARY = 'summary.json'
@@ -43,8 +45,9 @@ sweep file: a Python file defining get_sweep() -> (base, grid)
   base  a config file ('configs/default.py' or 'path:arg'; relative to the sweep file's
         directory, else to hfl's repository) or an ml_collections.ConfigDict
   grid  {dotted.key: [options...]}: their cartesian product, in key order (a value that
-        is not a list, e.g. a tuple for network.dc_speed, is one fixed value); or a list
-        of such dicts, whose points are concatenated (duplicates dropped)
+        is not a list, e.g. a tuple for network.dc_speed, is one fixed value; an option
+        listed twice is an error); or a list of such dicts, whose points are
+        concatenated (a point two of them share runs once)
 
   def get_sweep():  # 2 strategies x 2 uplink compressors x 3 seeds = 12 runs
     return 'configs/default.py', {
@@ -56,6 +59,9 @@ sweep file: a Python file defining get_sweep() -> (base, grid)
   tuples in parentheses); several --grid flags: their cartesian product, with --sweep
   times the file's points. Relative paths (--sweep, --config, --root) are the caller's;
   jobs run in the caller's directory and write only under ROOT.
+
+A sweep root holds one sweep (ROOT/sweep.json lists its runs): there, a grid lacking one
+is refused; the same grid resumes it, a larger one adds runs.
 
 examples:
   python -m hfl.sweep --sweep=my_sweep.py --root=workdirs/mine --dry_run
@@ -134,7 +140,8 @@ def parse_grid(flags: Sequence[str]) -> dict[str, list]:
   """``['sync.k=1,2,4', 'seed=0,1']`` -> ``{'sync.k': [1, 2, 4], 'seed': [0, 1]}``.
 
   Raises:
-    ValueError: a flag without ``KEY=`` or without values, or a key given twice.
+    ValueError: a flag without ``KEY=`` or without values, a key given twice, or a
+      value given twice for one key (e.g. ``seed=1,1,2``).
   """
   grid = {}
   for flag in flags:
@@ -146,7 +153,19 @@ def parse_grid(flags: Sequence[str]) -> dict[str, list]:
       raise ValueError(f'--grid: {key!r} given twice; list all its values in one flag')
     # Commas inside brackets belong to a value: '(1.0,2.0),(1.0,1.0)' is two tuples.
     grid[key] = [_literal(v.strip()) for v in re.split(r',(?![^()\[\]]*[)\]])', values)]
+    _no_repeats(key, grid[key], f'--grid {flag!r}: key')
   return grid
+
+
+def _no_repeats(key: str, options: Sequence[Any], where: str = 'grid key') -> None:
+  """ValueError naming ``key`` and the value if an option equals an earlier one (as run
+  names compare them: 1 and 1.0 differ, a tuple equals its list)."""
+  seen = set()
+  for v in options:
+    if (c := json.dumps(v, sort_keys=True, default=repr)) in seen:
+      raise ValueError(f'{where} {key!r} lists the value {v!r} twice (each point runs '
+                       'once); list each value once')
+    seen.add(c)
 
 
 def combine_grids(grid: Any, extra: Mapping[str, list] | None) -> Any:
@@ -158,12 +177,15 @@ def combine_grids(grid: Any, extra: Mapping[str, list] | None) -> Any:
 
 def expand_grid(grid: Mapping[str, Any] | Sequence[Mapping[str, Any]] | None) -> list[dict]:
   """The points of a grid (:data:`FORMAT`; None/empty: the base run alone), as override
-  dicts in grid order, duplicates dropped; TypeError for another type of grid."""
+  dicts in grid order (a point two dicts of a list share comes once); TypeError for
+  another type of grid, ValueError for an option listed twice (``'seed': [1, 1]``)."""
   if not grid:
     return [{}]
   if isinstance(grid, Mapping):
     keys = list(grid)
     options = [v if isinstance(v, list) else [v] for v in grid.values()]
+    for key, opts in zip(keys, options):
+      _no_repeats(key, opts)
     points = [dict(zip(keys, combo)) for combo in itertools.product(*options)]
   elif isinstance(grid, (list, tuple)):
     points = [p for sub in grid for p in expand_grid(sub)]
@@ -469,10 +491,38 @@ def _label_keys(grid: Any) -> list[str] | None:
   return (preferred + [k for k in keys if k not in preferred]) or None
 
 
+def check_manifest(root: str, runs: Sequence[RunSpec], max_names: int = 5) -> None:
+  """Checks that ``runs`` keep every run ``ROOT/sweep.json`` lists (the sweep run on this
+  root before, if any): the same grid (a resume) or a larger one pass.
+
+  Raises:
+    ValueError: the manifest cannot be read (its path, why), or lists runs that ``runs``
+      lack: another sweep (the root, those runs, the first ``max_names`` named, what to do).
+  """
+  path, names = os.path.join(os.path.abspath(root), MANIFEST), {r.name for r in runs}
+  try:
+    with open(path, encoding='utf-8') as f:
+      dropped = [r['name'] for r in json.load(f)['runs'] if r['name'] not in names]
+  except (FileNotFoundError, NotADirectoryError):  # no manifest (or no root) yet
+    return
+  except (OSError, ValueError, TypeError, KeyError) as e:
+    raise ValueError(f'{path} is not a readable sweep manifest ({type(e).__name__}: {e}); '
+                     'give this sweep a new --root, or move that file away if the runs under '
+                     'this root are this sweep\'s') from None
+  if dropped:
+    shown = ', '.join(dropped[:max_names]) + (
+        f' and {len(dropped) - max_names} more' if len(dropped) > max_names else '')
+    raise ValueError(
+        f'the sweep root {os.path.abspath(root)} holds another sweep: its {MANIFEST} lists '
+        f'{len(dropped)} run(s) this grid does not have ({shown}); nothing was written or '
+        'launched. A sweep root holds one sweep: give this one a new --root, or rerun the '
+        'recorded grid (adding values or seeds to it is fine).')
+
+
 def _write_manifest(root: str, config_arg: str, runs: Sequence[RunSpec]):
-  with open(os.path.join(root, MANIFEST), 'w', encoding='utf-8') as f:
-    json.dump({'config': config_arg, 'runs': [r._asdict() for r in runs]}, f, indent=1,
-              default=repr)
+  """Writes ``ROOT/sweep.json`` (through a temporary file: a crash leaves the old one)."""
+  metrics_lib.replace_file(os.path.join(root, MANIFEST), json.dumps(
+      {'config': config_arg, 'runs': [r._asdict() for r in runs]}, indent=1, default=repr))
 
 
 def _dry_run(runs, status, todo, rest, root, max_runs, out) -> SweepResult:
@@ -509,13 +559,15 @@ def run_sweep(base: Any, grid: Any, root: str, *, runner: Runner | None = None,
 
   Raises:
     ValueError: a run's config is invalid, or a finished run was made with another
-      config (``check``, :func:`check_done`); nothing was written.
+      config (``check``, :func:`check_done`), or ``ROOT/sweep.json`` lists a run the
+      grid lacks (:func:`check_manifest`); nothing was written.
     KeyboardInterrupt: Ctrl-C; the running jobs were stopped (:func:`stop_children`).
   """
   runner = runner or subprocess_runner
   _STOPPING.clear()  # a new sweep in this process (an earlier one was interrupted)
   config_arg = resolve_base(base, root, write=False)
   runs = make_runs(config_arg, grid, root, python=python, main_py=main_py)
+  check_manifest(root, runs)
   status = {r.name: run_status(r.workdir) for r in runs}
   if check:
     status.update({name: 'partial' for name in check_done(base, config_arg, runs)})

@@ -13,9 +13,9 @@ go to WORKDIR/logs unless ``--log_dir``); a missing one or one (or a
 ``--log_dir``) that cannot be a directory, a missing config file, a mesh
 (``mesh.num_dcs * mesh.workers_per_dc`` of the config and its overrides) that
 ``--num_processes`` does not divide, a ``--python`` that is not an executable,
-a ``--port`` already in use, a non-finite number, or main.py flags not placed
-after ``--`` is reported in one line (exit status 2) before anything is started
-or written. Each process gets
+a ``--port`` already in use, a non-finite number, a ``--skip_process`` that
+is not a process id, or main.py flags not placed after ``--`` is reported
+in one line (exit status 2) before anything is started or written. Each process gets
 ``HFL_COORDINATOR=127.0.0.1:<free port>``, ``HFL_NUM_PROCESSES`` and its own
 ``HFL_PROCESS_ID`` (read by ``hfl.distributed.maybe_initialize``) and
 ``JAX_PLATFORMS=cpu``; ``main.py`` then splits the mesh's
@@ -60,7 +60,8 @@ def parse_args(argv):
   """The launcher's arguments (argparse's own usage errors exit with status 2).
 
   Raises:
-    common.LaunchError: --num_processes < 1, or flags for main.py not after ``--``.
+    common.LaunchError: --num_processes < 1, a --skip_process that is not a process
+      id (0 .. --num_processes - 1), or flags for main.py not after ``--``.
   """
   p = argparse.ArgumentParser(description=__doc__.split('\n\n')[0])
   p.add_argument('--num_processes', type=int, default=2, help='processes to start (>= 1)')
@@ -87,6 +88,11 @@ def parse_args(argv):
   args.main_args = args.main_args[1:]
   if args.num_processes < 1:
     raise common.LaunchError(f'--num_processes={args.num_processes} must be >= 1.')
+  for i in args.skip_process:
+    if not 0 <= i < args.num_processes:
+      raise common.LaunchError(
+          f'--skip_process={i} is not a process id: with --num_processes='
+          f'{args.num_processes} it must be in 0..{args.num_processes - 1}.')
   return args
 
 

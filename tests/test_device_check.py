@@ -57,6 +57,36 @@ def test_check_refuses_a_bad_mesh_and_missing_data(tmp_path, monkeypatch, capsys
   assert 'run --prepare first' in capsys.readouterr().err
 
 
+@pytest.mark.parametrize('case,needle', [
+    ('missing', 'does not exist; pass the directory holding cifar10-jpeg.tar.gz, '
+     'tinyshakespeare.txt'),
+    ('a_file', 'is not a directory; pass the directory holding'),
+    ('lacks_one', 'tinyshakespeare.txt does not exist (--prepare needs cifar10-jpeg.tar.gz, '
+     'tinyshakespeare.txt there)'),
+    ('dir_for_file', 'tinyshakespeare.txt is not a file'),
+])
+def test_prepare_refuses_a_bad_data_dir_before_writing(tmp_path, monkeypatch, capsys, case,
+                                                       needle):
+  """A bad --prepare --data_dir used to exit 1 with a bare message (no error: line)."""
+  monkeypatch.setattr(device_check, 'DEVICE_DIR', str(tmp_path / 'dev'))
+  data = tmp_path / 'data'
+  if case == 'a_file':
+    data.write_text('x')
+  elif case != 'missing':
+    data.mkdir()
+    (data / 'cifar10-jpeg.tar.gz').write_bytes(b'x')
+    if case == 'dir_for_file':
+      (data / 'tinyshakespeare.txt').mkdir()
+  with pytest.raises(SystemExit) as e:
+    device_check.main(['--prepare', f'--data_dir={data}'])
+  assert e.value.code == 2  # argparse's usage-error status, as for the other flags
+  err = capsys.readouterr().err.strip().splitlines()
+  assert err[0].startswith('usage:') and ': error: ' in err[-1], err  # usage, then one line
+  assert f': error: --data_dir={data}' in err[-1] and needle in err[-1], err[-1]
+  assert not any(': error: ' in l for l in err[:-1]), err
+  assert not (tmp_path / 'dev').exists()
+
+
 @pytest.mark.parametrize('text,shape', [('1,1', (1, 1)), ('2,4', (2, 4)), (' 3, 2', (3, 2))])
 def test_parse_shape_reads_d_and_w(text, shape):
   assert mesh_lib.parse_shape(text) == shape

@@ -770,13 +770,18 @@ _SMOKE = f'--config={REPO}/configs/smoke.py'
       '--config.mesh.workers_per_dc', '1'], ['mesh.num_dcs=3', 'mesh.workers_per_dc=1']),
     ([_SMOKE, '--workdir=w'], ['unrecognized arguments', "main.py's flags go after --"]),
     (['--num_processes=0', '--', _SMOKE, '--workdir=w'], ['--num_processes=0 must be >= 1']),
+    # An id out of range used to be ignored: every process started.
+    (['--skip_process=2', '--', _SMOKE, '--workdir=w'],
+     ['--skip_process=2 is not a process id: with --num_processes=2 it must be in 0..1']),
+    (['--skip_process=0', '--skip_process=-1', '--', _SMOKE, '--workdir=w'],
+     ['--skip_process=-1 is not a process id', 'must be in 0..1']),
 ])
 def test_local_launcher_refuses_bad_launch_before_writing(tmp_path, monkeypatch, capsys,
                                                           argv, needles):
   """A workdir or log dir that is a file, a missing interpreter, a mesh the process
   count does not split, and main.py flags before ``--`` used to end in tracebacks
-  (some after logs were written, or after every process started); now one line,
-  exit 2, nothing written."""
+  (some after logs were written, or after every process started), and a
+  --skip_process out of range was ignored; now one line, exit 2, nothing written."""
   (tmp_path / 'afile').write_text('keep')
   monkeypatch.chdir(tmp_path)
   code = _local_launcher().main(argv)

@@ -4,6 +4,11 @@ Any directory with workdirs below it works (a workdir, a sweep root)::
 
   python -m hfl.report DIR... [--out OUT] [--target 0.88] [--label-by KEYS] [--baseline LABEL]
 
+Exit status 0: a complete report; 1: one without the runs it could not read (named
+with the reason on stderr and under the table); 2: bad input (e.g. a DIR that is no
+run: metrics.jsonl alone; one found below a DIR is skipped, named under the table),
+nothing written. † marks a comparison with unfinished runs stopped at other iterations.
+
 From Python::
 
   frame = report.load(['workdirs/semisync'])   # pandas, one row per run
@@ -23,11 +28,12 @@ from typing import Sequence
 
 import pandas as pd
 
+from hfl import metrics as metrics_lib
 from hfl.report import runs
 from hfl.report import stats
 from hfl.report import tables
 
-__all__ = ('load', 'runs', 'stats', 'tables', 'write_report')
+__all__ = ('Written', 'load', 'runs', 'stats', 'tables', 'write_report')
 
 
 def load(paths: Sequence[str], target: float | None = None,
@@ -38,13 +44,34 @@ def load(paths: Sequence[str], target: float | None = None,
   or validation loss in nats); default the runs' common one
   (:func:`hfl.report.runs.default_target`); the :class:`~hfl.report.runs.Target`
   used is kept in ``frame.attrs['target']``. ``exclude``: directories not searched.
+  Left out, with a warning each: ``frame.attrs['unreadable']``, [(workdir, reason)] of
+  runs that cannot be read (:func:`~hfl.report.runs.load_run` fails), and
+  ``frame.attrs['not_runs']``, directories found below ``paths`` that are
+  :data:`~hfl.report.runs.NOT_A_RUN`.
 
   Raises:
-    FileNotFoundError: a path is missing or holds no workdir. ValueError: runs of
-      different ``dataset.name``, or a ``target`` outside the headline metric's range
-      (accuracy: (0, 1]; loss: > 0).
+    FileNotFoundError: a path is missing or holds no workdir. ValueError: no readable
+      run; a directory of ``paths`` is not a run; runs of different ``dataset.name``;
+      a ``target`` outside the headline metric's range (accuracy: (0, 1]; loss: > 0).
   """
-  loaded = [runs.load_run(d) for d in runs.find_runs(paths, exclude)]
+  loaded, unreadable, not_runs = [], [], []
+  for d in runs.find_runs(paths, exclude):
+    try:
+      r = runs.load_run(d)
+    except (ValueError, OSError) as e:
+      logging.warning('%s: left out of the report, unreadable: %s', d, e)
+      unreadable.append((d, str(e)))
+      continue
+    if r.config or r.summary:
+      loaded.append(r)
+    elif os.path.abspath(d) in map(os.path.abspath, paths):  # named: refused
+      raise ValueError(f'{d}: {runs.NOT_A_RUN}')
+    else:
+      logging.warning('%s: skipped, %s', d, runs.NOT_A_RUN)
+      not_runs.append(d)
+  if not loaded:
+    raise ValueError('no readable training run: ' + '; '.join(
+        [f'{d}: {why}' for d, why in unreadable] + [f'{d}: {runs.NOT_A_RUN}' for d in not_runs]))
   data = {}  # dataset.name -> its runs' workdirs
   for r in loaded:
     data.setdefault(runs.flatten(r.config).get('dataset.name'), []).append(r.workdir)
@@ -63,32 +90,41 @@ def load(paths: Sequence[str], target: float | None = None,
                      if t.higher_is_better else f'a finite loss > 0 (nats; metric {t.metric})'))
   t = t if target is None else t._replace(value=float(target))
   frame = runs.run_frame(loaded, t.value)
-  frame.attrs['target'] = t
+  frame.attrs.update(target=t, unreadable=unreadable, not_runs=not_runs)
   return frame
+
+
+class Written(dict):
+  """:func:`write_report`'s {file name: path}; ``unreadable``: the (workdir, reason) of
+  the runs it left out (:func:`load`), [] when the report is complete."""
+  unreadable: list = []
 
 
 def write_report(paths: Sequence[str], out_dir: str, target: float | None = None,
                  label_by: Sequence[str] | None = None, baseline: str | None = None,
-                 plots: bool = True) -> dict[str, str]:
+                 plots: bool = True) -> Written:
   """Writes ``results.md``, ``results.csv`` and the PNG plots of the runs below ``paths``
-  (:func:`load`; ``out_dir`` is not searched) and returns {file name: path}.
+  (:func:`load`; ``out_dir`` is not searched; runs left out are named in results.md)
+  and returns :class:`Written`. A table file is replaced whole (written, then renamed).
 
   ``label_by`` and ``baseline``: see :func:`hfl.report.tables.build_table`.
 
   Raises:
-    FileNotFoundError: no workdir found. ValueError: ``baseline`` is not a label.
+    FileNotFoundError: no workdir found. ValueError: see :func:`load`; ``baseline`` is
+      not a label. Nothing is written then.
   """
   frame = load(paths, target, exclude=[out_dir])
   target = frame.attrs['target']
   table = tables.build_table(frame, label_by, baseline,
                              metric='final_acc' if target.higher_is_better else 'final_loss')
   os.makedirs(out_dir, exist_ok=True)
-  written = {}
-  for name, text in (('results.md', tables.to_markdown(table, target)),
+  written = Written()
+  written.unreadable = frame.attrs['unreadable']
+  for name, text in (('results.md', tables.to_markdown(table, target, frame.attrs['unreadable'],
+                                                       frame.attrs['not_runs'])),
                      ('results.csv', tables.to_csv(table, target))):
     written[name] = os.path.join(out_dir, name)
-    with open(written[name], 'w', encoding='utf-8') as f:
-      f.write(text)
+    metrics_lib.replace_file(written[name], text)
   if plots:
     from hfl.report import plots as plots_lib  # pylint: disable=g-import-not-at-top
     curves = [plots_lib.Curves(r['label'], [frame.at[i, 'run'].metrics for i in r['runs']])

@@ -9,6 +9,17 @@ from typing import Sequence
 from hfl import report
 
 
+def config_keys(text: str) -> list[str]:
+  """``--label-by``'s comma-separated config keys; ArgumentTypeError if one is empty."""
+  keys = [k.strip() for k in text.split(',')]
+  if not all(keys):
+    raise argparse.ArgumentTypeError(
+        ('must not be empty' if not text.strip() else f'{text!r} has an empty key')
+        + ': give comma-separated config keys, e.g. sync.strategy,compression.uplink.name or '
+        'seed (leave the flag out for automatic labels)')
+  return keys
+
+
 def parse_args(argv: Sequence[str] | None = None) -> argparse.Namespace:
   """Parses the command line."""
   p = argparse.ArgumentParser(
@@ -17,13 +28,16 @@ def parse_args(argv: Sequence[str] | None = None) -> argparse.Namespace:
       'summary.json or metrics.jsonl among and below DIR... (relative paths are the '
       "caller's). Runs whose configs differ only in seed are one row (mean ± std); "
       '--label-by seed gives a row per seed. Prints the table and the files written.',
-      epilog='example: python -m hfl.report workdirs/semisync  (writes workdirs/semisync/report)')
+      epilog='example: python -m hfl.report workdirs/semisync  (writes workdirs/semisync/'
+      'report). Exit status: 0, a complete report; 1, a report without the runs that could '
+      'not be read (named on stderr and in results.md); 2, bad input (nothing written).')
   p.add_argument('dirs', nargs='+', metavar='DIR', help='workdirs, or directories above them')
   p.add_argument('--out', help='output directory (default with one DIR: DIR/report)')
   p.add_argument('--target', type=float, help="target of the runs' headline metric: test "
                  "accuracy (fraction) or validation loss (nats); default: the runs' own")
-  p.add_argument('--label-by', '--label_by', dest='label_by', help='comma-separated config '
-                 'keys for labels (and rows), e.g. sync.strategy,compression.uplink.name or seed')
+  p.add_argument('--label-by', '--label_by', dest='label_by', type=config_keys,
+                 help='comma-separated config keys for labels (and rows), e.g. '
+                 'sync.strategy,compression.uplink.name or seed')
   p.add_argument('--baseline', help='label of the row to compare with (default: the closest '
                  'uncompressed one; with none compressed, the one sending the most bytes)')
   p.add_argument('--no-plots', '--no_plots', dest='plots', action='store_false',
@@ -32,18 +46,18 @@ def parse_args(argv: Sequence[str] | None = None) -> argparse.Namespace:
 
 
 def main(argv: Sequence[str] | None = None) -> int:
-  """Runs the CLI; returns the exit status (2 on bad input)."""
+  """Runs the CLI; returns the exit status: 0, 1 (the report leaves out unreadable
+  runs, named on stderr and in results.md) or 2 (bad input; nothing written)."""
   args = parse_args(argv)
   logging.basicConfig(level=logging.INFO, format='%(levelname)s %(message)s')
   if args.out is None and len(args.dirs) > 1:
     print('error: --out is required with several DIRs', file=sys.stderr)
     return 2
   out = args.out or os.path.join(args.dirs[0], 'report')
-  label_by = [k.strip() for k in (args.label_by or '').split(',') if k.strip()] or None
   try:
     if os.path.exists(out) and not os.path.isdir(out):
       raise ValueError(f'--out={out!r} exists and is not a directory')
-    written = report.write_report(args.dirs, out, target=args.target, label_by=label_by,
+    written = report.write_report(args.dirs, out, target=args.target, label_by=args.label_by,
                                   baseline=args.baseline, plots=args.plots)
   except (FileNotFoundError, ValueError) as e:
     print(f'error: {e}', file=sys.stderr)
@@ -51,6 +65,11 @@ def main(argv: Sequence[str] | None = None) -> int:
   with open(written['results.md'], encoding='utf-8') as f:  # its table, without the notes
     print(f.read().partition('\n## ')[0].rstrip('\n'), end='\n\n')
   print('\n'.join(written.values()))
+  if written.unreadable:
+    print(f'incomplete report: {len(written.unreadable)} run(s) left out, unreadable (named '
+          f'above and in {written["results.md"]}): '
+          + ', '.join(d for d, _ in written.unreadable), file=sys.stderr)
+    return 1
   return 0
 
 

@@ -20,6 +20,8 @@ from hfl import metrics as metrics_lib
 from hfl.data import TEXT_DATASETS
 
 RUN_FILES = ('summary.json', 'metrics.jsonl')
+# A directory with metrics.jsonl only (hfl.train writes config.json first): left out.
+NOT_A_RUN = 'not a training run: metrics.jsonl but neither config.json nor summary.json'
 # hfl.train.wan_summary's fields (summary.json only; Mbit/s: None where no bandwidth
 # suffices) and their units.
 WAN_FIELDS = {'exposed_wan_s': 's', 'compute_s': 's', 'compute_utilisation': 'fraction',
@@ -128,7 +130,8 @@ def load_run(workdir: str) -> Run:
 
   Raises:
     FileNotFoundError: ``workdir`` holds neither summary.json nor metrics.jsonl.
-    ValueError: its summary.json or config.json is not JSON (the path named).
+    ValueError: its summary.json or config.json is not a JSON object (the path named).
+    OSError: a file cannot be read.
   """
   if not is_run_dir(workdir):
     raise FileNotFoundError(f'{workdir}: not a training workdir (no {" or ".join(RUN_FILES)})')
@@ -137,9 +140,13 @@ def load_run(workdir: str) -> Run:
     if not os.path.isfile(path(f)):
       return {}
     try:
-      return json.loads(pathlib.Path(path(f)).read_text(encoding='utf-8'))
+      out = json.loads(pathlib.Path(path(f)).read_text(encoding='utf-8'))
     except (json.JSONDecodeError, UnicodeDecodeError) as e:
       raise ValueError(f'{path(f)} is not valid JSON ({e}); fix or remove that run') from None
+    if not isinstance(out, dict):
+      raise ValueError(f'{path(f)} is not a JSON object (it holds {json.dumps(out)[:40]}); fix '
+                       'or remove that run')
+    return out
   summary = read('summary.json')
   config = summary.get('config') or read('config.json')
   config = json.loads(config) if isinstance(config, str) else config  # early workdirs

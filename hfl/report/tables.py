@@ -9,7 +9,9 @@ its runs; time and rounds to target average the runs that reached it. Each row
 is compared with a baseline row (default: the uncompressed group closest to it
 in config): compression = 1 − B / B_base (factor B_base / B), B the mean total
 bytes over all links, and the paired Δ of the headline metric (final accuracy, or
-final validation loss for a language model; lower is better for a loss).
+final validation loss for a language model; lower is better for a loss); both are
+marked † when an unfinished run makes them compare other iterations
+(:func:`compared_iterations`).
 """
 
 import math
@@ -192,6 +194,22 @@ def closest_baselines(flats: Sequence[Mapping[str, Any]],
           if candidates and f else None for f in flats]
 
 
+def compared_iterations(frame: pd.DataFrame, table: pd.DataFrame, group: str,
+                        base: str | None) -> str | None:
+  """``'400 vs 2000'``: the intra-DC iterations where the runs of row ``group`` and of
+  its baseline row ``base`` stopped (';' between a row's values, '?' unknown), when
+  they hold an unfinished run and differ (or are unknown); else None."""
+  rows = [frame.loc[table.at[g, 'runs']] for g in (group, base) if g is not None]
+  its = [{float(v) if metrics_lib.finite(v) else None for v in r['intra_dc_iterations']}
+         for r in rows]
+  if (base in (None, group) or all(r['finished'].all() for r in rows)
+      or len(its[0] | its[1]) == 1 and None not in its[0]):
+    return None
+  text = lambda s: ';'.join('?' if v is None else f'{v:.0f}' for v in sorted(s, key=lambda v: (
+      v is None, v or 0)))
+  return f'{text(its[0])} vs {text(its[1])}'
+
+
 # ------------------------------------------------------------------------------
 # The table of a set of runs.
 
@@ -210,8 +228,10 @@ def build_table(frame: pd.DataFrame, label_by: Sequence[str] | None = None,
 
   Returns:
     :func:`hfl.report.stats.summarize` plus ``label``, ``baseline``,
-    ``compression_ratio``, ``compression_factor`` and the paired Δ of ``metric``
-    (``paired_delta``, ``paired_std``, ``paired_n``, ``paired_sem``).
+    ``compression_ratio``, ``compression_factor``, the paired Δ of ``metric``
+    (``paired_delta``, ``paired_std``, ``paired_n``, ``paired_sem``) and
+    ``iterations`` (:func:`compared_iterations`: set when those compare runs that
+    stopped at different iterations).
 
   Raises:
     ValueError: ``baseline`` is not a label.
@@ -239,7 +259,8 @@ def build_table(frame: pd.DataFrame, label_by: Sequence[str] | None = None,
                      unfinished=int((~frame.loc[table.at[gid, 'runs'], 'finished']).sum()),
                      compression_ratio=stats.reduction(ours, theirs),
                      compression_factor=stats.factor(ours, theirs), paired_delta=p.mean,
-                     paired_std=p.std, paired_n=p.n or None, paired_sem=p.sem))
+                     paired_std=p.std, paired_n=p.n or None, paired_sem=p.sem,
+                     iterations=compared_iterations(frame, table, gid, base)))
   return table.join(pd.DataFrame(rows, index=table.index, dtype=object))
 
 
@@ -258,20 +279,34 @@ def _md_row(table: pd.DataFrame, gid: str, unit: str) -> list[str]:
   ratio, fac = row['compression_ratio'], row['compression_factor']
   comp = ('–' if ratio is None else '100% (∞×)' if math.isinf(fac)
           else f'{100 * ratio:.1f}% ({fac:.1f}×)')
+  delta = fmt_points(row['paired_delta'], row['paired_std'], row['paired_n'], unit)
+  mark = lambda c: c + ' †' if row['iterations'] and c != '–' else c
   runs = f'{n} ({row["unfinished"]} unfinished)' if row['unfinished'] else str(n)
-  return [row['label'], runs, *(cell(m) for m in _MD_METRICS), comp,
-          fmt_points(row['paired_delta'], row['paired_std'], row['paired_n'], unit),
+  return [row['label'], runs, *(cell(m) for m in _MD_METRICS), mark(comp), mark(delta),
           *(cell(m) for m in ('inter_dc_rounds', 'sim_time_s', 'wall_time_s'))]
 
 
-def to_markdown(table: pd.DataFrame, target: runs_lib.Target) -> str:
-  """The table as a Markdown document: table, notes, and the workdirs of each row;
+def to_markdown(table: pd.DataFrame, target: runs_lib.Target,
+                unreadable: Sequence[tuple[str, str]] = (), not_runs: Sequence[str] = ()) -> str:
+  """The table as a Markdown document: table, caveats (a † comparison of runs stopped
+  at different iterations, :func:`compared_iterations`; the ``unreadable`` runs left
+  out, (workdir, reason); the ``not_runs`` skipped), notes, and each row's workdirs;
   the paired Δ is of the final loss when the ``target`` is a loss, else of accuracy."""
   baselines = ', '.join(f'`{b}`' for b in sorted({b for b in table['baseline'] if b})) or 'none'
   loss = not target.higher_is_better
   header = [c.format('final loss' if loss else 'final acc') for c in MD_COLUMNS]
   rows = [_md_row(table, g, 'nats' if loss else 'fraction') for g in table.index]
-  lines = ['# Results', '', *markdown_table(header, rows), '', '## Notes', '',
+  differ = [f'`{r["label"]}` {ours} vs `{r["baseline"]}` {theirs}' for _, r in table.iterrows()
+            if r['iterations'] for ours, theirs in [r['iterations'].split(' vs ')]]
+  caveats = [  # paragraphs under the table
+      differ and '† Compares unfinished runs stopped at other iterations than their '
+      "baseline's (intra-DC iterations): " + '; '.join(differ) + '. Report again once they finish.',
+      unreadable and '\n'.join([f'**Incomplete report:** {len(unreadable)} run(s) left out, '
+                                'unreadable (fix or remove them, then report again):']
+                               + [f'- `{d}`: {why}' for d, why in unreadable]),
+      not_runs and f'Skipped ({runs_lib.NOT_A_RUN}): ' + ', '.join(f'`{d}`' for d in not_runs)]
+  lines = ['# Results', '', *markdown_table(header, rows), '',
+           *(l for c in caveats if c for l in (c, '')), '## Notes', '',
            f'- Target: {fmt_target(target)}. Rounds (inter-DC) and simulated time to target: first crossing, linearly interpolated between evaluations '
            '(`hfl.metrics.time_to_target`); `never` = not reached; (k/n reached): the mean is '
            'over the k seeds that did.',
@@ -294,7 +329,8 @@ _CSV_NAMES = {'final_acc': 'final_test_accuracy', 'best_acc': 'best_test_accurac
 
 def to_csv(table: pd.DataFrame, target: runs_lib.Target) -> str:
   """The table as CSV: raw numbers (fractions, bytes, seconds, pts); '' when unknown
-  (to target: when no run reached it; ``n_reached_target`` counts those that did)."""
+  (to target: when no run reached it; ``n_reached_target`` counts those that did);
+  ``compared_iterations``: :func:`compared_iterations`, '' when the iterations match."""
   out = pd.DataFrame({'label': table['label'], 'n_runs': table['runs'].map(len),
                       'n_unfinished': table['unfinished'],
                       'seeds': table['seeds'].map(lambda s: ';'.join(map(str, s))),
@@ -307,4 +343,5 @@ def to_csv(table: pd.DataFrame, target: runs_lib.Target) -> str:
   for c in ('baseline', 'compression_ratio', 'compression_factor', 'paired_delta',
             'paired_std', 'paired_n', 'paired_sem'):
     out[c] = table[c]
+  out['compared_iterations'] = table['iterations']
   return out.to_csv(index=False, lineterminator='\n')
