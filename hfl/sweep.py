@@ -592,7 +592,9 @@ def run_sweep(base: Any, grid: Any, root: str, *, runner: Runner | None = None,
   skipped = [r.name for r in runs if status[r.name] == 'done']
   out(f'sweep {os.path.abspath(root)}: {len(runs)} runs, {len(skipped)} skipped (done), '
       f'{len(ran)} finished now, {len(failed)} failed, {len(rest)} left by --max_runs'
-      + (f'; report in {os.path.join(root, REPORT_DIR)}' if written else ''))
+      + (f'; report in {os.path.join(root, REPORT_DIR)}' if written else '')
+      + (f' (incomplete: {len(written.unreadable)} run(s) unreadable, named there)'
+         if written and written.unreadable else ''))
   if failed:
     out('failed: ' + ', '.join(failed))
   return SweepResult(runs, skipped, ran, failed, [r.name for r in rest], written)

@@ -14,7 +14,7 @@ go to WORKDIR/logs unless ``--log_dir``); a missing one or one (or a
 (``mesh.num_dcs * mesh.workers_per_dc`` of the config and its overrides) that
 ``--num_processes`` does not divide, a ``--python`` that is not an executable,
 a ``--port`` already in use, a non-finite number, a ``--skip_process`` that
-is not a process id, or main.py flags not placed after ``--`` is reported
+is not a process id (or skips them all), or main.py flags not placed after ``--`` is reported
 in one line (exit status 2) before anything is started or written. Each process gets
 ``HFL_COORDINATOR=127.0.0.1:<free port>``, ``HFL_NUM_PROCESSES`` and its own
 ``HFL_PROCESS_ID`` (read by ``hfl.distributed.maybe_initialize``) and
@@ -61,7 +61,8 @@ def parse_args(argv):
 
   Raises:
     common.LaunchError: --num_processes < 1, a --skip_process that is not a process
-      id (0 .. --num_processes - 1), or flags for main.py not after ``--``.
+      id (0 .. --num_processes - 1) or skips every one, or flags for main.py not
+      after ``--``.
   """
   p = argparse.ArgumentParser(description=__doc__.split('\n\n')[0])
   p.add_argument('--num_processes', type=int, default=2, help='processes to start (>= 1)')
@@ -93,6 +94,10 @@ def parse_args(argv):
       raise common.LaunchError(
           f'--skip_process={i} is not a process id: with --num_processes='
           f'{args.num_processes} it must be in 0..{args.num_processes - 1}.')
+  if set(args.skip_process) == set(range(args.num_processes)):
+    raise common.LaunchError(
+        f'--skip_process skips all {args.num_processes} process(es): nothing would run '
+        '(skip some, to start the rest yourself).')
   return args
 
 

@@ -775,6 +775,8 @@ _SMOKE = f'--config={REPO}/configs/smoke.py'
      ['--skip_process=2 is not a process id: with --num_processes=2 it must be in 0..1']),
     (['--skip_process=0', '--skip_process=-1', '--', _SMOKE, '--workdir=w'],
      ['--skip_process=-1 is not a process id', 'must be in 0..1']),
+    (['--skip_process=0', '--skip_process=1', '--', _SMOKE, '--workdir=w'],
+     ['--skip_process skips all 2 process(es): nothing would run']),
 ])
 def test_local_launcher_refuses_bad_launch_before_writing(tmp_path, monkeypatch, capsys,
                                                           argv, needles):

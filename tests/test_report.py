@@ -726,6 +726,16 @@ def test_sweep_resumes_only_unfinished_runs(tmp_path):
                          out=lambda s: None)
   assert runner3.calls == [] and len(res3.skipped) == 8
 
+  # A finished run whose metrics log became unreadable: the report leaves it out, and
+  # the sweep's summary line says the report is incomplete.
+  with open(os.path.join(root, crash, 'metrics.jsonl'), 'wb') as f:
+    f.write(b'\xff\xfe not json\n')
+  lines = []
+  res4 = sweep.run_sweep('configs/default.py', GRID, root, runner=FakeRunner(),
+                         out=lines.append)
+  assert [d for d, _ in res4.report.unreadable] == [os.path.join(root, crash)]
+  assert lines[-1].endswith('(incomplete: 1 run(s) unreadable, named there)'), lines
+
 
 def test_sweep_refuses_finished_runs_of_another_config_and_extends_longer_ones(tmp_path):
   """A finished run is skipped only if the sweep would give it the same config now:
