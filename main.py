@@ -7,7 +7,6 @@ Rerunning the same command on an existing workdir resumes from its last checkpoi
 """
 
 import os
-import signal
 import sys
 
 from hfl import runtime
@@ -47,7 +46,7 @@ class _LibraryInfoFilter:
 
 
 def main(argv):
-  signal.signal(signal.SIGTERM, _raise_terminated)
+  runtime.stop_on_sigterm()
   if len(argv) > 1:
     print(f'error: unexpected arguments {argv[1:]}; main.py takes only flags: --config=FILE, '
           '--workdir=DIR, --config.FIELD=VALUE (e.g. --config.sync.k=8).', file=sys.stderr)
@@ -90,24 +89,14 @@ def main(argv):
   except FloatingPointError as e:
     print(f'error: {e}', file=sys.stderr)
     sys.exit(3)
-  except KeyboardInterrupt as e:  # Ctrl-C, or SIGTERM (_Terminated)
+  except KeyboardInterrupt as e:  # Ctrl-C, or SIGTERM (runtime.Terminated)
     from hfl import checkpoint  # pylint: disable=g-import-not-at-top
     step = checkpoint.newest_complete_step(_WORKDIR.value)
     where = (f'from its checkpoint of iteration {step}' if step is not None else
              'from the start (no checkpoint was written yet)')
-    print(f'interrupted{" by SIGTERM" if isinstance(e, _Terminated) else ""}: rerun the '
+    print(f'interrupted{" by SIGTERM" if isinstance(e, runtime.Terminated) else ""}: rerun the '
           f'same command to resume {_WORKDIR.value} {where}.', file=sys.stderr)
-    sys.exit(143 if isinstance(e, _Terminated) else 130)
-
-
-class _Terminated(KeyboardInterrupt):
-  """SIGTERM (a scheduler's or ``kill``'s stop): unwinds like Ctrl-C, so that the
-  workdir's lock is released and the run can be resumed."""
-
-
-def _raise_terminated(signum, frame):
-  del signum, frame
-  raise _Terminated()
+    sys.exit(runtime.interrupt_status(e))
 
 
 def _workdir_problem(workdir: str) -> str | None:

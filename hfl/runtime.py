@@ -40,6 +40,7 @@ import ctypes.util
 import glob
 import os
 import platform
+import signal
 import sys
 
 # Set in the environment of the re-executed process: what it was started with.
@@ -201,3 +202,22 @@ def use_fast_allocator(before_exec=None) -> None:
   sys.stdout.flush()
   sys.stderr.flush()
   os.execve(sys.executable, _replayable_argv(), env)
+
+
+class Terminated(KeyboardInterrupt):
+  """SIGTERM (a scheduler's or ``kill``'s stop) once :func:`stop_on_sigterm` is set: it
+  unwinds like Ctrl-C, so locks are released and jobs stopped, and the run can resume."""
+
+
+def stop_on_sigterm():
+  """Makes SIGTERM raise :class:`Terminated` in the main thread (call it from there);
+  returns the previous handler (``signal.signal(signal.SIGTERM, it)`` restores it)."""
+  def handler(signum, frame):
+    del signum, frame
+    raise Terminated()
+  return signal.signal(signal.SIGTERM, handler)
+
+
+def interrupt_status(e: BaseException) -> int:
+  """The exit status of an interrupted command: 143 for SIGTERM, else 130 (Ctrl-C)."""
+  return 143 if isinstance(e, Terminated) else 130

@@ -29,6 +29,7 @@ import time
 from typing import Any, Callable, Mapping, NamedTuple, Sequence
 
 from hfl import metrics as metrics_lib
+from hfl import runtime
 
 REPO_ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 MAIN_PY = os.path.join(REPO_ROOT, 'main.py')
@@ -61,7 +62,8 @@ sweep file: a Python file defining get_sweep() -> (base, grid)
   jobs run in the caller's directory and write only under ROOT.
 
 A sweep root holds one sweep (ROOT/sweep.json lists its runs): there, a grid lacking one
-is refused; the same grid resumes it, a larger one adds runs.
+is refused; the same grid resumes it, more values for its keys add runs (a new key,
+seed included, renames every run: use a new root).
 
 examples:
   python -m hfl.sweep --sweep=my_sweep.py --root=workdirs/mine --dry_run
@@ -235,9 +237,15 @@ def flag_value(v: Any) -> str:
 
 
 def run_status(workdir: str) -> str:
-  """``'done'`` (summary.json), ``'partial'`` (workdir exists) or ``'pending'``."""
-  if os.path.exists(os.path.join(workdir, SUMMARY)):
-    return 'done'
+  """``'done'`` (a summary.json holding a JSON object), ``'partial'`` (the workdir
+  exists: rerunning resumes it, or main.py says how to repair a damaged summary.json)
+  or ``'pending'``."""
+  try:
+    with open(os.path.join(workdir, SUMMARY), encoding='utf-8') as f:
+      if isinstance(json.load(f), dict):
+        return 'done'
+  except (OSError, ValueError):
+    pass
   return 'partial' if os.path.isdir(workdir) else 'pending'
 
 
@@ -516,7 +524,8 @@ def check_manifest(root: str, runs: Sequence[RunSpec], max_names: int = 5) -> No
         f'the sweep root {os.path.abspath(root)} holds another sweep: its {MANIFEST} lists '
         f'{len(dropped)} run(s) this grid does not have ({shown}); nothing was written or '
         'launched. A sweep root holds one sweep: give this one a new --root, or rerun the '
-        'recorded grid (adding values or seeds to it is fine).')
+        'recorded grid (adding values to its keys is fine; a new key, seed included, '
+        'renames every run, so it needs a new --root).')
 
 
 def _write_manifest(root: str, config_arg: str, runs: Sequence[RunSpec]):
@@ -646,9 +655,11 @@ def sweep_from_args(args: argparse.Namespace) -> tuple[Any, Any]:
 
 
 def main(argv: Sequence[str] | None = None) -> int:
-  """CLI entry point; exit status 1 if a run failed, 2 on a bad sweep, 130 on Ctrl-C."""
+  """CLI entry point; exit status 1 if a run failed, 2 on a bad sweep, 130 on Ctrl-C,
+  143 on SIGTERM (the running jobs are stopped either way)."""
   args = parse_args(argv)
   logging.basicConfig(level=logging.INFO, format='%(levelname)s %(message)s')
+  previous = runtime.stop_on_sigterm()
   try:
     base, grid = sweep_from_args(args)
     result = run_sweep(base, grid, args.root, dry_run=args.dry_run,
@@ -657,17 +668,21 @@ def main(argv: Sequence[str] | None = None) -> int:
   except (FileNotFoundError, AttributeError, TypeError, ValueError) as e:
     print(f'error: {e}', file=sys.stderr)
     return 2
-  except KeyboardInterrupt:
-    return interrupted()
+  except KeyboardInterrupt as e:
+    return interrupted(e)
+  finally:
+    signal.signal(signal.SIGTERM, previous)
   return 1 if result.failed else 0
 
 
-def interrupted() -> int:
-  """Ctrl-C: stops the running jobs, prints one line, returns exit status 130."""
+def interrupted(e: BaseException | None = None) -> int:
+  """Ctrl-C or SIGTERM (``e``): stops the running jobs, prints one line, returns exit
+  status 130 (143 for SIGTERM)."""
   stop_children()
-  print('interrupted: the running training jobs were stopped; rerun the same command to continue '
-        '(finished runs are skipped, the others resume from their checkpoints).', file=sys.stderr)
-  return 130
+  print(f'interrupted{" by SIGTERM" if isinstance(e, runtime.Terminated) else ""}: the '
+        'running training jobs were stopped; rerun the same command to continue (finished '
+        'runs are skipped, the others resume from their checkpoints).', file=sys.stderr)
+  return runtime.interrupt_status(e)
 
 
 if __name__ == '__main__':

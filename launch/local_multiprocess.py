@@ -45,6 +45,7 @@ import time
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 import common  # launch/common.py (puts the repository on sys.path)  # pylint: disable=g-bad-import-order,wrong-import-position
+from hfl import runtime  # noqa: E402  pylint: disable=wrong-import-position
 
 tail = common.tail
 
@@ -137,15 +138,6 @@ def check(args) -> str:
 STOP_GRACE_S = 30.0
 
 
-class _Terminated(KeyboardInterrupt):
-  """The launcher got SIGTERM: stop like Ctrl-C."""
-
-
-def _raise_terminated(signum, frame):
-  del signum, frame
-  raise _Terminated()
-
-
 def _stop(procs: dict, grace_s: float) -> None:
   """SIGTERM to each running process's group, then SIGKILL to those still running
   after ``grace_s`` seconds; waits for all of them."""
@@ -179,7 +171,7 @@ def main(argv=None) -> int:
   # Ctrl-C or SIGTERM (e.g. a job's timeout) stops the processes through the
   # cleanup below: each gets SIGTERM, which main.py handles like Ctrl-C after any
   # checkpoint save in progress.
-  signal.signal(signal.SIGTERM, _raise_terminated)
+  runtime.stop_on_sigterm()
   procs = {}  # process id -> (Popen, log path, log file)
   starts = {}  # process id -> where this session's output begins in its log
   interrupted = None  # exit status: 130 (Ctrl-C) or 143 (SIGTERM)
@@ -233,7 +225,7 @@ def main(argv=None) -> int:
     for _, _, log in procs.values():
       log.close()
   except KeyboardInterrupt as e:
-    interrupted = 143 if isinstance(e, _Terminated) else 130
+    interrupted = runtime.interrupt_status(e)
   finally:  # nothing outlives the launcher
     _stop({i: p for i, (p, _, _) in procs.items()}, STOP_GRACE_S)
   if interrupted is not None:

@@ -6,6 +6,7 @@ import os
 import sys
 from typing import Sequence
 
+from hfl import metrics as metrics_lib
 from hfl import report
 
 
@@ -55,8 +56,8 @@ def main(argv: Sequence[str] | None = None) -> int:
     return 2
   out = args.out or os.path.join(args.dirs[0], 'report')
   try:
-    if os.path.exists(out) and not os.path.isdir(out):
-      raise ValueError(f'--out={out!r} exists and is not a directory')
+    if problem := metrics_lib.dir_problem(out):
+      raise ValueError(f'--out={out!r} {problem}')
     written = report.write_report(args.dirs, out, target=args.target, label_by=args.label_by,
                                   baseline=args.baseline, plots=args.plots)
   except (FileNotFoundError, ValueError) as e:
