@@ -569,7 +569,8 @@ def test_a_directory_with_neither_config_nor_summary_is_not_a_run(tmp_path, caps
 
 @pytest.mark.parametrize('value, problem', [
     ('', 'must not be empty'), ('sync.k,,seed', "'sync.k,,seed' has an empty key"),
-    ('seed,', "'seed,' has an empty key")])
+    ('seed,', "'seed,' has an empty key"),
+    ('sync.k,sync.k', "'sync.k,sync.k' names a key twice")])
 def test_cli_refuses_an_empty_label_by(runs, tmp_path, capsys, value, problem):
   with pytest.raises(SystemExit) as e:
     report_cli.main([*runs, '--out', str(tmp_path / 'o'), f'--label-by={value}'])

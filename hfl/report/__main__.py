@@ -11,11 +11,13 @@ from hfl import report
 
 
 def config_keys(text: str) -> list[str]:
-  """``--label-by``'s comma-separated config keys; ArgumentTypeError if one is empty."""
+  """``--label-by``'s comma-separated config keys; ArgumentTypeError if one is empty or
+  given twice."""
   keys = [k.strip() for k in text.split(',')]
-  if not all(keys):
+  if not all(keys) or len(set(keys)) < len(keys):
     raise argparse.ArgumentTypeError(
-        ('must not be empty' if not text.strip() else f'{text!r} has an empty key')
+        ('must not be empty' if not text.strip() else f'{text!r} has an empty key'
+         if not all(keys) else f'{text!r} names a key twice')
         + ': give comma-separated config keys, e.g. sync.strategy,compression.uplink.name or '
         'seed (leave the flag out for automatic labels)')
   return keys
