@@ -6,6 +6,7 @@
 Rerunning the same command on an existing workdir resumes from its last checkpoint.
 """
 
+import errno
 import os
 import sys
 
@@ -81,8 +82,14 @@ def main(argv):
   logging.get_absl_handler().addFilter(_LibraryInfoFilter())
   if info.process_id == 0:  # every process has the same config: one warning suffices
     _warn_ignored(config, sys.argv)
+  from hfl import metrics  # pylint: disable=g-import-not-at-top
   try:
     train.train_and_evaluate(config, _WORKDIR.value)
+  except metrics.WriteError as e:  # e.g. the disk filled while saving
+    fix = 'Free space there' if e.errno in (errno.ENOSPC, errno.EDQUOT) else 'Fix that'
+    print(f'error: {e}. {fix}, then rerun the same command to resume '
+          f'{_WORKDIR.value} {_resume_point(_WORKDIR.value)}.', file=sys.stderr)
+    sys.exit(2)
   except (ValueError, FileNotFoundError) as e:
     print(f'error: {e}', file=sys.stderr)
     sys.exit(2)
@@ -90,13 +97,18 @@ def main(argv):
     print(f'error: {e}', file=sys.stderr)
     sys.exit(3)
   except KeyboardInterrupt as e:  # Ctrl-C, or SIGTERM (runtime.Terminated)
-    from hfl import checkpoint  # pylint: disable=g-import-not-at-top
-    step = checkpoint.newest_complete_step(_WORKDIR.value)
-    where = (f'from its checkpoint of iteration {step}' if step is not None else
-             'from the start (no checkpoint was written yet)')
     print(f'interrupted{" by SIGTERM" if isinstance(e, runtime.Terminated) else ""}: rerun the '
-          f'same command to resume {_WORKDIR.value} {where}.', file=sys.stderr)
+          f'same command to resume {_WORKDIR.value} {_resume_point(_WORKDIR.value)}.',
+          file=sys.stderr)
     sys.exit(runtime.interrupt_status(e))
+
+
+def _resume_point(workdir: str) -> str:
+  """Where a rerun resumes ``workdir``: its newest complete checkpoint, else the start."""
+  from hfl import checkpoint  # pylint: disable=g-import-not-at-top
+  step = checkpoint.newest_complete_step(workdir)
+  return (f'from its checkpoint of iteration {step}' if step is not None else
+          'from the start (no checkpoint was written yet)')
 
 
 def _workdir_problem(workdir: str) -> str | None:

@@ -156,13 +156,14 @@ def programs(net, x_host, y_host, mesh, k: int = 4):
       box['h'], m = hstep(box['h'], (x, y), active, weights, True)
       jax.block_until_ready(m)
 
-  box['hk'], box['hk_i'] = jax.tree.map(jnp.copy, state), 0
+  box['hk'] = jax.tree.map(jnp.copy, state)
 
-  def run_hk(n):  # a round at the end of every k-th iteration, counted across blocks
-    for _ in range(n):
-      box['hk_i'] += 1
-      box['hk'], m = hstep(box['hk'], (x, y), active, weights, box['hk_i'] % k == 0)
-      jax.block_until_ready(m)
+  def run_hk(n):  # whole rounds: n rounded up to a multiple of k, a round every k-th
+    m = -(-n // k) * k
+    for i in range(m):
+      box['hk'], out = hstep(box['hk'], (x, y), active, weights, i % k == k - 1)
+      jax.block_until_ready(out)
+    return m
 
   # ---- Data-parallel step.
   def dp_body(p, o, x, y):
@@ -232,53 +233,72 @@ def programs(net, x_host, y_host, mesh, k: int = 4):
 
 
 def measure(progs, steps: int, blocks: int) -> tuple[dict, dict]:
-  """Median steps/s of each program over alternating blocks (after 2 warm-up steps),
-  and the per-block ratios (each from adjacent blocks, so a slow drift of the shared
+  """Median steps/s of each program over alternating blocks of ``steps`` steps (a
+  program's run may return how many it ran instead: the K program runs whole rounds),
+  after 2 warm-up steps, and the per-block ratios (each from adjacent blocks, so a slow drift of the shared
   machine's speed cancels): of every program but data parallelism and one device to
   data parallelism (steps/s over DP's), and 'hierarchical / floor' (the hierarchical
   step's steps/s over the two-level floor's) where both ran."""
   for run, _ in progs.values():
     run(2)
-  times = {k: [] for k in progs}
+  times = {k: [] for k in progs}  # seconds per step, per block
   for _ in range(blocks):
     for k, (run, _) in progs.items():
       t0 = time.perf_counter()
-      run(steps)
-      times[k].append(time.perf_counter() - t0)
+      ran = run(steps) or steps
+      times[k].append((time.perf_counter() - t0) / ran)
   ratios = {k: [d / h for h, d in zip(times[k], times['data parallel'])]
             for k in times if k not in ('data parallel', 'one device')}
   if 'hierarchical' in times and 'two-level floor' in times:
     ratios['hierarchical / floor'] = [f / h for h, f in zip(times['hierarchical'],
                                                              times['two-level floor'])]
-  return {k: steps / float(np.median(v)) for k, v in times.items()}, ratios
+  return {k: 1 / float(np.median(v)) for k, v in times.items()}, ratios
 
 
 def main():
-  ap = argparse.ArgumentParser(description=__doc__.split('\n')[0])
+  ap = argparse.ArgumentParser(description=__doc__.split('\n\n')[0],
+                               formatter_class=argparse.ArgumentDefaultsHelpFormatter)
   ap.add_argument('--model', default='cnn',
-                  help=f'comma-separated models, or all ({", ".join(models.MODELS)})')
-  ap.add_argument('--steps', type=int_at_least(1), default=30, help='steps per timed block')
-  ap.add_argument('--blocks', type=int_at_least(1), default=4)
+                  help=f'comma-separated models, each once, or all ({", ".join(models.MODELS)})')
+  ap.add_argument('--steps', type=int_at_least(1), default=30,
+                  help='steps per timed block (the K program: rounded up to whole rounds)')
+  ap.add_argument('--blocks', type=int_at_least(1), default=4,
+                  help='timed blocks of each program (alternating)')
   ap.add_argument('--batch', type=int_at_least(1), default=32, help='examples per worker')
   ap.add_argument('--k', type=int_at_least(1), default=4,
                   help='iterations per round of the "hierarchical K" program (>= 1)')
   ap.add_argument('--mesh', default='2,4',
-                  help="D,W: DCs and workers per DC (D x W devices; on CPU simulated, on "
-                       "GPU/TPU the host's devices, e.g. 1,1 on one GPU)")
-  ap.add_argument('--fma_units', type=int_at_least(1), default=None)
-  ap.add_argument('--clock_ghz', type=number_in(0, lo_open=True), default=None)
+                  help="D,W: DCs and workers per DC (D x W devices; on CPU simulated, at "
+                       f"most {mesh_lib.MAX_CPU_DEVICES}, on GPU/TPU the host's devices, e.g. "
+                       "1,1 on one GPU)")
+  ap.add_argument('--fma_units', type=int_at_least(1), default=None,
+                  help='fp32 FMA units per core for the CPU peak (None: from lscpu)')
+  ap.add_argument('--clock_ghz', type=number_in(0, lo_open=True), default=None,
+                  help='CPU clock for the CPU peak, GHz (None: from lscpu)')
   ap.add_argument('--peak_tflops', type=number_in(0, lo_open=True), default=None,
-                  help='peak FLOP/s of the accelerator, for its MFU (CPU: from lscpu)')
+                  help='peak FLOP/s of the accelerator, for its MFU (None: on CPU from lscpu)')
   args = ap.parse_args()
   try:
     D, W = mesh_lib.parse_shape(args.mesh)  # pylint: disable=invalid-name
   except ValueError as e:
     ap.error(str(e))
-  mesh_lib.configure_cpu_devices(D * W)  # before anything starts the backend
+  if D * W > mesh_lib.MAX_CPU_DEVICES:  # configure_cpu_devices' limit
+    ap.error(f'argument --mesh: {args.mesh} asks for D x W = {D * W} devices; at most '
+             f'{mesh_lib.MAX_CPU_DEVICES} simulated devices are allowed in one process')
   names = list(models.MODELS) if args.model == 'all' else args.model.split(',')
-  for n in names:
+  for i, n in enumerate(names):
     if n not in models.MODELS:
       ap.error(f'--model={n!r} is not one of {", ".join(models.MODELS)}')
+    if n in names[:i]:
+      ap.error(f'argument --model: {n!r} is repeated in {args.model!r}; give each model once')
+  mesh_lib.configure_cpu_devices(D * W)  # before anything starts the backend
+  try:
+    have = len(mesh_lib.global_devices())  # starts the backend; compiles nothing
+  except mesh_lib.BackendUnavailableError as e:
+    ap.error(str(e))
+  if have != D * W:  # a GPU/TPU host: its own devices
+    ap.error(f'argument --mesh: {args.mesh} asks for D x W = {D * W} devices; this process '
+             f'has {have} {jax.default_backend()} device(s), so D x W must be {have}')
   backend = jax.default_backend()
   if args.peak_tflops is not None:
     peak, derivation = args.peak_tflops * 1e12, f'{args.peak_tflops} TFLOP/s (--peak_tflops)'
@@ -290,7 +310,9 @@ def main():
   print(f'allocator: {runtime.active() or "glibc malloc"}; {D}x{W} mesh of '
         f'{jax.device_count()} {backend} devices ({jax.devices()[0].device_kind}); '
         f'{args.batch} examples per worker, global batch '
-        f'{D * W * args.batch}; median of {args.blocks} alternating blocks of {args.steps} steps')
+        f'{D * W * args.batch}; median of {args.blocks} alternating blocks of {args.steps} steps'
+        + (f' (K={args.k}: {-(-args.steps // args.k) * args.k}, whole rounds)'
+           if args.steps % args.k else ''))
   mesh = mesh_lib.make_mesh(D, W)
   print('\n| model | input | model GFLOP/step (jaxpr) | XLA GFLOP/step: hier. / DP / 1 dev. | '
         f'hierarchical steps/s | data-parallel steps/s | hier. / DP: median (quartiles) of blocks | '

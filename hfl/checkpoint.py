@@ -12,17 +12,23 @@ that filled up, a corrupted file) or a temporary directory of an interrupted sav
 :func:`restore_latest` therefore restores the newest checkpoint that restores, and
 moves every newer step directory and every temporary directory out of the way, to
 ``WORKDIR/checkpoints_skipped/`` (nothing is deleted), logging which and why; the
-run then saves its next steps as usual.
+run then saves its next steps as usual. A save that fails writing (e.g. a full disk)
+removes its own partial files and raises :class:`hfl.metrics.WriteError`
+(:func:`save`).
 """
 
 import ast
 import contextlib
 import errno
 import json
+import logging as py_logging
 import os
 import re
+import shutil
 import signal
+import sys
 import threading
+import time
 from typing import NamedTuple
 
 import jax
@@ -74,12 +80,114 @@ def save(mngr: ocp.CheckpointManager, step: int, state, host: dict) -> None:
   Raises:
     ValueError: ``host`` holds a NaN or infinite number (strict JSON has none;
       see hfl.metrics.to_json_value); nothing is saved.
+    hfl.metrics.WriteError (an OSError): the save failed writing a file (e.g. no
+      space left on device; TensorStore reports that as a ValueError with an
+      ``os_error_code``); the step's partial files are removed (process 0), the
+      checkpoints saved before are intact. Orbax's error logs of the save are
+      dropped, and so are the reports its writes still in flight make later
+      (:func:`_orbax_errors_held`): the process is expected to end.
   """
   host = metrics.to_json_value(host, where='checkpoint host state')
-  with _signals_deferred():
-    mngr.save(step, args=ocp.args.Composite(
-        state=ocp.args.StandardSave(state), host=ocp.args.JsonSave(host)))
-    mngr.wait_until_finished()
+  running = set(threading.enumerate())
+  with _orbax_errors_held() as held:
+    try:
+      with _signals_deferred():
+        mngr.save(step, args=ocp.args.Composite(
+            state=ocp.args.StandardSave(state), host=ocp.args.JsonSave(host)))
+        mngr.wait_until_finished()
+    except Exception as err:  # pylint: disable=broad-except
+      os_error = _os_error(err)
+      if os_error is None:
+        raise
+      # A save that failed in this thread leaves orbax's writer threads running.
+      _join_new_threads(running, 'orbax.', timeout_s=60)
+      held.clear()  # their tracebacks say what the one line below says
+      _remove_partial_step(mngr, step)
+      raise metrics.WriteError(os.path.join(mngr.directory, str(step)), os_error,
+                               'the checkpoints saved before it are intact; its partial '
+                               'files were removed') from err
+
+
+@contextlib.contextmanager
+def _orbax_errors_held():
+  """For a save: holds orbax's error log records (each with a traceback) in the list
+  it yields, logged at the end unless :func:`save` empties it (it reports a failed
+  write in one line instead), and drops what TensorStore writes still in flight
+  report once orbax gave up on a failed write: ``RuntimeError('Event loop is
+  closed')`` (through ``sys.unraisablehook``) and asyncio's "Task exception was
+  never retrieved" (logged when the task is collected). Those can come after the
+  block, so when it raises, their two filters stay in place."""
+  held = []
+
+  def hold(record) -> bool:
+    if record.levelno >= logging.converter.STANDARD_ERROR and '/orbax/' in record.pathname:
+      held.append(record)
+      return False
+    return True
+
+  def unraisable(u):
+    if not (isinstance(u.exc_value, RuntimeError) and
+            str(u.exc_value) == 'Event loop is closed'):
+      previous(u)
+
+  def unretrieved(record) -> bool:
+    return 'exception was never retrieved' not in record.getMessage()
+
+  absl_logger, asyncio_logger = logging.get_absl_logger(), py_logging.getLogger('asyncio')
+  previous = sys.unraisablehook
+  absl_logger.addFilter(hold)
+  asyncio_logger.addFilter(unretrieved)
+  sys.unraisablehook = unraisable
+  try:
+    yield held
+  finally:
+    absl_logger.removeFilter(hold)
+    for record in held:
+      absl_logger.handle(record)
+  asyncio_logger.removeFilter(unretrieved)  # reached only when the block did not raise
+  sys.unraisablehook = previous
+
+
+def _join_new_threads(running: set, module: str, timeout_s: float) -> None:
+  """Waits, at most ``timeout_s`` in all, for the threads not in ``running`` whose
+  class is defined in a module starting with ``module`` to end (orbax's threads
+  re-raise their error from ``join``: ignored)."""
+  deadline = time.monotonic() + timeout_s
+  for t in threading.enumerate():
+    if t not in running and type(t).__module__.startswith(module):
+      with contextlib.suppress(Exception):
+        t.join(max(0.0, deadline - time.monotonic()))
+
+
+_OS_ERROR_CODE = re.compile(r"os_error_code='?(\d+)")  # TensorStore's wording
+
+
+def _os_error(err: BaseException) -> OSError | None:
+  """The OSError behind a failed save, None when it was not one: ``err`` or an
+  exception it was raised from, or TensorStore's ValueError that names an
+  ``os_error_code`` (as an OSError with that errno and its message)."""
+  while err is not None:
+    if isinstance(err, OSError):
+      return err
+    found = _OS_ERROR_CODE.search(str(err))
+    if found:
+      code = int(found[1])
+      return OSError(code, os.strerror(code))
+    err = err.__cause__
+  return None
+
+
+def _remove_partial_step(mngr: ocp.CheckpointManager, step: int) -> None:
+  """Removes (process 0) what a failed save of ``step`` left: orbax's temporary
+  directories of it, and the step directory itself when it is not complete."""
+  if jax.process_index() != 0:
+    return
+  root = epath.Path(mngr.directory)
+  with contextlib.suppress(OSError):  # what is left is moved aside on resume
+    for p in list(root.iterdir()):
+      if (p.name.startswith(f'{step}{TMP_MARK}') or
+          (p.name == str(step) and incomplete_reason(p) is not None)):
+        shutil.rmtree(p, ignore_errors=True)
 
 
 @contextlib.contextmanager

@@ -24,6 +24,7 @@ default: the caller either refuses it (``nonfinite='error'``, the default: a
 """
 
 import contextlib
+import errno
 import fcntl
 import json
 import logging
@@ -105,13 +106,44 @@ def dumps(obj: Any, nonfinite: str = 'error', where: str = '', **kwargs) -> str:
   return json.dumps(to_json_value(obj, nonfinite, where), allow_nan=False, **kwargs)
 
 
+class WriteError(OSError):
+  """A file of the run could not be written (e.g. no space left on device).
+
+  ``errno``, ``strerror`` and ``filename`` (the path being written) are the
+  OSError's; ``intact`` says what is left whole. ``str()`` is one line:
+  ``"no space left on device (ENOSPC) while writing PATH; INTACT"``.
+  """
+
+  def __init__(self, path: str, err: OSError, intact: str):
+    super().__init__(err.errno, err.strerror or str(err), path)
+    self.intact = intact
+
+  def __str__(self):
+    name = errno.errorcode.get(self.errno) if self.errno else None
+    what = self.strerror[:1].lower() + self.strerror[1:]
+    return f'{what}{f" ({name})" if name else ""} while writing {self.filename}; {self.intact}'
+
+
 def replace_file(path: str, text: str) -> None:
   """Writes ``text`` (UTF-8) to ``path`` whole: to ``path + '.tmp'``, then renamed over
-  ``path``, so a crash or a full disk leaves the old file as it was."""
+  ``path``, so a crash or a full disk leaves the old file as it was.
+
+  Raises:
+    WriteError (an OSError): writing or renaming failed (e.g. no space left on
+      device); the temporary file is removed and ``path`` is as it was.
+  """
   tmp = path + '.tmp'
-  with open(tmp, 'w', encoding='utf-8') as f:
-    f.write(text)
-  os.replace(tmp, path)
+  existed = os.path.exists(path)
+  try:
+    with open(tmp, 'w', encoding='utf-8') as f:
+      f.write(text)
+    os.replace(tmp, path)
+  except OSError as e:
+    with contextlib.suppress(OSError):
+      os.unlink(tmp)
+    name = os.path.basename(path)
+    raise WriteError(path, e, f'{name} is as it was before' if existed else
+                     f'no {name} was written') from e
 
 
 def write_json(path: str, obj: Any, nonfinite: str = 'error') -> None:
@@ -122,6 +154,7 @@ def write_json(path: str, obj: Any, nonfinite: str = 'error') -> None:
 
   Raises:
     ValueError / TypeError: as :func:`to_json_value` (nothing is written).
+    WriteError (an OSError): as :func:`replace_file` (the old file is left).
   """
   replace_file(path, dumps(obj, nonfinite, where=os.path.basename(path), indent=2,
                            sort_keys=True) + '\n')
@@ -165,6 +198,8 @@ def workdir_lock(workdir: str):
     WorkdirInUseError (a ValueError): another open file holds the lock; the message
       names its holder.
     ValueError: the workdir does not exist and cannot be created.
+    WriteError (an OSError): the lock file's holder line cannot be written (e.g. no
+      space left on device).
   """
   if not is_writer():
     yield
@@ -201,9 +236,12 @@ def workdir_lock(workdir: str):
       if not same:  # removed by a run ending just now
         raise WorkdirInUseError(f'{workdir}: another run just ended or started there; '
                                 'run the command again')
-      os.ftruncate(fd, 0)
-      os.pwrite(fd, f'pid {os.getpid()} on {socket.gethostname()}, since '
-                    f'{time.strftime("%Y-%m-%d %H:%M:%S")}\n'.encode(), 0)
+      try:
+        os.ftruncate(fd, 0)
+        os.pwrite(fd, f'pid {os.getpid()} on {socket.gethostname()}, since '
+                      f'{time.strftime("%Y-%m-%d %H:%M:%S")}\n'.encode(), 0)
+      except OSError as e:  # e.g. a full disk
+        raise WriteError(path, e, 'nothing else in the workdir was touched') from e
     yield
   finally:
     if fd is not None:
@@ -294,12 +332,17 @@ class MetricsWriter:
 
   On resume, records past the restored step (written after the last checkpoint)
   are dropped first, so the file holds each evaluation exactly once.
+
+  Raises (the constructor, :meth:`write` and :meth:`close`):
+    WriteError (an OSError): metrics.jsonl or the TensorBoard events could not be
+      written (e.g. no space left on device); metrics.jsonl is left as it was
+      before the record (a line cut short is removed).
   """
 
   def __init__(self, workdir: str, resume_step: int = 0):
     self._enabled = is_writer()
     self.path = os.path.join(workdir, 'metrics.jsonl')
-    self._tb = None
+    self._tb, self._tb_dir = None, os.path.join(workdir, 'tb')
     if not self._enabled:
       return
     kept = [r for r in read_jsonl(self.path) if r['step'] <= resume_step]
@@ -307,28 +350,47 @@ class MetricsWriter:
     replace_file(self.path, ''.join(dumps(r, 'null', where='metrics.jsonl') + '\n'
                                     for r in kept))
     from tensorboardX import SummaryWriter  # pylint: disable=g-import-not-at-top
-    self._tb = SummaryWriter(os.path.join(workdir, 'tb'), purge_step=resume_step + 1)
+    with self._writing_tb():
+      self._tb = SummaryWriter(self._tb_dir, purge_step=resume_step + 1)
 
   def write(self, record: dict) -> None:
     if not self._enabled:
       return
     line = dumps(record, where='metrics.jsonl')  # refused before the file is touched
-    with open(self.path, 'a') as f:
-      f.write(line + '\n')
+    size = None
+    try:
+      size = os.path.getsize(self.path)
+      with open(self.path, 'a') as f:
+        f.write(line + '\n')
+    except OSError as e:
+      if size is not None:  # no line cut short
+        with contextlib.suppress(OSError):
+          os.truncate(self.path, size)
+      raise WriteError(self.path, e, 'metrics.jsonl is as it was before the record of '
+                       f'step {record["step"]}') from e
     step = record['step']
-    for key, value in record.items():
-      if key in ('step',) or value is None:
-        continue
-      if isinstance(value, dict):
-        for sub, v in value.items():
-          self._tb.add_scalar(f'{key}/{sub}', v, step)
-      elif isinstance(value, (int, float)):
-        self._tb.add_scalar(key, value, step)
-    self._tb.flush()
+    with self._writing_tb():
+      for key, value in record.items():
+        if key in ('step',) or value is None:
+          continue
+        if isinstance(value, dict):
+          for sub, v in value.items():
+            self._tb.add_scalar(f'{key}/{sub}', v, step)
+        elif isinstance(value, (int, float)):
+          self._tb.add_scalar(key, value, step)
+      self._tb.flush()
 
   def close(self) -> None:
     if self._tb is not None:
-      self._tb.close()
+      with self._writing_tb():
+        self._tb.close()
+
+  @contextlib.contextmanager
+  def _writing_tb(self):
+    try:
+      yield
+    except OSError as e:
+      raise WriteError(self._tb_dir, e, 'metrics.jsonl holds every record') from e
 
 
 # ------------------------------------------------------------------------------

@@ -58,8 +58,9 @@ sweep file: a Python file defining get_sweep() -> (base, grid)
 
 --grid KEY=V1,V2,...  a grid axis on the command line (Python literals, else strings;
   tuples in parentheses); several --grid flags: their cartesian product, with --sweep
-  times the file's points. Relative paths (--sweep, --config, --root) are the caller's;
-  jobs run in the caller's directory and write only under ROOT.
+  times the file's points, replacing the values of a KEY the file has (a line says so;
+  --grid seed=1 runs seed 1 alone, on a new root). Relative paths (--sweep, --config,
+  --root) are the caller's; jobs run in the caller's directory and write only under ROOT.
 
 A sweep root holds one sweep (ROOT/sweep.json lists its runs): there, a grid lacking one
 is refused; the same grid resumes it, more values for its keys add runs (a new key,
@@ -112,17 +113,23 @@ def load_sweep(path: str) -> tuple[Any, Any]:
 
   Raises:
     FileNotFoundError: no such file. AttributeError: it defines no ``get_sweep``.
+    ValueError: importing it or ``get_sweep()`` raised (file, step, exception type, message).
   """
   if not os.path.isfile(path):
     raise FileNotFoundError(f'sweep file not found: {path}')
   if REPO_ROOT not in sys.path:
     sys.path.insert(0, REPO_ROOT)
   spec = importlib.util.spec_from_file_location('_hfl_sweep_file', path)
-  module = importlib.util.module_from_spec(spec)
-  spec.loader.exec_module(module)
-  if not hasattr(module, 'get_sweep'):
+  module, step = importlib.util.module_from_spec(spec), 'importing it'
+  try:
+    spec.loader.exec_module(module)
+    step, get_sweep = 'get_sweep()', getattr(module, 'get_sweep', None)
+    base, grid = get_sweep() if get_sweep else (None, None)
+  except Exception as e:  # pylint: disable=broad-except  (the file's own error, in one line)
+    raise ValueError(f'sweep file {path}: {step} raised {type(e).__name__}: '
+                     f'{" ".join(str(e).split())}') from None
+  if not get_sweep:
     raise AttributeError(f'{path} defines no get_sweep()')
-  base, grid = module.get_sweep()
   if isinstance(base, str) and not os.path.isabs(file := base.partition(':')[0]):
     here = os.path.dirname(os.path.abspath(path))
     root = here if os.path.isfile(os.path.join(here, file)) else REPO_ROOT
@@ -160,8 +167,10 @@ def parse_grid(flags: Sequence[str]) -> dict[str, list]:
 
 
 def _no_repeats(key: str, options: Sequence[Any], where: str = 'grid key') -> None:
-  """ValueError naming ``key`` and the value if an option equals an earlier one (as run
-  names compare them: 1 and 1.0 differ, a tuple equals its list)."""
+  """ValueError naming ``key`` if it has no options, or the value if an option equals an
+  earlier one (as run names compare them: 1 and 1.0 differ, a tuple equals its list)."""
+  if not options:
+    raise ValueError(f'{where} {key!r} has no values ([]): a grid axis needs at least one value')
   seen = set()
   for v in options:
     if (c := json.dumps(v, sort_keys=True, default=repr)) in seen:
@@ -170,17 +179,20 @@ def _no_repeats(key: str, options: Sequence[Any], where: str = 'grid key') -> No
     seen.add(c)
 
 
-def combine_grids(grid: Any, extra: Mapping[str, list] | None) -> Any:
-  """The cartesian product of a sweep file's points and a ``--grid`` grid."""
+def combine_grids(grid: Any, extra: Mapping[str, list] | None, out=print) -> Any:
+  """File points x ``--grid`` points; a ``--grid`` key replaces the file's (``out`` says so)."""
   if not extra:
     return grid
+  for key, new in extra.items():
+    if old := {json.dumps(p[key], default=repr): p[key] for p in expand_grid(grid) if key in p}:
+      out(f"--grid {key} replaces the sweep file's values: {list(old.values())} -> {new}")
   return [dict(p, **q) for p in expand_grid(grid) for q in expand_grid(dict(extra))]
 
 
 def expand_grid(grid: Mapping[str, Any] | Sequence[Mapping[str, Any]] | None) -> list[dict]:
   """The points of a grid (:data:`FORMAT`; None/empty: the base run alone), as override
-  dicts in grid order (a point two dicts of a list share comes once); TypeError for
-  another type of grid, ValueError for an option listed twice (``'seed': [1, 1]``)."""
+  dicts in grid order (a point two dicts of a list share comes once); TypeError for another
+  type of grid, ValueError for a key with no options or one twice (``'seed': [1, 1]``)."""
   if not grid:
     return [{}]
   if isinstance(grid, Mapping):
@@ -372,8 +384,8 @@ def check_done(base: Any, config_arg: str, runs: Sequence[RunSpec]) -> list[str]
     try:
       again += [r.name] if train.check_workdir_config(r.workdir, config) else []
     except ValueError as e:
-      raise ValueError(f'run {r.name!r} (nothing was launched): {e} A sweep root holds one '
-                       'sweep: give this one another --root.') from None
+      raise ValueError(f'run {r.name!r} (nothing was launched): {str(e).rstrip(".")}. A sweep '
+                       'root holds one sweep: give this one another --root.') from None
   return again
 
 
@@ -636,8 +648,8 @@ def parse_args(argv: Sequence[str] | None = None) -> argparse.Namespace:
   for flag, value in (('parallel', args.parallel), ('max_runs', 1 if args.max_runs is None else args.max_runs)):
     if value < 1:
       p.error(f'--{flag}={value} must be >= 1')
-  from hfl import metrics as metrics_lib  # pylint: disable=g-import-not-at-top
-  if problem := metrics_lib.dir_problem(args.root):
+  if problem := (metrics_lib.dir_problem(args.root) if args.root else
+                 'is empty; give the sweep root directory (created if missing)'):
     p.error(f'--root={args.root!r} {problem}')
   if shutil.which(args.python) is None:  # else every run fails to start
     p.error(f'--python={args.python!r} is not an executable file (nor a command on PATH)')

@@ -1258,6 +1258,9 @@ def train_and_evaluate(config: ml_collections.ConfigDict, workdir: str) -> dict:
       restores and one looks committed; nothing is moved.
     hfl.metrics.WorkdirInUseError (a ValueError): another run holds the workdir
       (:func:`hfl.metrics.workdir_lock`); nothing there is read or written.
+    hfl.metrics.WriteError (an OSError): a file of the run could not be written
+      (e.g. no space left on device): a checkpoint (hfl.checkpoint.save),
+      metrics.jsonl, summary.json or config.json; what was written before stays whole.
   """
   # The lock asks for the process index, which starts JAX's backend: a backend
   # that cannot start (a bad JAX_PLATFORMS) is explained here first.

@@ -150,10 +150,14 @@ def check_port(port: int) -> None:
                       'another, or --port=0 for a free one.')
 
 
-def tail(path: str, lines: int = 15) -> str:
-  """The last ``lines`` lines of a text file, or '(no log)'."""
+def tail(path: str, lines: int = 15, start: int = 0, max_bytes: int = 65536) -> str:
+  """The last ``lines`` lines of a text file from byte offset ``start`` on (e.g. where this
+  session's output begins in a log that sessions append to), read from at most its last
+  ``max_bytes``; '(no output)' when there is none, '(no log)' when it cannot be read."""
   try:
-    with open(path, errors='replace') as f:
-      return ''.join(f.readlines()[-lines:])
+    with open(path, 'rb') as f:
+      f.seek(max(start, os.fstat(f.fileno()).st_size - max_bytes))
+      text = f.read().decode('utf-8', 'replace')
   except OSError:
     return '(no log)'
+  return ''.join(text.splitlines(keepends=True)[-lines:]) or '(no output)'

@@ -205,13 +205,15 @@ def setup(num_dcs: int, rate_mbit: float, delay_ms: float, logs: str,
   if use_line:
     path = os.path.join(logs, 'delay_line.log')
     with open(path, 'a') as err:
+      start = err.tell()
       line = subprocess.Popen(  # pylint: disable=consider-using-with
           ['ip', 'netns', 'exec', HUB, sys.executable, os.path.abspath(__file__),
            f'--_delay_line={delay_ms / 1000}'], stdout=subprocess.PIPE, stderr=err,
           text=True, start_new_session=True)
-    helpers['the delay line'] = (line, path)
+    helpers['the delay line'] = (line, path, start)
     if line.stdout.readline().strip() != 'ready':
-      raise RuntimeError(f'the delay line did not start: {common.tail(path, 3).strip()}')
+      raise RuntimeError('the delay line did not start: '
+                         f'{common.tail(path, 3, start=start).strip()}')
     sh('ip', '-n', HUB, 'link', 'set', TUN, 'up')
     sh('ip', 'netns', 'exec', HUB, 'sysctl', '-qw', f'net.ipv4.conf.{TUN}.rp_filter=0')
     sh('ip', '-n', HUB, 'route', 'add', 'default', 'dev', TUN, 'table', TABLE)
@@ -305,20 +307,23 @@ def first_failure(procs, helpers):
   """The first failed process, as (exit status, message), or None; also (0, '') when all ended OK.
 
   Args:
-    procs: {DC index: (Popen, log path)} of the training processes.
-    helpers: {name: (Popen, log path)} of processes that must outlive the run
+    procs: {DC index: (Popen, log path, byte offset where this run's output begins)} of
+      the training processes (logs are appended to; a tail shows this run's part only).
+    helpers: {name: (Popen, log path, offset)} of processes that must outlive the run
       (the delay line): any exit of theirs while training runs is a failure.
   """
-  for name, (q, log) in helpers.items():
+  for name, (q, log, start) in helpers.items():
     if q.poll() is not None:
       return 1, (f'{name} (pid {q.pid}) exited with status {q.returncode} mid-run, so '
                  f'inter-DC traffic no longer crosses the emulated WAN; the run is stopped. '
-                 f'Tail of {log}:\n{common.tail(log)}')
-  codes = {i: q.poll() for i, (q, _) in procs.items()}
+                 f'Tail of this run\'s output in {log}:\n{common.tail(log, start=start)}')
+  codes = {i: q.poll() for i, (q, _, _) in procs.items()}
   for i, c in codes.items():
     if c not in (None, 0):
+      _, log, start = procs[i]
       return (c if c > 0 else 1), (f'process {i} (DC {i}) failed with status {c}; tail of '
-                                   f'{procs[i][1]}:\n{common.tail(procs[i][1])}')
+                                   f'this run\'s output in {log}:\n'
+                                   f'{common.tail(log, start=start)}')
   if all(c == 0 for c in codes.values()):
     return 0, ''
   return None
@@ -400,7 +405,8 @@ def main() -> int:
         log.flush()
         procs[i] = (subprocess.Popen(  # in the caller's directory: its relative paths hold
             ['ip', 'netns', 'exec', f'hflwan-dc{i}', sys.executable, common.MAIN] + margs,
-            env=env, stdout=log, stderr=subprocess.STDOUT, start_new_session=True), path)
+            env=env, stdout=log, stderr=subprocess.STDOUT, start_new_session=True), path,
+                    log.tell())
     status, message = watch(procs, helpers, shaped, args.timeout_s)
     if message:
       print(f'[wan] error: {message}', file=sys.stderr, flush=True)
@@ -408,7 +414,7 @@ def main() -> int:
           flush=True)
     return status
   finally:
-    for q, _ in list(procs.values()) + list(helpers.values()):
+    for q, *_ in list(procs.values()) + list(helpers.values()):
       if q.poll() is None:
         os.killpg(q.pid, signal.SIGTERM)
         try:

@@ -27,11 +27,11 @@ Process i appends its stdout and stderr to ``LOG_DIR/process_<i>.log`` after a
 line naming the session's start (and, for process 0, also echoes this session's
 output here unless ``--quiet``). The launcher exits with 0 when every process
 does; otherwise it stops the remaining processes after ``--grace_s`` seconds,
-prints which process failed with the tail of its log, and exits with the first
-failing status (or 124 after ``--timeout_s``). Ctrl-C or SIGTERM sends SIGTERM
-to every process, which lets a checkpoint save in progress finish and stops
-(main.py), and SIGKILL after ``STOP_GRACE_S`` seconds; the launcher then exits
-with 130 or 143 and one line.
+prints which process failed with the tail of this session's part of its log, and
+exits with the first failing status (or 124 after ``--timeout_s``). Ctrl-C or
+SIGTERM sends SIGTERM to every process, which lets a checkpoint save in progress
+finish and stops (main.py), and SIGKILL after ``STOP_GRACE_S`` seconds; the
+launcher then exits with 130 or 143 and one line.
 """
 
 import argparse
@@ -243,8 +243,9 @@ def main(argv=None) -> int:
           file=sys.stderr)
   else:
     print(f'[launch] process {pid} failed with status {code}; statuses: '
-          f'{dict(sorted(status.items()))}. Tail of {procs[pid][1]}:\n'
-          f'{tail(procs[pid][1])}', file=sys.stderr, flush=True)
+          f'{dict(sorted(status.items()))}. Tail of this session\'s output in '
+          f'{procs[pid][1]}:\n{tail(procs[pid][1], start=starts[pid])}', file=sys.stderr,
+          flush=True)
   return code if code > 0 else 1
 
 

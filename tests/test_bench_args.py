@@ -2,6 +2,7 @@
 
 import argparse
 import os
+import re
 import subprocess
 import sys
 
@@ -48,6 +49,9 @@ def test_converters_accept_good_values_and_name_the_rule():
     ('wan_model_check.py', ['--ks=1,8'], 'argument --ks:'),
     ('max_pool.py', ['--shapes=256x28x28x32,2x3x4'], "'2x3x4' is not a shape BxHxWxC"),
     ('trace_step.py', ['--model=cnn,vgg'], "--model='vgg' is not one of"),
+    ('step_throughput.py', ['--mesh=300,1'],
+     'argument --mesh: 300,1 asks for D x W = 300 devices; at most 256'),
+    ('step_throughput.py', ['--model=mlp,cnn,mlp'], "argument --model: 'mlp' is repeated"),
 ])
 def test_bad_arguments_end_before_any_compilation(script, flags, needle):
   """These used to end in tracebacks, some after dozens of compilations (or, for
@@ -60,3 +64,17 @@ def test_bad_arguments_end_before_any_compilation(script, flags, needle):
   errors = [l for l in proc.stderr.splitlines() if 'error:' in l]
   assert len(errors) == 1 and needle in errors[0], proc.stderr[-2000:]
   assert 'Traceback' not in proc.stderr and 'Compiling' not in proc.stderr, proc.stderr[-2000:]
+
+
+def test_step_throughput_help_shows_defaults():
+  env = dict(os.environ, JAX_PLATFORMS='cpu')
+  run = lambda *flags: subprocess.run(
+      [sys.executable, os.path.join(REPO, 'bench', 'step_throughput.py'), *flags], cwd=REPO,
+      env=env, capture_output=True, text=True, timeout=120, check=False)
+  options = re.split(r'\n  (?=-)', run('--help').stdout.split('options:')[1])[1:]
+  shown = {o.split()[0]: re.search(r'\(default: ([^)]*)\)$', ' '.join(o.split()))
+           for o in options}
+  assert {k: m and m[1] for k, m in shown.items()} == {
+      '-h,': None, '--model': 'cnn', '--steps': '30', '--blocks': '4', '--batch': '32',
+      '--k': '4', '--mesh': '2,4', '--fma_units': 'None', '--clock_ghz': 'None',
+      '--peak_tflops': 'None'}, shown

@@ -1,10 +1,12 @@
 """hfl.checkpoint on real orbax checkpoints: a save compiles nothing, what is restored is
 what was saved, and resuming survives an unusable newest step directory."""
 
+import errno
 import glob
 import logging
 import os
 import shutil
+import sys
 
 import jax
 import jax.numpy as jnp
@@ -357,3 +359,45 @@ def test_checkpoint_with_residuals_of_lossless_links_restores_without_them(tmp_p
                       down=now.down._replace(compressor_state=old.down.compressor_state))
   for a, b in zip(jax.tree.leaves(state), jax.tree.leaves(kept)):
     np.testing.assert_array_equal(np.asarray(a), np.asarray(b))
+
+
+def test_a_save_that_finds_the_disk_full_is_one_error_and_keeps_the_older_steps(
+    tmp_path, monkeypatch, caplog):
+  """Orbax's JSON writes (the host item, the step's metadata) fail with ENOSPC: the
+  save raises hfl.metrics.WriteError naming the step, orbax's error logs (tracebacks)
+  are dropped, the partial step is removed and step 2 still restores."""
+  from etils import epath  # pylint: disable=g-import-not-at-top
+  from hfl import metrics  # pylint: disable=g-import-not-at-top
+  workdir = _workdir(tmp_path, steps=(2,))
+  ckpts = os.path.join(workdir, 'checkpoints')
+  good = _files(os.path.join(ckpts, '2'))
+
+  def full(self, *unused_args, **unused_kwargs):
+    raise OSError(errno.ENOSPC, os.strerror(errno.ENOSPC), str(self))
+  monkeypatch.setattr(epath.Path, 'write_text', full)
+  # Filters a failed save leaves in place (the process is meant to end) go with the test.
+  monkeypatch.setattr(logging.getLogger('asyncio'), 'filters', [])
+  monkeypatch.setattr(sys, 'unraisablehook', sys.unraisablehook)
+  mngr = ckpt_lib.manager(workdir)
+  with caplog.at_level(logging.INFO), pytest.raises(metrics.WriteError) as e:
+    ckpt_lib.save(mngr, 4, _state(4), {'step': 4})
+  assert e.value.errno == errno.ENOSPC and isinstance(e.value, OSError)
+  assert str(e.value) == (f'no space left on device (ENOSPC) while writing {ckpts}/4; the '
+                          'checkpoints saved before it are intact; its partial files were '
+                          'removed'), str(e.value)
+  assert not [r for r in caplog.records if r.levelno >= logging.ERROR], caplog.text
+  assert os.listdir(ckpts) == ['2'] and _files(os.path.join(ckpts, '2')) == good
+  monkeypatch.undo()
+  step, state, host = ckpt_lib.restore_latest(ckpt_lib.manager(workdir), _abstract())
+  assert step == 2 and host == {'step': 2}
+  np.testing.assert_array_equal(np.asarray(state['w']), np.asarray(_state(2)['w']))
+
+
+@pytest.mark.parametrize('err, code', [
+    (ValueError('RESOURCE_EXHAUSTED: Error writing "a/0": Failed to write 5 bytes to file 4: '
+                "No space left on device [os_error_code='28']"), errno.ENOSPC),
+    (ValueError('StepAlreadyExistsError'), None),
+    (KeyError('x'), None)])
+def test_the_os_error_behind_a_failed_save_is_found_in_tensorstore_text(err, code):
+  found = ckpt_lib._os_error(err)  # pylint: disable=protected-access
+  assert (found and found.errno) == code and (found is None or found.strerror)

@@ -537,21 +537,25 @@ def _emulated_first_failure():
 def test_emulated_wan_watch_names_a_dead_helper_or_process(tmp_path):
   """Fault 1: the launcher watches its helpers, not only the training processes."""
   first_failure = _emulated_first_failure()
-  log = tmp_path / 'helper.log'
-  log.write_text('OverflowError: timestamp out of range\n')
+  log = tmp_path / 'helper.log'  # an earlier run's words, then this run's (logs are appended to)
+  log.write_text('OldError: an earlier run\n')
+  start = log.stat().st_size
+  with open(log, 'a') as f:
+    f.write('OverflowError: timestamp out of range\n')
   sleep = lambda: subprocess.Popen([sys.executable, '-c', 'import time; time.sleep(60)'])
   dead = subprocess.Popen([sys.executable, '-c', 'raise SystemExit(3)'])
   dead.wait()
-  running = {0: (sleep(), str(log)), 1: (sleep(), str(log))}
+  running = {0: (sleep(), str(log), start), 1: (sleep(), str(log), start)}
   try:
     assert first_failure(running, {}) is None
-    code, msg = first_failure(running, {'the delay line': (dead, str(log))})
+    code, msg = first_failure(running, {'the delay line': (dead, str(log), start)})
     assert code == 1 and 'the delay line' in msg and 'status 3' in msg
-    assert 'OverflowError' in msg  # the helper's own last words
-    code, msg = first_failure({0: running[0], 1: (dead, str(log))}, {})
+    assert 'OverflowError' in msg and 'OldError' not in msg  # this run's last words only
+    code, msg = first_failure({0: running[0], 1: (dead, str(log), start)}, {})
     assert code == 3 and 'process 1 (DC 1) failed with status 3' in msg
+    assert 'OverflowError' in msg and 'OldError' not in msg
   finally:
-    for q, _ in running.values():
+    for q, *_ in running.values():
       q.kill()
       q.wait()
 
@@ -591,6 +595,37 @@ def test_launcher_missing_workdir_or_config_starts_nothing(tmp_path):
                            f'--config={REPO}/configs/smoke.py'], timeout=60)
   _one_line_error(proc, '--workdir')
   assert os.listdir(tmp_path) == []
+
+
+@pytest.mark.multiprocess
+def test_launcher_failure_tail_is_this_sessions_output_only(tmp_path):
+  """Process logs are appended to, so the tail printed for a failed process used to
+  show an earlier session's last lines (here its OldError); now only this session's."""
+  fake = tmp_path / 'fake_python'  # stands in for `python main.py ...`: process 1 fails
+  fake.write_text('#!/bin/sh\nif [ "$HFL_PROCESS_ID" = 1 ]; then echo "this session: boom"; '
+                  'exit 3; fi\n')
+  fake.chmod(0o755)
+  logs = tmp_path / 'w' / 'logs'
+  logs.mkdir(parents=True)
+  earlier = ''.join(f'earlier session line {i}\n' for i in range(20)) + 'OldError: stale\n'
+  for i in (0, 1):
+    (logs / f'process_{i}.log').write_text(earlier)
+  proc = run_in(tmp_path, [sys.executable, LAUNCHER, '--num_processes=2', '--quiet',
+                           f'--python={fake}', '--grace_s=1', '--',
+                           f'--config={REPO}/configs/smoke.py', '--workdir=w'], timeout=120)
+  assert proc.returncode == 3, proc.stderr
+  assert "process 1 failed with status 3" in proc.stderr, proc.stderr
+  assert "Tail of this session's output in" in proc.stderr, proc.stderr
+  tail = proc.stderr.split(f"{logs / 'process_1.log'}:\n")[1]
+  assert tail.strip() == 'this session: boom', proc.stderr  # no earlier line, no OldError
+  assert (logs / 'process_1.log').read_text().startswith(earlier)  # the log keeps it all
+  sys.path.insert(0, os.path.join(REPO, 'launch'))
+  import common  # pylint: disable=g-import-not-at-top
+  log = str(logs / 'process_1.log')
+  assert common.tail(log, 2).startswith('[launch] ') and common.tail(log, 1) == (
+      'this session: boom\n')  # from the start (the default): the whole file's last lines
+  assert common.tail(log, start=os.path.getsize(log)) == '(no output)'
+  assert common.tail(str(tmp_path / 'nope.log')) == '(no log)'
 
 
 @pytest.mark.multiprocess

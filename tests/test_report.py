@@ -2,6 +2,7 @@
 hfl.metrics' time-to-target and byte formatter, and hfl.sweep, on workdirs they write."""
 
 import csv
+import glob
 import io
 import importlib.util
 import json
@@ -200,6 +201,51 @@ def test_load_run_tolerates_resume_duplicates_and_torn_line(tmp_path):
     runs_lib.load_run(str(tmp_path / 'missing'))
 
 
+def test_a_damaged_config_json_next_to_a_summary_with_the_config_is_left_out(runs, tmp_path):
+  """The summary holds the config, but config.json beside it is damaged: left out and
+  named (file, what is wrong), as the sweep refuses it; it used to be read silently."""
+  (tmp_path / 'a0' / 'config.json').write_text('{"seed": 0,')
+  (tmp_path / 'c' / 'config.json').write_text('"periodic"')
+  frame = report.load([str(tmp_path)])
+  assert list(frame['name']) == ['a1', 'b']
+  why = dict(frame.attrs['unreadable'])
+  assert why[runs[0]].startswith(f'{runs[0]}/config.json is not valid JSON (Expecting')
+  assert why[runs[3]] == (f'{runs[3]}/config.json is not a JSON object (it holds "periodic"); '
+                          'fix or remove that run')
+
+
+@pytest.mark.parametrize('update, why', [
+    (None, 'lacks final_test_accuracy (a number every finished run writes)'),
+    ({'final_test_accuracy': '0.9'}, 'final_test_accuracy is "0.9" where a number belongs'),
+    ({'final_test_accuracy': [0.9]}, 'final_test_accuracy is [0.9] where a number belongs'),
+    ({'final_test_accuracy': None}, 'final_test_accuracy is null where a number belongs'),
+    ({'best_test_accuracy': True, 'final_test_loss': {}, 'compute_s': None},
+     'best_test_accuracy is true where a number or null belongs; final_test_loss is {} where a '
+     'number or null belongs'),
+    ({'bytes': {'intra_up': 1, 'intra_down': '2'}},
+     'bytes.intra_down is "2" where a number or null belongs'),
+    ({'intra_dc_iterations': 'n/a', 'bytes': 3}, 'bytes is 3 where an object of numbers per '
+     'link belongs; intra_dc_iterations is "n/a" where a number or null belongs')])
+def test_a_summary_without_a_finished_runs_numbers_is_left_out(runs, tmp_path, update, why):
+  """A summary.json of {} or with a field the report reads that is no number used to be an
+  unfinished run or a '–' cell: left out, naming the fields and what they must hold. The
+  summaries real runs write pass (finished ones in docs/results; LM, unfinished, minimal
+  ones of older runs or a fake main.py: the other tests)."""
+  path = tmp_path / 'c' / 'summary.json'
+  path.write_text(json.dumps({} if update is None else {**json.loads(path.read_text()),
+                                                          **update}))
+  frame = report.load([str(tmp_path)])
+  assert list(frame['name']) == ['a0', 'a1', 'b']
+  (d, reason), = frame.attrs['unreadable']
+  assert d == runs[3] and reason.startswith(f'{path}: {why}'), reason
+  assert reason.endswith('; fix or remove that run')
+  for p in glob.glob(os.path.join(REPO, 'docs', 'results', 'runs', '*', '*', 'summary.json')):
+    with open(p, encoding='utf-8') as f:
+      s = json.load(f)
+    assert runs_lib.summary_problem(s, runs_lib.target_of(runs_lib.flatten(s['config'])).metric
+                                    ) is None, p
+
+
 def test_find_runs_below_a_sweep_root(tmp_path, runs):
   """Issue 18 (5): a sweep root (workdirs below it) is found, not refused."""
   root = tmp_path
@@ -333,13 +379,41 @@ def test_labels_tell_apart_keys_with_the_same_short_name():
 
 
 def test_label_by_seed_gives_a_row_per_seed(runs):
-  """Issue 18 (5): --label-by seed splits the seeds of a group into rows."""
+  """Issue 18 (5), and a fresh-user check: --label-by seed groups the runs by seed (one row
+  per seed, whatever else differs), as the README says; it used to give a row per run."""
   frame = report.load(runs)
   t = tables.build_table(frame, label_by=['seed'])
-  assert len(t) == 4 and sorted(t['runs'].map(len)) == [1, 1, 1, 1]
-  assert list(t['label']) == ['seed=0 [a0]', 'seed=1', 'seed=0 [b]', 'seed=0 [c]']
+  assert list(t['label']) == ['seed=0', 'seed=1'] and list(t['runs'].map(len)) == [3, 1]
+  assert t.iloc[0]['workdirs'] == [runs[0], runs[2], runs[3]]
+  assert t.iloc[0]['final_acc'] == pytest.approx((0.90 + 0.70 + 0.92) / 3)
+  # Baseline seed=0 (all rows uncompressed: the most bytes); a1 pairs with a0: 95 − 90.
+  assert t.iloc[1]['baseline'] == 'seed=0' and t.iloc[1]['paired_delta'] == pytest.approx(5.0)
+  assert t.iloc[1]['paired_n'] == 1
   t = tables.build_table(frame, label_by=['sync.strategy', 'seed'])
-  assert list(t['label'])[:2] == ['periodic, seed=0 [a0]', 'periodic, seed=1']
+  assert list(t['label']) == ['periodic, seed=0', 'periodic, seed=1', 'sync, seed=0']
+  assert list(t['runs'].map(len)) == [2, 1, 1]
+
+
+def test_label_by_groups_the_runs_equal_in_its_keys_and_pairs_on_the_others(tmp_path):
+  """--label-by compression.uplink.name over a K x compressor x seed grid: one row per
+  compressor (mean over its Ks and seeds), its paired Δ run by run on K and seed."""
+  finals = {('identity', 1, 0): 0.90, ('identity', 1, 1): 0.92, ('identity', 4, 0): 0.86,
+            ('identity', 4, 1): 0.88, ('topk', 1, 0): 0.89, ('topk', 1, 1): 0.90,
+            ('topk', 4, 0): 0.80, ('topk', 4, 1): 0.85}
+  for (comp, k, seed), acc in finals.items():
+    _write_run(tmp_path / f'{comp}_k{k}_s{seed}',
+               _config(**{'compression.uplink.name': comp, 'sync.k': k, 'seed': seed}),
+               [(1, acc, 1.0, _bytes(1, 10 if comp == 'topk' else 100, 100, 1))], summary={})
+  t = tables.build_table(report.load([str(tmp_path)]), label_by=['compression.uplink.name'])
+  t = t.set_index('label')
+  assert list(t.index) == ['up=identity', 'up=topk'] and list(t['runs'].map(len)) == [4, 4]
+  assert t.at['up=topk', 'final_acc'] == pytest.approx(0.86)
+  assert t.at['up=topk', 'baseline'] == 'up=identity'
+  assert t.at['up=topk', 'compression_ratio'] == pytest.approx(1 - 111 / 201)
+  # Per (K, seed): 89 − 90, 90 − 92, 80 − 86, 85 − 88 = −1, −2, −6, −3 pts.
+  assert t.at['up=topk', 'paired_delta'] == pytest.approx(-3.0)
+  assert t.at['up=topk', 'paired_n'] == 4
+  assert t.at['up=topk', 'paired_std'] == pytest.approx(math.sqrt(14 / 3))
 
 
 def test_rows_per_seed_compare_with_the_same_seed(tmp_path):
@@ -537,6 +611,28 @@ def test_an_unreadable_run_is_left_out_and_the_report_is_incomplete(runs, tmp_pa
                                             'holds null)')
   assert (out / 'results.md').read_text() == md
   assert not list(out.glob('*.tmp'))
+
+
+def test_no_plots_removes_the_plots_of_an_earlier_report(runs, tmp_path):
+  """--no-plots used to leave an earlier report's PNGs next to the new results.md: the
+  report's own plot files are removed (one stderr line), nothing else."""
+  out = tmp_path / 'out'
+  out.mkdir()
+  ours = ['accuracy_vs_sim_time.png', 'accuracy_vs_bytes.png', 'loss_vs_inter_dc_rounds.png']
+  others = ['accuracy_vs_wan_bytes.png', 'x_accuracy_vs_bytes.png', 'accuracy_vs_bytes.png.bak',
+            'notes.txt']
+  for name in ours + others:
+    (out / name).write_bytes(PNG_MAGIC)
+  (out / 'loss_vs_bytes.png').mkdir()  # not a file: kept
+  p = subprocess.run([sys.executable, '-m', 'hfl.report', str(tmp_path), '--out', str(out),
+                      '--no-plots'], env=_env(), capture_output=True, text=True, timeout=120,
+                     check=False)
+  assert p.returncode == 0, p.stderr
+  assert sorted(os.listdir(out)) == sorted(others + ['loss_vs_bytes.png', 'results.csv',
+                                                     'results.md'])
+  said = [l for l in p.stderr.splitlines() if 'earlier report' in l]
+  assert said == ['INFO removed the plots of an earlier report, stale next to results.md: '
+                  + ', '.join(str(out / n) for n in ours)], p.stderr
 
 
 def test_a_directory_with_neither_config_nor_summary_is_not_a_run(tmp_path, capsys):
@@ -899,10 +995,92 @@ def test_a_value_given_twice_in_a_grid_is_refused(tmp_path, capsys):
 
 
 
+def test_a_damaged_config_json_under_a_sweep_root_reads_as_sentences(tmp_path):
+  """The refusal of a finished run with a damaged config.json ran two sentences together
+  ('... use a new --workdir A sweep root ...'); one that already ends in '.' gets no second."""
+  root = str(tmp_path / 's')
+  sweep.run_sweep('configs/default.py', {'seed': [0]}, root, runner=FakeRunner(), report=False,
+                  out=lambda s: None)
+  (tmp_path / 's' / 'seed=0' / 'config.json').write_text('{"se')
+  for base, ends in (('configs/default.py', 'restore it, or use a new --workdir'),
+                     ('configs/smoke.py', 'or the same config to resume')):
+    with pytest.raises(ValueError) as e:
+      sweep.run_sweep(base, {'seed': [0]}, root, runner=FakeRunner(), out=lambda s: None)
+    msg = str(e.value)
+    assert msg.startswith("run 'seed=0' (nothing was launched): ") and '..' not in msg, msg
+    assert f'{ends}. A sweep root holds one sweep: give this one another --root.' in msg, msg
+    (tmp_path / 's' / 'seed=0' / 'config.json').unlink(missing_ok=True)  # then: summary's
+
+
+def test_a_grid_axis_without_values_is_refused(tmp_path, capsys):
+  """'seed': [] in a sweep file used to give 0 runs and exit 0."""
+  for grid in ({'sync.k': [1, 2], 'seed': []}, [{'seed': 0}, {'seed': []}]):
+    with pytest.raises(ValueError, match=r"^grid key 'seed' has no values \(\[\]\): a grid "
+                       'axis needs at least one value'):
+      sweep.expand_grid(grid)
+  sweep_file = tmp_path / 'empty_axis.py'
+  sweep_file.write_text('def get_sweep():\n  return "configs/default.py", {"seed": []}\n')
+  root = tmp_path / 'r'
+  assert sweep.main(['--sweep', str(sweep_file), '--root', str(root), '--dry_run']) == 2
+  err = capsys.readouterr().err
+  assert err.startswith("error: grid key 'seed' has no values") and err.count('\n') == 1, err
+  assert not root.exists()
+
+
+@pytest.mark.parametrize('body, needles', [
+    ('def get_sweep():\n  raise KeyError("no such sweep")\n',
+     ['get_sweep() raised KeyError: ', 'no such sweep']),
+    ('def get_sweep(:\n  pass\n', ['importing it raised SyntaxError: ', 'line 1']),
+    ('import no_such_module_hfl\n', ['importing it raised ModuleNotFoundError: ',
+                                     "No module named 'no_such_module_hfl'"])])
+def test_a_sweep_file_that_fails_is_one_error_line(tmp_path, capsys, body, needles):
+  """A sweep file whose import or get_sweep() raised used to end in a traceback (exit 1)."""
+  sweep_file = tmp_path / 'bad_sweep.py'
+  sweep_file.write_text(body)
+  root = tmp_path / 'r'
+  assert sweep.main(['--sweep', str(sweep_file), '--root', str(root), '--dry_run']) == 2
+  err = capsys.readouterr().err
+  assert err.startswith(f'error: sweep file {sweep_file}: ') and err.count('\n') <= 2, err
+  for n in needles:
+    assert n in err, (n, err)
+  assert 'Traceback' not in err and not root.exists()
+
+
+def test_a_grid_flag_replaces_the_sweep_files_axis_visibly(tmp_path, capsys):
+  """--sweep FILE --grid seed=1 reruns one seed of the file's sweep: the --grid axis replaces
+  the file's (one line says so), and on the sweep's recorded root the narrowed grid is
+  still refused before anything is written."""
+  sweep_file = tmp_path / 'seeds.py'
+  sweep_file.write_text('def get_sweep():\n  return "configs/default.py", '
+                        '{"sync.k": [2, 4], "seed": [0, 1, 2]}\n')
+  root = str(tmp_path / 'r')
+  capsys.readouterr()
+  assert sweep.main(['--sweep', str(sweep_file), '--grid', 'seed=1', '--root', root,
+                     '--dry_run']) == 0
+  out = capsys.readouterr().out.splitlines()
+  assert out[0] == "--grid seed replaces the sweep file's values: [0, 1, 2] -> [1]", out
+  assert out[1].startswith('2 runs (0 done, 2 to run)')
+  assert sweep.main(['--sweep', str(sweep_file), '--grid', 'sync.k=8', '--grid', 'train.num_'
+                     'steps=100', '--root', root, '--dry_run']) == 0
+  out = capsys.readouterr().out.splitlines()  # a new key adds an axis: no replacement line
+  assert out[0] == "--grid sync.k replaces the sweep file's values: [2, 4] -> [8]", out
+  assert out[1].startswith('3 runs (')
+  base, grid = sweep.load_sweep(str(sweep_file))
+  sweep.run_sweep(base, grid, root, runner=FakeRunner(), report=False, out=lambda s: None)
+  before = _tree(root)
+  assert sweep.main(['--sweep', str(sweep_file), '--grid', 'seed=1', '--root', root]) == 2
+  err = capsys.readouterr().err
+  assert 'holds another sweep: its sweep.json lists 4 run(s) this grid does not have' in err
+  assert _tree(root) == before
+  with pytest.raises(SystemExit) as e:
+    sweep.parse_args(['--help'])
+  assert e.value.code == 0 and 'replacing the values of a KEY the file has' in capsys.readouterr().out
+
 @pytest.mark.parametrize('argv, message', [
     (['--parallel', '0'], '--parallel=0 must be >= 1'),
     (['--max_runs', '0'], '--max_runs=0 must be >= 1'),
     (['--root_is_file'], 'exists and is not a directory'),
+    (['--dry_run', '--root='], "--root='' is empty"),  # used to sweep into the caller's dir
     # Checked before any run starts (each would fail to start its interpreter).
     (['--python', '/nonexistent/python'], "--python='/nonexistent/python' is not an "
      'executable file (nor a command on PATH)')])
@@ -1350,11 +1528,12 @@ def test_lm_report_pairs_the_loss_and_labels_the_target(tmp_path):
 
 
 def test_report_and_sweep_stay_within_their_line_budget():
-  """hfl/report/*.py + hfl/sweep.py ≤ 1,745 lines (the report's caveats and left-out runs:
-  +100; the sweep's one-sweep root, repeated values and SIGTERM: +75): page-specific
+  """hfl/report/*.py + hfl/sweep.py ≤ 1,815 lines (the report's caveats and left-out runs:
+  +100; the sweep's one-sweep root, repeated values and SIGTERM: +75; checked summaries,
+  --label-by groups, stale plots and one-line sweep-file errors: +70): page-specific
   code lives in docs/results."""
   files = [os.path.join(REPO, 'hfl', 'report', f) for f in os.listdir(
       os.path.join(REPO, 'hfl', 'report')) if f.endswith('.py')]
   total = sum(len(open(f, encoding='utf-8').read().splitlines())
               for f in files + [os.path.join(REPO, 'hfl', 'sweep.py')])
-  assert total <= 1745, total
+  assert total <= 1815, total

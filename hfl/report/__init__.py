@@ -106,6 +106,8 @@ def write_report(paths: Sequence[str], out_dir: str, target: float | None = None
   """Writes ``results.md``, ``results.csv`` and the PNG plots of the runs below ``paths``
   (:func:`load`; ``out_dir`` is not searched; runs left out are named in results.md)
   and returns :class:`Written`. A table file is replaced whole (written, then renamed).
+  The report's plot files (:func:`hfl.report.plots.plot_name`) in ``out_dir`` that it
+  does not write now (``plots=False``; the other metric's) are removed, and logged.
 
   ``label_by`` and ``baseline``: see :func:`hfl.report.tables.build_table`.
 
@@ -125,10 +127,18 @@ def write_report(paths: Sequence[str], out_dir: str, target: float | None = None
                      ('results.csv', tables.to_csv(table, target))):
     written[name] = os.path.join(out_dir, name)
     metrics_lib.replace_file(written[name], text)
+  from hfl.report import plots as plots_lib  # pylint: disable=g-import-not-at-top
   if plots:
-    from hfl.report import plots as plots_lib  # pylint: disable=g-import-not-at-top
     curves = [plots_lib.Curves(r['label'], [frame.at[i, 'run'].metrics for i in r['runs']])
               for _, r in table.iterrows()]
     written.update({os.path.basename(p): p for p in plots_lib.write_plots(
         curves, out_dir, target.value, y=plots_lib.y_axis(target.metric))})
+  stale = [p for y in (plots_lib.ACCURACY, plots_lib.LOSS) for a in plots_lib.AXES
+           if (p := os.path.join(out_dir, plots_lib.plot_name(y, a))) not in written.values()
+           and os.path.isfile(p)]
+  for p in stale:
+    os.remove(p)
+  if stale:
+    logging.info('removed the plots of an earlier report, stale next to results.md: %s',
+                 ', '.join(stale))
   return written

@@ -29,8 +29,9 @@ def parse_args(argv: Sequence[str] | None = None) -> argparse.Namespace:
       prog='python -m hfl.report',
       description='Tables and plots from hfl training workdirs: every directory with '
       'summary.json or metrics.jsonl among and below DIR... (relative paths are the '
-      "caller's). Runs whose configs differ only in seed are one row (mean ± std); "
-      '--label-by seed gives a row per seed. Prints the table and the files written.',
+      "caller's). Runs whose configs differ only in seed are one row (mean ± std); with "
+      '--label-by, runs equal in its keys (--label-by seed: a row per seed). Prints the '
+      'table and the files written.',
       epilog='example: python -m hfl.report workdirs/semisync  (writes workdirs/semisync/'
       'report). Exit status: 0, a complete report; 1, a report without the runs that could '
       'not be read (named on stderr and in results.md); 2, bad input (nothing written).')
@@ -39,12 +40,13 @@ def parse_args(argv: Sequence[str] | None = None) -> argparse.Namespace:
   p.add_argument('--target', type=float, help="target of the runs' headline metric: test "
                  "accuracy (fraction) or validation loss (nats); default: the runs' own")
   p.add_argument('--label-by', '--label_by', dest='label_by', type=config_keys,
-                 help='comma-separated config keys for labels (and rows), e.g. '
+                 help='comma-separated config keys for labels and rows (runs equal in them are '
+                 'one row, paired with the baseline on the other keys), e.g. '
                  'sync.strategy,compression.uplink.name or seed')
   p.add_argument('--baseline', help='label of the row to compare with (default: the closest '
                  'uncompressed one; with none compressed, the one sending the most bytes)')
   p.add_argument('--no-plots', '--no_plots', dest='plots', action='store_false',
-                 help='skip the PNG plots')
+                 help='skip the PNG plots (removing those of an earlier report in OUT)')
   return p.parse_args(argv)
 
 

@@ -152,12 +152,17 @@ def plot_curves(rows: Sequence[Curves], axis: Axis, path: str, target: float | N
   return path
 
 
+def plot_name(y: YAxis, axis: Axis, prefix: str = '') -> str:
+  """A figure's file name: ``<prefix><y.name>_vs_<axis.filename>.png``."""
+  return f'{prefix}{y.name}_vs_{axis.filename}.png'
+
+
 def write_plots(rows: Sequence[Curves], out_dir: str, target: float | None = None,
                 prefix: str = '', title: str | None = None, y: YAxis = ACCURACY,
                 axes: Sequence[Axis] = AXES) -> list[str]:
-  """Writes ``y`` vs each of ``axes`` as ``out_dir/<prefix><y.name>_vs_<axis.filename>.png``
-  (titles ``'<title>: <y> vs ...'`` when ``title`` is given); returns their paths."""
+  """Writes ``y`` vs each of ``axes`` as ``out_dir/``:func:`plot_name` (titles
+  ``'<title>: <y> vs ...'`` when ``title`` is given); returns their paths."""
   os.makedirs(out_dir, exist_ok=True)
   name = lambda a: f'{title}: {y.label.split(" (")[0]} vs {a.label.split(" (")[0]}'
-  return [plot_curves(rows, a, os.path.join(out_dir, f'{prefix}{y.name}_vs_{a.filename}.png'),
+  return [plot_curves(rows, a, os.path.join(out_dir, plot_name(y, a, prefix)),
                       target, title=title and name(a), y=y) for a in axes]

@@ -43,6 +43,7 @@ _FROM_SUMMARY = {'final_acc': ('final_test_accuracy', 'test_accuracy'),
                  'intra_dc_iterations': ('intra_dc_iterations', 'step'),
                  **{k: (k, k) for k in ('sim_time_s', 'wall_time_s')},
                  **{k: (k, None) for k in WAN_FIELDS}}
+_READ_NUMBERS = {s for s, _ in _FROM_SUMMARY.values()} | {'best_test_accuracy', 'best_test_loss'}
 
 
 def higher_is_better(metric: str) -> bool:
@@ -130,7 +131,9 @@ def load_run(workdir: str) -> Run:
 
   Raises:
     FileNotFoundError: ``workdir`` holds neither summary.json nor metrics.jsonl.
-    ValueError: its summary.json or config.json is not a JSON object (the path named).
+    ValueError: its summary.json or config.json (read even when the summary holds the
+      config, as the sweep does) is not a JSON object, the config not an object, or the
+      summary not a finished run's (:func:`summary_problem`); the path and field named.
     OSError: a file cannot be read.
   """
   if not is_run_dir(workdir):
@@ -147,11 +150,41 @@ def load_run(workdir: str) -> Run:
       raise ValueError(f'{path(f)} is not a JSON object (it holds {json.dumps(out)[:40]}); fix '
                        'or remove that run')
     return out
-  summary = read('summary.json')
-  config = summary.get('config') or read('config.json')
+  summary, stored = read('summary.json'), read('config.json')  # both must read, as for the sweep
+  config = summary.get('config') or stored
   config = json.loads(config) if isinstance(config, str) else config  # early workdirs
-  return Run(workdir, os.path.basename(os.path.normpath(workdir)), dict(config), summary,
+  if not isinstance(config, dict):
+    raise ValueError(f'{path("summary.json")}: config is {json.dumps(config)[:40]}, not a JSON '
+                     'object; fix or remove that run')
+  if (os.path.isfile(path('summary.json'))
+      and (problem := summary_problem(summary, target_of(flatten(config)).metric))):
+    raise ValueError(f'{path("summary.json")}: {problem}; fix or remove that run')
+  return Run(workdir, os.path.basename(os.path.normpath(workdir)), config, summary,
              read_metrics(path('metrics.jsonl')))
+
+
+def summary_problem(summary: Mapping[str, Any], metric: str = 'test_accuracy') -> str | None:
+  """Why ``summary`` is no finished run's summary.json (hfl.train.summarize), or None: it
+  lacks ``final_<metric>`` (its headline metric, a number), or a field the report reads
+  (:data:`METRICS`; missing ones fall back to the last evaluation) holds no number nor
+  null, or ``bytes`` is no object of those per link."""
+  need = f'final_{metric}'
+  problems = [] if need in summary else [f'lacks {need} (a number every finished run writes)']
+  fields = {}  # the numbers the report reads, in the summary's order
+  for k, v in summary.items():
+    if k == 'bytes' and isinstance(v, dict):
+      fields.update({f'bytes.{link}': n for link, n in v.items()})
+    elif k == 'bytes' and v is not None:
+      problems.append(f'bytes is {json.dumps(v)[:40]} where an object of numbers per link '
+                      'belongs')
+    elif k in _READ_NUMBERS:
+      fields[k] = v
+  for k, v in fields.items():
+    if not (isinstance(v, (int, float)) and not isinstance(v, bool)
+            or v is None and k != need):
+      problems.append(f'{k} is {json.dumps(v)[:40]} where a number '
+                      f'{"" if k == need else "or null "}belongs')
+  return '; '.join(problems) or None
 
 
 def flatten(config: Mapping[str, Any], prefix: str = '') -> dict:

@@ -1,8 +1,9 @@
 """Seed groups and paired statistics over a run table (:func:`hfl.report.runs.run_frame`).
 
 A *group* is the runs whose configs differ only in ``seed`` (and ``workdir``);
-fields some runs lack (added to hfl after they ran) do not split a group; keys
-in ``keep`` (``seed`` when rows are labelled by seed) do. A group's value is the
+fields some runs lack (added to hfl after they ran) do not split a group. Rows
+labelled by chosen keys (``--label-by``) group the runs equal in those keys, and
+pair each with the baseline run equal in all the others. A group's value is the
 mean over its runs, with the sample std (ddof = 1), n and the standard error
 std / √n. A *paired* Δ compares a group with a baseline seed by seed (same
 initialisation and data order, which removes most of the seed-to-seed spread):
@@ -44,13 +45,15 @@ def stat(values: Iterable[Any]) -> Stat:
   return Stat(float(v.mean()), float(v.std()) if len(v) > 1 else None, int(len(v)))
 
 
-def group_ids(frame: pd.DataFrame, keep: Sequence[str] = ()) -> pd.Series:
-  """A group id (str) per run of ``frame``; ``keep``: keys of :data:`IGNORED` that
-  split groups here. A run without a config is its own group."""
+def group_ids(frame: pd.DataFrame, by: Sequence[str] | None = None,
+              but: Sequence[str] = IGNORED) -> pd.Series:
+  """A group id (str) per run of ``frame``: runs with equal values of the config keys
+  ``by`` (a key a run lacks: None) share one; default ``by``: every key all runs have
+  but those in ``but``. A run without a config is its own group."""
   configs = list(frame['config'])
   shared = set.intersection(*(set(c) for c in configs if c)) if any(configs) else set()
-  keys = sorted(k for k in shared if k not in IGNORED or k in keep)
-  ids = [json.dumps([(k, repr(c[k])) for k in keys]) if c else f'workdir:{w}'
+  keys = sorted(by or (k for k in shared if k not in but))
+  ids = [json.dumps([(k, repr(c.get(k))) for k in keys]) if c else f'workdir:{w}'
          for c, w in zip(configs, frame['workdir'])]
   return pd.Series(ids, index=frame.index, name='group')
 
@@ -81,19 +84,22 @@ _WARNED = set()  # (group, metric) pairs already warned about duplicate seeds
 
 
 def paired(frame: pd.DataFrame, groups: pd.Series, group: str, base: str,
-           metric: str = 'final_acc', scale: float = 100.0) -> tuple[Stat, dict]:
+           metric: str = 'final_acc', scale: float = 100.0,
+           pairs: pd.Series | None = None) -> tuple[Stat, dict]:
   """The paired Δ of ``metric``, ``group`` vs ``base``: (its :class:`Stat`, {seed: Δ}).
 
+  ``pairs``: per run, what pairs it with a baseline run (default its ``seed``; rows of
+  chosen keys pair on the others, :func:`group_ids`; the dict is then keyed by those).
   Only seeds with a value on both sides count; a seed twice in a group keeps its first
   run here (warning once, naming the workdirs; :func:`summarize` counts every run).
   """
   def by_seed(g):
     rows = frame.loc[groups == g]
-    s = rows.set_index('seed')[metric]
+    s = rows[metric].set_axis(rows['seed'] if pairs is None else pairs[groups == g])
     if s.index.has_duplicates and (g, metric) not in _WARNED:
       _WARNED.add((g, metric))
       logging.warning('a seed in more than one run of one row (%s): its paired Δ keeps the first',
-                      ', '.join(rows[rows['seed'].duplicated(keep=False)]['workdir']))
+                      ', '.join(rows['workdir'][s.index.duplicated(keep=False)]))
     s = s[~s.index.duplicated()]
     return pd.to_numeric(s, errors='coerce').astype(float)
   d = (scale * (by_seed(group) - by_seed(base))).dropna().sort_index()

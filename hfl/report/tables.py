@@ -215,12 +215,14 @@ def compared_iterations(frame: pd.DataFrame, table: pd.DataFrame, group: str,
 
 def build_table(frame: pd.DataFrame, label_by: Sequence[str] | None = None,
                 baseline: str | None = None, metric: str = 'final_acc') -> pd.DataFrame:
-  """One row per seed group of ``frame`` (:func:`hfl.report.runs.run_frame`).
+  """One row per seed group of ``frame`` (:func:`hfl.report.runs.run_frame`), or per
+  value of the ``label_by`` keys.
 
   Args:
     frame: the runs.
-    label_by: config keys for the labels; a key the grouping ignores (``seed``)
-      named here splits the groups too (one row per seed).
+    label_by: config keys for the labels and rows: runs with equal values of these
+      keys are one row (e.g. ``['seed']``: one row per seed), whose paired Δ pairs
+      each run with the baseline run equal to it in every other key.
     baseline: label of the row every row is compared with; default
       :func:`closest_baselines`, or, when every row is uncompressed (a K or
       strategy sweep), the row that sends the most bytes (e.g. K = 1).
@@ -236,8 +238,9 @@ def build_table(frame: pd.DataFrame, label_by: Sequence[str] | None = None,
   Raises:
     ValueError: ``baseline`` is not a label.
   """
-  keep = [k for k in label_by or () if k in stats.IGNORED]
-  groups = stats.group_ids(frame, keep=keep)
+  label_by = list(label_by or ())
+  groups = stats.group_ids(frame, label_by)
+  pairs = stats.group_ids(frame, but=[*label_by, 'workdir']) if label_by else None  # the rest
   table = stats.summarize(frame, groups)
   first = [frame.loc[r[0]] for r in table['runs']]
   flats = [f['config'] for f in first]
@@ -247,14 +250,14 @@ def build_table(frame: pd.DataFrame, label_by: Sequence[str] | None = None,
   if baseline is None and len(flats) > 1 and all(f and is_uncompressed(f) for f in flats):
     baseline = labels[int(pd.to_numeric(table['bytes.total']).fillna(-1).to_numpy().argmax())]
   bases = ([labels.index(baseline)] * len(labels) if baseline is not None
-           else closest_baselines(flats, [k for k in stats.IGNORED if k not in keep]))
+           else closest_baselines(flats, [k for k in stats.IGNORED if k not in label_by]))
   ids, rows = list(table.index), []
   for gid, b in zip(ids, bases):
     base = None if b is None else ids[b]
     ours, theirs = table.at[gid, 'bytes.total'], base and table.at[base, 'bytes.total']
     scale = 100.0 if runs_lib.METRICS[metric] == 'fraction' else 1.0
-    p = (stats.paired(frame, groups, gid, base, metric, scale)[0] if base not in (None, gid)
-         else stats.Stat(None, None, 0))
+    p = (stats.paired(frame, groups, gid, base, metric, scale, pairs)[0]
+         if base not in (None, gid) else stats.Stat(None, None, 0))
     rows.append(dict(label=labels[ids.index(gid)], baseline=base and labels[b],
                      unfinished=int((~frame.loc[table.at[gid, 'runs'], 'finished']).sum()),
                      compression_ratio=stats.reduction(ours, theirs),
@@ -310,12 +313,14 @@ def to_markdown(table: pd.DataFrame, target: runs_lib.Target,
            f'- Target: {fmt_target(target)}. Rounds (inter-DC) and simulated time to target: first crossing, linearly interpolated between evaluations '
            '(`hfl.metrics.time_to_target`); `never` = not reached; (k/n reached): the mean is '
            'over the k seeds that did.',
-           '- `runs` > 1: configs differ only in `seed`; cells are mean ± sample std (ddof=1). '
+           '- `runs` > 1: configs differ only in `seed` (with `--label-by`: equal in its keys); '
+           'cells are mean ± sample std (ddof=1). '
            '(k unfinished): k runs have no summary.json; they count with their last evaluation.',
            '- Bytes: totals per link over the run, 1 MB = 10^6 bytes (raw in `results.csv`).',
            '- Compression = 1 − total bytes / baseline total bytes (all links), and the × '
            f'factor. Paired Δ: final {"loss (lower is better)" if loss else "accuracy"} minus '
-           f'the baseline run with the same seed, mean ± sample std over the seeds both have (n). Baseline: {baselines} (the closest '
+           f'the baseline run with the same seed (with `--label-by`: the same other keys), mean ± '
+           f'sample std over the seeds both have (n). Baseline: {baselines} (the closest '
            'uncompressed row; with none compressed, the one sending the most bytes; unless '
            '`--baseline` is given).', '', '## Runs', '']
   lines += [f'- {r["label"]}: ' + ', '.join(f'`{w}`' for w in r['workdirs'])
