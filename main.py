@@ -89,7 +89,13 @@ def main(argv):
     fix = 'Free space there' if e.errno in (errno.ENOSPC, errno.EDQUOT) else 'Fix that'
     print(f'error: {e}. {fix}, then rerun the same command to resume '
           f'{_WORKDIR.value} {_resume_point(_WORKDIR.value)}.', file=sys.stderr)
-    sys.exit(2)
+    # A save that failed creating its directory leaves orbax threads waiting 300 s for
+    # a signal that never comes; the normal exit would join them. Everything is
+    # written and the workdir lock released by now, so end the process at once.
+    logging.flush()
+    sys.stdout.flush()
+    sys.stderr.flush()
+    os._exit(2)  # pylint: disable=protected-access
   except (ValueError, FileNotFoundError) as e:
     print(f'error: {e}', file=sys.stderr)
     sys.exit(2)

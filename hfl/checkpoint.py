@@ -102,10 +102,12 @@ def save(mngr: ocp.CheckpointManager, step: int, state, host: dict) -> None:
       # A save that failed in this thread leaves orbax's writer threads running.
       _join_new_threads(running, 'orbax.', timeout_s=60)
       held.clear()  # their tracebacks say what the one line below says
-      _remove_partial_step(mngr, step)
+      left = _remove_partial_step(mngr, step)
       raise metrics.WriteError(os.path.join(mngr.directory, str(step)), os_error,
-                               'the checkpoints saved before it are intact; its partial '
-                               'files were removed') from err
+                               'the checkpoints saved before it are intact; ' +
+                               (f'its partial files {", ".join(left)} could not be removed '
+                                '(a rerun moves them aside)' if left else
+                                'its partial files were removed')) from err
 
 
 @contextlib.contextmanager
@@ -177,17 +179,21 @@ def _os_error(err: BaseException) -> OSError | None:
   return None
 
 
-def _remove_partial_step(mngr: ocp.CheckpointManager, step: int) -> None:
+def _remove_partial_step(mngr: ocp.CheckpointManager, step: int) -> list[str]:
   """Removes (process 0) what a failed save of ``step`` left: orbax's temporary
-  directories of it, and the step directory itself when it is not complete."""
+  directories of it, and the step directory itself when it is not complete; returns
+  the names of those it could not remove (a resume moves them aside)."""
   if jax.process_index() != 0:
-    return
+    return []
+  partial = lambda p: (p.name.startswith(f'{step}{TMP_MARK}') or
+                       (p.name == str(step) and incomplete_reason(p) is not None))
   root = epath.Path(mngr.directory)
-  with contextlib.suppress(OSError):  # what is left is moved aside on resume
-    for p in list(root.iterdir()):
-      if (p.name.startswith(f'{step}{TMP_MARK}') or
-          (p.name == str(step) and incomplete_reason(p) is not None)):
-        shutil.rmtree(p, ignore_errors=True)
+  try:
+    for p in [p for p in root.iterdir() if partial(p)]:
+      shutil.rmtree(p, ignore_errors=True)
+    return [p.name for p in root.iterdir() if partial(p)]
+  except OSError:
+    return ['(unknown: the checkpoint directory cannot be read)']
 
 
 @contextlib.contextmanager

@@ -20,6 +20,7 @@ import logging
 import os
 import shlex
 import re
+import reprlib
 import shutil
 import signal
 import subprocess
@@ -113,7 +114,7 @@ def load_sweep(path: str) -> tuple[Any, Any]:
 
   Raises:
     FileNotFoundError: no such file. AttributeError: it defines no ``get_sweep``.
-    ValueError: importing it or ``get_sweep()`` raised (file, step, exception type, message).
+    ValueError: importing it or ``get_sweep()`` raised or exited, or it returned no (base, grid).
   """
   if not os.path.isfile(path):
     raise FileNotFoundError(f'sweep file not found: {path}')
@@ -124,17 +125,34 @@ def load_sweep(path: str) -> tuple[Any, Any]:
   try:
     spec.loader.exec_module(module)
     step, get_sweep = 'get_sweep()', getattr(module, 'get_sweep', None)
-    base, grid = get_sweep() if get_sweep else (None, None)
-  except Exception as e:  # pylint: disable=broad-except  (the file's own error, in one line)
-    raise ValueError(f'sweep file {path}: {step} raised {type(e).__name__}: '
-                     f'{" ".join(str(e).split())}') from None
+    got = get_sweep() if get_sweep else None
+  except (Exception, SystemExit) as e:  # pylint: disable=broad-except  (the file's own error)
+    did = f'called sys.exit({e.code!r})' if isinstance(e, SystemExit) else (
+        f'raised {type(e).__name__}: {" ".join(str(e).split())}')
+    raise ValueError(f'sweep file {path}: {step} {did}') from None
   if not get_sweep:
     raise AttributeError(f'{path} defines no get_sweep()')
+  base, grid = _check_sweep(path, got)
   if isinstance(base, str) and not os.path.isabs(file := base.partition(':')[0]):
     here = os.path.dirname(os.path.abspath(path))
     root = here if os.path.isfile(os.path.join(here, file)) else REPO_ROOT
     base = os.path.join(root, base)
   return base, grid
+
+
+def _check_sweep(path: str, got: Any) -> tuple[Any, Any]:
+  """``got`` (``path``'s get_sweep()) if a (base, grid) of :data:`FORMAT`, else ValueError."""
+  try:
+    if isinstance(got, (tuple, list)) and len(got) == 2 and (isinstance(
+        got[0], (str, Mapping)) or hasattr(got[0], 'to_dict')) and expand_grid(got[1]):
+      return tuple(got)
+    why = ''
+  except TypeError as e:  # the grid's problem
+    why = f' ({e})'
+  raise ValueError(f'sweep file {path}: get_sweep() returned {type(got).__name__} '
+                   f"{reprlib.repr(got)}{why}; expected (base, grid): base a config path "
+                   "('configs/x.py' or 'path:arg') or an ml_collections.ConfigDict, grid "
+                   '{dotted.key: [options...]}, a list of such dicts, or None')
 
 
 def _literal(text: str) -> Any:
@@ -192,10 +210,12 @@ def combine_grids(grid: Any, extra: Mapping[str, list] | None, out=print) -> Any
 def expand_grid(grid: Mapping[str, Any] | Sequence[Mapping[str, Any]] | None) -> list[dict]:
   """The points of a grid (:data:`FORMAT`; None/empty: the base run alone), as override
   dicts in grid order (a point two dicts of a list share comes once); TypeError for another
-  type of grid, ValueError for a key with no options or one twice (``'seed': [1, 1]``)."""
-  if not grid:
+  type of grid or of key, ValueError for a key with no options or one twice (``'seed': [1, 1]``)."""
+  if grid is None or isinstance(grid, (list, tuple)) and not grid:
     return [{}]
   if isinstance(grid, Mapping):
+    if bad := [k for k in grid if not isinstance(k, str)]:
+      raise TypeError(f'grid key {bad[0]!r} is not a string')
     keys = list(grid)
     options = [v if isinstance(v, list) else [v] for v in grid.values()]
     for key, opts in zip(keys, options):
@@ -204,7 +224,7 @@ def expand_grid(grid: Mapping[str, Any] | Sequence[Mapping[str, Any]] | None) ->
   elif isinstance(grid, (list, tuple)):
     points = [p for sub in grid for p in expand_grid(sub)]
   else:
-    raise TypeError(f'grid must be a dict or a list of dicts, got {type(grid)}')
+    raise TypeError(f'grid must be a dict or a list of dicts, got {type(grid).__name__}')
   first = {}
   for p in points:
     first.setdefault(_canonical(p), p)
@@ -671,7 +691,7 @@ def main(argv: Sequence[str] | None = None) -> int:
   143 on SIGTERM (the running jobs are stopped either way)."""
   args = parse_args(argv)
   logging.basicConfig(level=logging.INFO, format='%(levelname)s %(message)s')
-  previous = runtime.stop_on_sigterm()
+  previous, base = runtime.stop_on_sigterm(), None
   try:
     base, grid = sweep_from_args(args)
     result = run_sweep(base, grid, args.root, dry_run=args.dry_run,
@@ -681,19 +701,20 @@ def main(argv: Sequence[str] | None = None) -> int:
     print(f'error: {e}', file=sys.stderr)
     return 2
   except KeyboardInterrupt as e:
-    return interrupted(e)
+    return interrupted(e, launched=base is not None)  # None: still loading the sweep
   finally:
     signal.signal(signal.SIGTERM, previous)
   return 1 if result.failed else 0
 
 
-def interrupted(e: BaseException | None = None) -> int:
-  """Ctrl-C or SIGTERM (``e``): stops the running jobs, prints one line, returns exit
-  status 130 (143 for SIGTERM)."""
+def interrupted(e: BaseException | None = None, launched: bool = True) -> int:
+  """Ctrl-C or SIGTERM (``e``): stops the running jobs, prints one line (``launched``
+  False: that nothing was launched), returns exit status 130 (143 for SIGTERM)."""
   stop_children()
-  print(f'interrupted{" by SIGTERM" if isinstance(e, runtime.Terminated) else ""}: the '
-        'running training jobs were stopped; rerun the same command to continue (finished '
-        'runs are skipped, the others resume from their checkpoints).', file=sys.stderr)
+  print(f'interrupted{" by SIGTERM" if isinstance(e, runtime.Terminated) else ""}: ' + (
+        'the running training jobs were stopped; rerun the same command to continue (finished '
+        'runs are skipped, the others resume from their checkpoints).' if launched else
+        'nothing was launched.'), file=sys.stderr)
   return runtime.interrupt_status(e)
 
 

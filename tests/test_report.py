@@ -225,10 +225,21 @@ def test_a_damaged_config_json_next_to_a_summary_with_the_config_is_left_out(run
     ({'bytes': {'intra_up': 1, 'intra_down': '2'}},
      'bytes.intra_down is "2" where a number or null belongs'),
     ({'intra_dc_iterations': 'n/a', 'bytes': 3}, 'bytes is 3 where an object of numbers per '
-     'link belongs; intra_dc_iterations is "n/a" where a number or null belongs')])
+     'link belongs; intra_dc_iterations is "n/a" where a number or null belongs'),
+    ({'final_test_accuracy': math.nan}, 'final_test_accuracy is NaN where a fraction in [0, 1] '
+     'belongs'),
+    ({'final_test_accuracy': 57.0, 'best_test_accuracy': -1}, 'final_test_accuracy is 57.0 '
+     'where a fraction in [0, 1] belongs; best_test_accuracy is -1 where a fraction in [0, 1] '
+     'or null belongs'),
+    ({'inter_dc_rounds': -2, 'bytes': {'intra_up': -5, 'inter_dc': 1}, 'sim_time_s': -math.inf},
+     'inter_dc_rounds is -2 where a finite number ≥ 0 or null belongs; bytes.intra_up is -5 '
+     'where a finite number ≥ 0 or null belongs; sim_time_s is -Infinity where a finite number '
+     '≥ 0 or null belongs')])
 def test_a_summary_without_a_finished_runs_numbers_is_left_out(runs, tmp_path, update, why):
   """A summary.json of {} or with a field the report reads that is no number used to be an
-  unfinished run or a '–' cell: left out, naming the fields and what they must hold. The
+  unfinished run or a '–' cell: left out, naming the fields and what they must hold. So
+  is a number that is not finite (NaN, Infinity: the row used to show the other seeds'
+  value alone) or out of its range (an accuracy in percent, negative bytes or seconds). The
   summaries real runs write pass (finished ones in docs/results; LM, unfinished, minimal
   ones of older runs or a fake main.py: the other tests)."""
   path = tmp_path / 'c' / 'summary.json'
@@ -244,6 +255,23 @@ def test_a_summary_without_a_finished_runs_numbers_is_left_out(runs, tmp_path, u
       s = json.load(f)
     assert runs_lib.summary_problem(s, runs_lib.target_of(runs_lib.flatten(s['config'])).metric
                                     ) is None, p
+
+
+def test_a_summary_json_directory_or_config_string_not_json_is_left_out_and_named(runs,
+                                                                                    tmp_path):
+  """summary.json a directory (main.py refuses that workdir) used to be an unfinished run;
+  a config string that is not JSON was named by the decoder's message alone."""
+  (tmp_path / 'c' / 'summary.json').unlink()
+  (tmp_path / 'c' / 'summary.json').mkdir()
+  path = tmp_path / 'a1' / 'summary.json'
+  path.write_text(json.dumps({**json.loads(path.read_text()), 'config': 'seed: 1'}))
+  frame = report.load([str(tmp_path)])
+  assert list(frame['name']) == ['a0', 'b']
+  why = dict(frame.attrs['unreadable'])
+  assert why[runs[3]] == (f'{runs[3]}/summary.json is a directory, not a JSON file; fix or '
+                          'remove that run')
+  assert why[runs[1]].startswith(f'{path}: config is a string that is not valid JSON (Expecting '
+                                 'value: line 1 column 1 (char 0)); fix or remove that run')
 
 
 def test_find_runs_below_a_sweep_root(tmp_path, runs):
@@ -560,9 +588,10 @@ def test_comparisons_of_runs_stopped_at_other_iterations_are_marked(tmp_path):
   md = tables.to_markdown(table.reset_index(), frame.attrs['target'])
   row = next(l for l in md.splitlines() if l.startswith('| up=topk |'))
   assert '33.3% (1.5×) †' in row and '−10.00 pts (n=1) †' in row
-  assert md.count('†') == 3 and ("† Compares unfinished runs stopped at other iterations than "
-                                 "their baseline's (intra-DC iterations): `up=topk` 8 vs "
-                                 '`up=identity` 12. Report again once they finish.') in md
+  assert md.count('†') == 3 and ("† Compares runs stopped at other iterations than their "
+                                 "baseline's (intra-DC iterations; unfinished, or of another "
+                                 'length): `up=topk` 8 vs `up=identity` 12. Report again once '
+                                 'the unfinished runs finish.') in md
   assert md.index('† Compares') < md.index('## Notes')  # printed by the CLI with the table
   recs = {r['label']: r for r in csv.DictReader(io.StringIO(
       tables.to_csv(table.reset_index(), frame.attrs['target'])))}
@@ -574,6 +603,34 @@ def test_comparisons_of_runs_stopped_at_other_iterations_are_marked(tmp_path):
   table = tables.build_table(report.load([str(tmp_path)]))
   assert list(table['iterations']) == [None, None]
   assert '†' not in tables.to_markdown(table, frame.attrs['target'])
+
+
+def test_finished_runs_of_other_lengths_are_marked_and_a_row_mixing_them_named(tmp_path):
+  """Finished runs of 8 and 12 iterations used to be compared unmarked: † as for an
+  unfinished run; a row (--label-by seed) holding both is named under the table."""
+  evals = [(r, 0.5 + 0.1 * r, float(r), _bytes(r, 10, 10, 1)) for r in (1, 2, 3)]
+  _write_run(tmp_path / 'base', _config(), evals, summary={})  # iteration 12
+  _write_run(tmp_path / 'topk', _config(**{'compression.uplink.name': 'topk'}), evals[:2],
+             summary={})  # finished at iteration 8
+  _write_run(tmp_path / 'base1', _config(seed=1), evals, summary={})
+  frame = report.load([str(tmp_path)])
+  target = frame.attrs['target']
+  table = tables.build_table(frame).set_index('label')
+  assert table.at['up=topk', 'iterations'] == '8 vs 12'
+  assert list(table['mixed_iterations']) == [None, None]
+  md = tables.to_markdown(table.reset_index(), target)
+  assert md.count('†') == 3 and ("(intra-DC iterations; unfinished, or of another length): "
+                                 '`up=topk` 8 vs `up=identity` 12.\n') in md
+  assert 'Report again' not in md and 'Rows whose runs' not in md
+  table = tables.build_table(frame, label_by=['seed'])
+  assert list(table['label']) == ['seed=0', 'seed=1']
+  assert list(table['mixed_iterations']) == ['8;12', None]
+  assert list(table['iterations']) == ['8;12 vs 12', None]  # baseline seed=1: the most bytes
+  md = tables.to_markdown(table, target)
+  assert ('Rows whose runs stopped at different iterations (intra-DC; their mean mixes run '
+          'lengths): `seed=0` 8;12.') in md.split('## Notes')[0]
+  recs = list(csv.DictReader(io.StringIO(tables.to_csv(table, target))))
+  assert [r['mixed_iterations'] for r in recs] == ['8;12', '']
 
 
 def test_an_unreadable_run_is_left_out_and_the_report_is_incomplete(runs, tmp_path, capsys,
@@ -1046,6 +1103,64 @@ def test_a_sweep_file_that_fails_is_one_error_line(tmp_path, capsys, body, needl
   assert 'Traceback' not in err and not root.exists()
 
 
+@pytest.mark.parametrize('body, needles', [
+    ('import sys\ndef get_sweep():\n  sys.exit(0)\n', ['get_sweep() called sys.exit(0)']),
+    ('import sys\nsys.exit(0)\n', ['importing it called sys.exit(0)']),
+    ('def get_sweep():\n  return "ab"\n', ["get_sweep() returned str 'ab'; expected"]),
+    ('def get_sweep():\n  return {"seed": [0, 1]}\n', ["returned dict {'seed': [0, 1]}; "]),
+    ('def get_sweep():\n  return "configs/default.py", {}, None\n', ['returned tuple (']),
+    ('def get_sweep():\n  return 42, {"seed": [0]}\n', ["returned tuple (42, {'seed': [0]})"]),
+    ('def get_sweep():\n  return "configs/default.py", {1: [0, 1]}\n',
+     ["{1: [0, 1]}) (grid key 1 is not a string)"]),
+    ('def get_sweep():\n  return "configs/default.py", [{"seed": [0]}, 5]\n', ['got int)']),
+    ('def get_sweep():\n  return "configs/default.py", 0\n', ["('configs/default.py', 0) ("])])
+def test_a_sweep_file_that_exits_or_returns_no_base_and_grid_is_one_error_line(
+    tmp_path, capsys, body, needles):
+  """sys.exit(0) in a sweep file used to end the sweep silently (exit status 0); a value of
+  get_sweep() that is no (base, grid) pair was blamed on get_sweep() raising, or failed
+  later without naming the file ('ab': base config not found: .../a)."""
+  sweep_file = tmp_path / 'bad_sweep.py'
+  sweep_file.write_text(body)
+  root = tmp_path / 'r'
+  assert sweep.main(['--sweep', str(sweep_file), '--root', str(root), '--dry_run']) == 2
+  err = capsys.readouterr().err
+  assert err.startswith(f'error: sweep file {sweep_file}: ') and err.count('\n') == 1, err
+  allowed = ("; expected (base, grid): base a config path ('configs/x.py' or 'path:arg') or "
+             'an ml_collections.ConfigDict, grid {dotted.key: [options...]}, a list of such '
+             'dicts, or None\n')
+  for n in needles + ([] if 'sys.exit' in body else [allowed]):
+    assert n in err, (n, err)
+  assert 'raised' not in err.partition(str(sweep_file))[2] and not root.exists()
+
+
+def test_every_shipped_sweep_file_and_each_base_and_grid_shape_loads(tmp_path):
+  """The check of get_sweep()'s value refuses none of configs/sweeps/ nor of :data:`FORMAT`."""
+  paths = [p for p in glob.glob(os.path.join(REPO, 'configs', 'sweeps', '*.py'))
+           if 'def get_sweep' in open(p, encoding='utf-8').read()]
+  assert len(paths) >= 20
+  for path in paths:
+    base, grid = sweep.load_sweep(path)
+    assert os.path.isfile(base.partition(':')[0]) and sweep.expand_grid(grid), path
+  sweep_file = tmp_path / 'ok_sweep.py'
+  for value, n in (('"configs/default.py", None', 1), ('["configs/default.py", []]', 1),
+                   ('"configs/default.py", {}', 1), ('ml_collections.ConfigDict(), {"seed": 1}', 1),
+                   ('{"seed": 0}, [{"seed": [0, 1]}, {"sync.k": 2, "seed": (1, 2)}]', 3)):
+    sweep_file.write_text(f'import ml_collections\ndef get_sweep():\n  return {value}\n')
+    assert len(sweep.expand_grid(sweep.load_sweep(str(sweep_file))[1])) == n, value
+
+
+def test_ctrl_c_while_loading_a_sweep_file_says_nothing_was_launched(tmp_path, capsys):
+  """It used to say 'the running training jobs were stopped'."""
+  sweep_file = tmp_path / 'slow_sweep.py'
+  sweep_file.write_text('def get_sweep():\n  raise KeyboardInterrupt\n')
+  try:
+    assert sweep.main(['--sweep', str(sweep_file), '--root', str(tmp_path / 'r')]) == 130
+  finally:
+    sweep._STOPPING.clear()  # pylint: disable=protected-access
+  assert capsys.readouterr().err == 'interrupted: nothing was launched.\n'
+  assert not (tmp_path / 'r').exists()
+
+
 def test_a_grid_flag_replaces_the_sweep_files_axis_visibly(tmp_path, capsys):
   """--sweep FILE --grid seed=1 reruns one seed of the file's sweep: the --grid axis replaces
   the file's (one line says so), and on the sweep's recorded root the narrowed grid is
@@ -1104,6 +1219,25 @@ def test_report_cli_refuses_an_out_that_is_a_file(tmp_path, capsys):
   # Below a file: used to load every run, then end in a NotADirectoryError traceback.
   assert report_cli.main([str(tmp_path), '--out', str(f / 'sub')]) == 2
   assert f'cannot be created: {f} is a file' in capsys.readouterr().err
+
+
+def test_report_cli_refuses_an_out_that_holds_runs(runs, tmp_path, capsys):
+  """--out DIR used to say DIR holds no workdir (the report skips its output directory);
+  --out DIR/a0 left a0 out unsaid."""
+  for out, hidden in ((tmp_path, runs[:3]), (runs[1], runs[1:2])):
+    assert report_cli.main([str(tmp_path), '--out', str(out), '--no-plots']) == 2
+    assert capsys.readouterr().err == (
+        f'error: --out={out} must not hold the runs reported (the report does not search its '
+        f'output directory; here {", ".join(hidden)}); give another --out, e.g. '
+        f'{tmp_path / "report"} (the default)\n')
+  assert not list(tmp_path.glob('**/results.*')) and not (tmp_path / 'report').exists()
+  assert report_cli.main([runs[0], str(tmp_path), '--out', runs[1]]) == 2
+  assert capsys.readouterr().err.endswith(f'e.g. {runs[0]}/report\n')
+  assert report_cli.main([runs[0], '--out', str(tmp_path), '--no-plots']) == 0  # not searched
+  assert (tmp_path / 'results.md').is_file()
+  assert report_cli.main([str(tmp_path), '--no-plots']) == 0  # the default: DIR/report
+  assert report_cli.main([str(tmp_path), '--no-plots']) == 0  # ... again, beside its report
+  assert (tmp_path / 'report' / 'results.md').is_file()
 
 
 def test_dry_run_lists_grid_and_runs_nothing(tmp_path):
@@ -1528,12 +1662,15 @@ def test_lm_report_pairs_the_loss_and_labels_the_target(tmp_path):
 
 
 def test_report_and_sweep_stay_within_their_line_budget():
-  """hfl/report/*.py + hfl/sweep.py ≤ 1,815 lines (the report's caveats and left-out runs:
+  """hfl/report/*.py + hfl/sweep.py ≤ 1,880 lines (the report's caveats and left-out runs:
   +100; the sweep's one-sweep root, repeated values and SIGTERM: +75; checked summaries,
-  --label-by groups, stale plots and one-line sweep-file errors: +70): page-specific
-  code lives in docs/results."""
+  --label-by groups, stale plots and one-line sweep-file errors: +70; +45: finite, in-range
+  summary numbers, a summary.json directory or config string not JSON named, runs of
+  other lengths marked † and rows mixing them named, an --out holding the runs refused;
+  +20: a sweep file's return value checked, its sys.exit one line): page-specific code
+  lives in docs/results."""
   files = [os.path.join(REPO, 'hfl', 'report', f) for f in os.listdir(
       os.path.join(REPO, 'hfl', 'report')) if f.endswith('.py')]
   total = sum(len(open(f, encoding='utf-8').read().splitlines())
               for f in files + [os.path.join(REPO, 'hfl', 'sweep.py')])
-  assert total <= 1815, total
+  assert total <= 1880, total

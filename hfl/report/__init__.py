@@ -7,7 +7,8 @@ Any directory with workdirs below it works (a workdir, a sweep root)::
 Exit status 0: a complete report; 1: one without the runs it could not read (named
 with the reason on stderr and under the table); 2: bad input (e.g. a DIR that is no
 run: metrics.jsonl alone; one found below a DIR is skipped, named under the table),
-nothing written. † marks a comparison with unfinished runs stopped at other iterations.
+nothing written. † marks a comparison with runs stopped at other iterations (unfinished,
+or of another length). ``--out`` must hold no run below a DIR (it is not searched).
 
 From Python::
 
@@ -113,8 +114,18 @@ def write_report(paths: Sequence[str], out_dir: str, target: float | None = None
 
   Raises:
     FileNotFoundError: no workdir found. ValueError: see :func:`load`; ``baseline`` is
-      not a label. Nothing is written then.
+      not a label; ``out_dir`` holds a run reached through it. Nothing is written then.
   """
+  within = lambda a, b: os.path.commonpath([os.path.abspath(a), os.path.abspath(b)]
+                                           ) == os.path.abspath(b)  # a is b or below it
+  # The search skips out_dir (an earlier report's): refused when runs lie in it that the
+  # search would reach only through it (out_dir at or below their DIR).
+  if hidden := [d for d in runs.find_runs(paths) if within(d, out_dir)
+                and all(within(out_dir, p) for p in paths if within(d, p))]:
+    raise ValueError(f'--out={out_dir} must not hold the runs reported (the report does not '
+                     f'search its output directory; here {", ".join(hidden[:3])}); give another '
+                     f'--out, e.g. {os.path.join(paths[0], "report")}'
+                     + ' (the default)' * (len(paths) == 1))
   frame = load(paths, target, exclude=[out_dir])
   target = frame.attrs['target']
   table = tables.build_table(frame, label_by, baseline,

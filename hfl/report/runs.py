@@ -10,6 +10,7 @@ metric, :func:`target_of`) and the flattened config.
 
 import json
 import logging
+import math
 import os
 import pathlib
 from typing import Any, Iterable, Mapping, NamedTuple, Sequence
@@ -140,6 +141,8 @@ def load_run(workdir: str) -> Run:
     raise FileNotFoundError(f'{workdir}: not a training workdir (no {" or ".join(RUN_FILES)})')
   path = lambda f: os.path.join(workdir, f)
   def read(f):
+    if os.path.isdir(path(f)):  # main.py refuses such a workdir
+      raise ValueError(f'{path(f)} is a directory, not a JSON file; fix or remove that run')
     if not os.path.isfile(path(f)):
       return {}
     try:
@@ -152,7 +155,11 @@ def load_run(workdir: str) -> Run:
     return out
   summary, stored = read('summary.json'), read('config.json')  # both must read, as for the sweep
   config = summary.get('config') or stored
-  config = json.loads(config) if isinstance(config, str) else config  # early workdirs
+  try:
+    config = json.loads(config) if isinstance(config, str) else config  # early workdirs
+  except json.JSONDecodeError as e:
+    raise ValueError(f'{path("summary.json")}: config is a string that is not valid JSON ({e}); '
+                     'fix or remove that run') from None
   if not isinstance(config, dict):
     raise ValueError(f'{path("summary.json")}: config is {json.dumps(config)[:40]}, not a JSON '
                      'object; fix or remove that run')
@@ -167,7 +174,9 @@ def summary_problem(summary: Mapping[str, Any], metric: str = 'test_accuracy') -
   """Why ``summary`` is no finished run's summary.json (hfl.train.summarize), or None: it
   lacks ``final_<metric>`` (its headline metric, a number), or a field the report reads
   (:data:`METRICS`; missing ones fall back to the last evaluation) holds no number nor
-  null, or ``bytes`` is no object of those per link."""
+  null, or ``bytes`` is no object of those per link. A number must be finite and in its
+  range: [0, 1] for an accuracy (a fraction, not percent), ≥ 0 for the rest (counts,
+  bytes, seconds, losses, bandwidths)."""
   need = f'final_{metric}'
   problems = [] if need in summary else [f'lacks {need} (a number every finished run writes)']
   fields = {}  # the numbers the report reads, in the summary's order
@@ -180,9 +189,12 @@ def summary_problem(summary: Mapping[str, Any], metric: str = 'test_accuracy') -
     elif k in _READ_NUMBERS:
       fields[k] = v
   for k, v in fields.items():
-    if not (isinstance(v, (int, float)) and not isinstance(v, bool)
-            or v is None and k != need):
-      problems.append(f'{k} is {json.dumps(v)[:40]} where a number '
+    top = 1 if k.endswith('_accuracy') else math.inf
+    number = isinstance(v, (int, float)) and not isinstance(v, bool)
+    if not (metrics_lib.finite(v) and 0 <= v <= top or v is None and k != need):
+      what = ('a number' if not number else 'a fraction in [0, 1]' if top == 1
+              else 'a finite number ≥ 0')
+      problems.append(f'{k} is {json.dumps(v)[:40]} where {what} '
                       f'{"" if k == need else "or null "}belongs')
   return '; '.join(problems) or None
 

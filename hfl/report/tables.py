@@ -10,8 +10,9 @@ is compared with a baseline row (default: the uncompressed group closest to it
 in config): compression = 1 − B / B_base (factor B_base / B), B the mean total
 bytes over all links, and the paired Δ of the headline metric (final accuracy, or
 final validation loss for a language model; lower is better for a loss); both are
-marked † when an unfinished run makes them compare other iterations
-(:func:`compared_iterations`).
+marked † when they compare runs stopped at other iterations, unfinished or of
+another length (:func:`compared_iterations`); a row whose own runs stopped at
+different iterations is named under the table.
 """
 
 import math
@@ -194,20 +195,29 @@ def closest_baselines(flats: Sequence[Mapping[str, Any]],
           if candidates and f else None for f in flats]
 
 
+def stopped_at(frame: pd.DataFrame, table: pd.DataFrame, group: str) -> list[float | None]:
+  """The intra-DC iterations where the runs of row ``group`` stopped, each once, in
+  ascending order (None, unknown, last)."""
+  its = frame.loc[table.at[group, 'runs'], 'intra_dc_iterations']
+  return sorted({float(v) if metrics_lib.finite(v) else None for v in its},
+                key=lambda v: (v is None, v or 0))
+
+
+def iterations_text(its: Sequence[float | None]) -> str:
+  """``'4;40'`` for :func:`stopped_at`'s ``[4.0, 40.0]`` ('?' for None)."""
+  return ';'.join('?' if v is None else f'{v:.0f}' for v in its)
+
+
 def compared_iterations(frame: pd.DataFrame, table: pd.DataFrame, group: str,
                         base: str | None) -> str | None:
-  """``'400 vs 2000'``: the intra-DC iterations where the runs of row ``group`` and of
-  its baseline row ``base`` stopped (';' between a row's values, '?' unknown), when
-  they hold an unfinished run and differ (or are unknown); else None."""
-  rows = [frame.loc[table.at[g, 'runs']] for g in (group, base) if g is not None]
-  its = [{float(v) if metrics_lib.finite(v) else None for v in r['intra_dc_iterations']}
-         for r in rows]
-  if (base in (None, group) or all(r['finished'].all() for r in rows)
-      or len(its[0] | its[1]) == 1 and None not in its[0]):
+  """``'400 vs 2000'``: where the runs of row ``group`` and of its baseline row ``base``
+  stopped (:func:`iterations_text`), when they did at different iterations, finished
+  or not (or the runs of one row did); else None."""
+  if base in (None, group):
     return None
-  text = lambda s: ';'.join('?' if v is None else f'{v:.0f}' for v in sorted(s, key=lambda v: (
-      v is None, v or 0)))
-  return f'{text(its[0])} vs {text(its[1])}'
+  ours, theirs = stopped_at(frame, table, group), stopped_at(frame, table, base)
+  return (None if len({*ours, *theirs} - {None}) < 2
+          else f'{iterations_text(ours)} vs {iterations_text(theirs)}')
 
 
 # ------------------------------------------------------------------------------
@@ -233,7 +243,8 @@ def build_table(frame: pd.DataFrame, label_by: Sequence[str] | None = None,
     ``compression_ratio``, ``compression_factor``, the paired Δ of ``metric``
     (``paired_delta``, ``paired_std``, ``paired_n``, ``paired_sem``) and
     ``iterations`` (:func:`compared_iterations`: set when those compare runs that
-    stopped at different iterations).
+    stopped at different iterations) and ``mixed_iterations`` (``'4;40'`` when the
+    row's own runs did, else None).
 
   Raises:
     ValueError: ``baseline`` is not a label.
@@ -254,6 +265,7 @@ def build_table(frame: pd.DataFrame, label_by: Sequence[str] | None = None,
   ids, rows = list(table.index), []
   for gid, b in zip(ids, bases):
     base = None if b is None else ids[b]
+    its = [v for v in stopped_at(frame, table, gid) if v is not None]
     ours, theirs = table.at[gid, 'bytes.total'], base and table.at[base, 'bytes.total']
     scale = 100.0 if runs_lib.METRICS[metric] == 'fraction' else 1.0
     p = (stats.paired(frame, groups, gid, base, metric, scale, pairs)[0]
@@ -263,7 +275,8 @@ def build_table(frame: pd.DataFrame, label_by: Sequence[str] | None = None,
                      compression_ratio=stats.reduction(ours, theirs),
                      compression_factor=stats.factor(ours, theirs), paired_delta=p.mean,
                      paired_std=p.std, paired_n=p.n or None, paired_sem=p.sem,
-                     iterations=compared_iterations(frame, table, gid, base)))
+                     iterations=compared_iterations(frame, table, gid, base),
+                     mixed_iterations=iterations_text(its) if len(its) > 1 else None))
   return table.join(pd.DataFrame(rows, index=table.index, dtype=object))
 
 
@@ -292,7 +305,8 @@ def _md_row(table: pd.DataFrame, gid: str, unit: str) -> list[str]:
 def to_markdown(table: pd.DataFrame, target: runs_lib.Target,
                 unreadable: Sequence[tuple[str, str]] = (), not_runs: Sequence[str] = ()) -> str:
   """The table as a Markdown document: table, caveats (a † comparison of runs stopped
-  at different iterations, :func:`compared_iterations`; the ``unreadable`` runs left
+  at different iterations, :func:`compared_iterations`; the rows whose own runs did;
+  the ``unreadable`` runs left
   out, (workdir, reason); the ``not_runs`` skipped), notes, and each row's workdirs;
   the paired Δ is of the final loss when the ``target`` is a loss, else of accuracy."""
   baselines = ', '.join(f'`{b}`' for b in sorted({b for b in table['baseline'] if b})) or 'none'
@@ -301,9 +315,14 @@ def to_markdown(table: pd.DataFrame, target: runs_lib.Target,
   rows = [_md_row(table, g, 'nats' if loss else 'fraction') for g in table.index]
   differ = [f'`{r["label"]}` {ours} vs `{r["baseline"]}` {theirs}' for _, r in table.iterrows()
             if r['iterations'] for ours, theirs in [r['iterations'].split(' vs ')]]
+  mixed = [f'`{r["label"]}` {r["mixed_iterations"]}' for _, r in table.iterrows()
+           if r['mixed_iterations']]
   caveats = [  # paragraphs under the table
-      differ and '† Compares unfinished runs stopped at other iterations than their '
-      "baseline's (intra-DC iterations): " + '; '.join(differ) + '. Report again once they finish.',
+      differ and "† Compares runs stopped at other iterations than their baseline's "
+      '(intra-DC iterations; unfinished, or of another length): ' + '; '.join(differ) + '.'
+      + ' Report again once the unfinished runs finish.' * bool(table['unfinished'].any()),
+      mixed and 'Rows whose runs stopped at different iterations (intra-DC; their mean mixes '
+      'run lengths): ' + '; '.join(mixed) + '.',
       unreadable and '\n'.join([f'**Incomplete report:** {len(unreadable)} run(s) left out, '
                                 'unreadable (fix or remove them, then report again):']
                                + [f'- `{d}`: {why}' for d, why in unreadable]),
@@ -335,7 +354,8 @@ _CSV_NAMES = {'final_acc': 'final_test_accuracy', 'best_acc': 'best_test_accurac
 def to_csv(table: pd.DataFrame, target: runs_lib.Target) -> str:
   """The table as CSV: raw numbers (fractions, bytes, seconds, pts); '' when unknown
   (to target: when no run reached it; ``n_reached_target`` counts those that did);
-  ``compared_iterations``: :func:`compared_iterations`, '' when the iterations match."""
+  ``compared_iterations``: :func:`compared_iterations`, '' when the iterations match;
+  ``mixed_iterations``: a row's own, when its runs stopped at different ones."""
   out = pd.DataFrame({'label': table['label'], 'n_runs': table['runs'].map(len),
                       'n_unfinished': table['unfinished'],
                       'seeds': table['seeds'].map(lambda s: ';'.join(map(str, s))),
@@ -349,4 +369,5 @@ def to_csv(table: pd.DataFrame, target: runs_lib.Target) -> str:
             'paired_std', 'paired_n', 'paired_sem'):
     out[c] = table[c]
   out['compared_iterations'] = table['iterations']
+  out['mixed_iterations'] = table['mixed_iterations']
   return out.to_csv(index=False, lineterminator='\n')
