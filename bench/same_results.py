@@ -40,6 +40,9 @@ def differences(a, b, path='') -> list[str]:
 
 
 def main(argv):
+  if len(argv) == 2 and argv[1] in ('-h', '--help'):
+    print(__doc__)
+    return 0
   if len(argv) != 3:
     print(__doc__, file=sys.stderr)
     return 2

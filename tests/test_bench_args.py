@@ -78,3 +78,13 @@ def test_step_throughput_help_shows_defaults():
       '-h,': None, '--model': 'cnn', '--steps': '30', '--blocks': '4', '--batch': '32',
       '--k': '4', '--mesh': '2,4', '--fma_units': 'None', '--clock_ghz': 'None',
       '--peak_tflops': 'None'}, shown
+
+
+def test_same_results_help_exits_0_and_wrong_arguments_2():
+  script = os.path.join(REPO, 'bench', 'same_results.py')
+  run = lambda *a: subprocess.run([sys.executable, script, *a], capture_output=True, text=True,
+                                  timeout=60, check=False)
+  for flag in ('-h', '--help'):
+    proc = run(flag)
+    assert proc.returncode == 0 and 'same_results.py' in proc.stdout, proc
+  assert run().returncode == 2
