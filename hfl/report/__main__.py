@@ -64,8 +64,10 @@ def main(argv: Sequence[str] | None = None) -> int:
       raise ValueError(f'--out={out!r} {problem}')
     written = report.write_report(args.dirs, out, target=args.target, label_by=args.label_by,
                                   baseline=args.baseline, plots=args.plots)
-  except (FileNotFoundError, ValueError) as e:
-    print(f'error: {e}', file=sys.stderr)
+  except (OSError, ValueError) as e:  # OSError: e.g. a full disk, a directory named like a file
+    partly = isinstance(e, OSError) and not isinstance(e, FileNotFoundError)
+    print(f'error: {e}' + ('; the report in --out may be partly written' if partly else ''),
+          file=sys.stderr)
     return 2
   with open(written['results.md'], encoding='utf-8') as f:  # its table, without the notes
     print(f.read().partition('\n## ')[0].rstrip('\n'), end='\n\n')

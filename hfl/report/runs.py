@@ -118,13 +118,20 @@ def find_runs(paths: Iterable[str], exclude: Iterable[str] = ()) -> list[str]:
 
 def read_metrics(path: str) -> list[dict]:
   """``metrics.jsonl`` in step order, one record per step (the last logged); lines that
-  are not JSON are skipped with a warning; a missing file reads as []."""
+  are not JSON are skipped with a warning; a missing file reads as [].
+
+  Raises:
+    ValueError: a record's ``step`` is not an integer (the file and value named).
+  """
   by_step = {}
   for r in metrics_lib.read_jsonl(path, strict=False):
     if isinstance(r, dict):
-      by_step.pop(r.get('step'), None)
-      by_step[r.get('step')] = r
-  return sorted(by_step.values(), key=lambda r: (r.get('step') is None, r.get('step') or 0))
+      if not isinstance(step := r.get('step'), int) or isinstance(step, bool):
+        raise ValueError(f'{path}: a record has step {json.dumps(step)[:40]}, not an integer; '
+                         'fix or remove that run')
+      by_step.pop(step, None)
+      by_step[step] = r
+  return sorted(by_step.values(), key=lambda r: r['step'])
 
 
 def load_run(workdir: str) -> Run:
