@@ -442,8 +442,9 @@ def subprocess_runner(spec: RunSpec) -> int:
 
 def stop_children(grace_s: float = 2.0, timeout_s: float = 10.0) -> None:
   """Stops the running jobs after a Ctrl-C; no job starts after this. The jobs get
-  ``grace_s`` to exit on the terminal's own Ctrl-C, then SIGINT (a clean stop that
-  keeps their checkpoints), then after ``timeout_s`` are killed."""
+  ``grace_s`` to exit on the terminal's own Ctrl-C, then SIGTERM (main.py stops as on
+  Ctrl-C, keeping its checkpoints; a job started from a script with ``&`` ignores
+  SIGINT), then after ``timeout_s`` are killed."""
   with _CHILDREN_LOCK:
     _STOPPING.set()
     procs = list(_CHILDREN)
@@ -454,7 +455,7 @@ def stop_children(grace_s: float = 2.0, timeout_s: float = 10.0) -> None:
       time.sleep(0.05)
     return [p for p in procs if p.poll() is None]
   for p in (procs := running_after(procs, grace_s)):
-    p.send_signal(signal.SIGINT)
+    p.send_signal(signal.SIGTERM)
   for p in running_after(procs, timeout_s):
     p.kill()
     p.wait()

@@ -1475,12 +1475,16 @@ def test_ctrl_c_stops_the_sweep_and_its_jobs(tmp_path, capsys, monkeypatch):
 
 def test_sigterm_stops_the_sweep_and_its_jobs(tmp_path):
   """SIGTERM to the sweep alone (a scheduler's ``kill``) used to end it silently with
-  its jobs still training; now it stops them like Ctrl-C: one line, exit status 143."""
+  its jobs still training; now it stops them like Ctrl-C: one line, exit status 143.
+  The jobs get SIGTERM, which main.py handles like Ctrl-C: a sweep started with ``&``
+  from a script passes "ignore SIGINT" on to them, so SIGINT left them to be killed."""
   import signal  # pylint: disable=g-import-not-at-top
   import subprocess  # pylint: disable=g-import-not-at-top
   import time  # pylint: disable=g-import-not-at-top
   job = tmp_path / 'fake_python'  # stands in for the interpreter of the training jobs
-  job.write_text('#!/bin/sh\necho $$ > "$(dirname "$0")/job.pid"\nexec sleep 120\n')
+  job.write_text('#!/bin/sh\nd="$(dirname "$0")"\ntrap "" INT\n'
+                 'trap \'echo TERM > "$d/job.signal"; kill $!; exit 143\' TERM\n'
+                 'sleep 120 &\necho $$ > "$d/job.pid"\nwait\n')
   job.chmod(0o755)
   proc = subprocess.Popen(
       [sys.executable, '-m', 'hfl.sweep', '--config', os.path.join(REPO, 'configs/smoke.py'),
@@ -1498,6 +1502,7 @@ def test_sigterm_stops_the_sweep_and_its_jobs(tmp_path):
                                    'stopped'), err
   with pytest.raises(ProcessLookupError):
     os.kill(job_pid, 0)  # the job is gone (stopped and reaped by the sweep)
+  assert (tmp_path / 'job.signal').read_text().strip() == 'TERM'  # a clean stop, not SIGKILL
 
 
 def test_sweep_help_gives_the_format_and_an_example(capsys):
