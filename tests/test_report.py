@@ -1221,14 +1221,14 @@ def test_report_cli_refuses_an_out_that_is_a_file(tmp_path, capsys):
   assert f'cannot be created: {f} is a file' in capsys.readouterr().err
 
 
-def test_a_metrics_step_not_an_integer_leaves_the_run_out_named(runs, tmp_path):
+def test_a_metrics_step_not_a_number_leaves_the_run_out_named(runs, tmp_path):
   """A record with step "4" used to end the report in a TypeError traceback."""
   with open(tmp_path / 'a1' / 'metrics.jsonl', 'a', encoding='utf-8') as f:
     f.write('{"step": "4", "test_accuracy": 0.5}\n')
   frame = report.load([str(tmp_path)])
   assert 'a1' not in list(frame['name'])
   assert dict(frame.attrs['unreadable'])[runs[1]] == (
-      f'{runs[1]}/metrics.jsonl: a record has step "4", not an integer; fix or remove that run')
+      f'{runs[1]}/metrics.jsonl: a record has step "4", not a number; fix or remove that run')
 
 
 def test_report_cli_an_out_file_that_cannot_be_written_is_one_line(runs, tmp_path, capsys):

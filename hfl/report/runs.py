@@ -121,13 +121,13 @@ def read_metrics(path: str) -> list[dict]:
   are not JSON are skipped with a warning; a missing file reads as [].
 
   Raises:
-    ValueError: a record's ``step`` is not an integer (the file and value named).
+    ValueError: a record's ``step`` is not a finite number (the file and value named).
   """
   by_step = {}
   for r in metrics_lib.read_jsonl(path, strict=False):
     if isinstance(r, dict):
-      if not isinstance(step := r.get('step'), int) or isinstance(step, bool):
-        raise ValueError(f'{path}: a record has step {json.dumps(step)[:40]}, not an integer; '
+      if not metrics_lib.finite(step := r.get('step')):
+        raise ValueError(f'{path}: a record has step {json.dumps(step)[:40]}, not a number; '
                          'fix or remove that run')
       by_step.pop(step, None)
       by_step[step] = r
