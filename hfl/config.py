@@ -15,15 +15,18 @@ sizes, which tighten the time-budget warm-up check of
 
 Also the config-file helpers main.py and :mod:`hfl.sweep` share:
 :func:`load_file`, :func:`apply_overrides` (``--config.KEY=VALUE`` semantics)
-and :func:`unknown_field` (the "did you mean" of a misspelled field).
+and :func:`unknown_field` (the "did you mean" of a misspelled field), which
+:func:`check_fields` (the first check of :func:`validate`) also gives for a
+field a config file sets that hfl does not read (:func:`known_fields`).
 """
 
 import difflib
+import functools
 import importlib.util
 import math
 import os
 import sys
-from typing import Any, Mapping
+from typing import Any, Mapping, Sequence
 
 import ml_collections
 import numpy as np
@@ -101,11 +104,14 @@ def validate(config: ml_collections.ConfigDict, paths: bool = True
       is compared but not run: a finished run's, :func:`hfl.sweep.check_done`).
 
   Raises:
-    ValueError: the first invalid field, e.g. ``sync.k=0 must be >= 1``, or
-      any float field that is ``inf``/``nan``; a ``dataset.data_dir`` that does
-      not exist; an optimizer warm-up the time budget cannot finish
-      (:func:`check_budget_warmup`).
+    ValueError: any field hfl does not read, e.g. a misspelled one in a config
+      file (:func:`check_fields`: ``unknown config field 'sync.kk'; did you mean
+      'sync.k'? ...``, all such fields in one message); else the first invalid
+      field, e.g. ``sync.k=0 must be >= 1``, or any float field that is
+      ``inf``/``nan``; a ``dataset.data_dir`` that does not exist; an optimizer
+      warm-up the time budget cannot finish (:func:`check_budget_warmup`).
   """
+  check_fields(config)  # first: a misspelled section is not reported as a missing one
   for key in REQUIRED:
     if key not in config:
       raise ValueError(f'config is missing the section/field {key!r}; start from configs/default.py')
@@ -518,15 +524,23 @@ def field_names(config: ml_collections.ConfigDict, prefix: str = '') -> list[str
   return out
 
 
-def unknown_field(config: ml_collections.ConfigDict, field: str) -> str | None:
-  """None when ``field`` is a leaf of ``config``, else what is wrong with it.
+def unknown_field(config: ml_collections.ConfigDict | None, field: str,
+                  names: Sequence[str] | None = None) -> str | None:
+  """None when ``field`` is a leaf of ``config`` (or one of ``names``), else what
+  is wrong with it.
+
+  Args:
+    config: the config whose fields ``field`` must be one of.
+    field: a dotted field name.
+    names: the reference field names instead of ``config``'s (e.g.
+      :func:`known_fields`; ``config`` is then not read).
 
   Returns:
     E.g. ``"unknown config field 'optimizer.learnin_rate'; did you mean
     'optimizer.learning_rate'?"`` (the closest field name, if one is close); for
     a transformer field on a config without one, the config that has them.
   """
-  names = field_names(config)
+  names = field_names(config) if names is None else list(names)
   if field in names:
     return None
   group, _, leaf = field.rpartition('.')
@@ -534,13 +548,89 @@ def unknown_field(config: ml_collections.ConfigDict, field: str) -> str | None:
     return (f'unknown config field {field!r}: the transformer\'s fields '
             f'({", ".join("model." + k for k in models.TRANSFORMER_FIELDS)}) are in the '
             'configs that train it; start from --config=configs/shakespeare.py')
-  # An abbreviation of a field of the same section: 'optimizer.lr' -> learning_rate.
+  close = closest_field(field, names)
+  if not close:
+    return f'unknown config field {field!r}'
+  return f'unknown config field {field!r}; did you mean {close!r}?'
+
+
+def closest_field(field: str, names: Sequence[str]) -> str | None:
+  """The name of ``names`` that ``field`` most likely misspells, or None if none is
+  close: an abbreviation of a field of the same section ('optimizer.lr' ->
+  'optimizer.learning_rate'), else the closest by :func:`difflib.get_close_matches`."""
+  group, _, leaf = field.rpartition('.')
   close = [n for n in names if n.rpartition('.')[0] == group and len(leaf) > 1
            and ''.join(w[0] for w in n.rpartition('.')[2].split('_') if w) == leaf]
   close = close or difflib.get_close_matches(field, names, n=1)
-  if not close:
-    return f'unknown config field {field!r}'
-  return f'unknown config field {field!r}; did you mean {close[0]!r}?'
+  return close[0] if close else None
+
+
+DEFAULT_CONFIG = os.path.join(REPO_ROOT, 'configs', 'default.py')
+
+
+@functools.cache
+def known_fields() -> tuple[str, ...]:
+  """Dotted names of the fields hfl reads: the leaves of configs/default.py's
+  config, then the transformer's ``model.<name>`` of
+  :data:`hfl.models.TRANSFORMER_FIELDS` (which configs/shakespeare.py adds).
+  Loaded once (:func:`load_file`)."""
+  names = field_names(load_file(DEFAULT_CONFIG))
+  return tuple(names + [f'model.{k}' for k in models.TRANSFORMER_FIELDS
+                        if f'model.{k}' not in names])
+
+
+def check_fields(config: ml_collections.ConfigDict) -> None:
+  """Refuses a config with a field hfl does not read: every leaf must be one of
+  :func:`known_fields`. ``--config.FIELD=VALUE`` cannot add one
+  (:func:`apply_overrides`), but a config file can (``c.sync.kk = 3``), and the
+  run would silently use the default of the field it meant. Fields may be absent
+  (older configs; each check says what absent means).
+
+  Raises:
+    ValueError: naming every such field, each with what is wrong: a misspelled
+      field or section, with the closest known name (:func:`unknown_field`); a
+      value where configs/default.py has a section, or a section where it has a
+      value. E.g. ``unknown config field 'sync.kk'; did you mean 'sync.k'? A
+      config's fields must be ones hfl reads: ...``; with several, one per line
+      after ``2 config fields are not ones hfl reads:``.
+  """
+  known = known_fields()
+  known_set = set(known)
+  sections = {n.rsplit('.', i)[0] for n in known for i in range(1, n.count('.') + 1)}
+  problems, grouped = [], set()
+  for field in field_names(config):
+    if field in known_set:
+      continue
+    parts = field.split('.')
+    prefixes = ['.'.join(parts[:i]) for i in range(1, len(parts))]
+    if field in sections:  # a value where the default has a section
+      inside = [n for n in known if n.startswith(field + '.')]
+      problems.append(f'config field {field!r} must be a section (with fields '
+                      f'{", ".join(inside)}), not a value: got {_get_field(config, field)!r}')
+      continue
+    top = next((p for p in prefixes if p not in sections), field)
+    if top in grouped:
+      continue
+    grouped.add(top)
+    held = [n for n in field_names(config) if n.startswith(top + '.')]
+    if top in known_set:  # a section where the default has a value
+      problems.append(f'config field {top!r} must be a value, not a section (it holds '
+                      f'{", ".join(held)})')
+    elif top == field:
+      problems.append(unknown_field(None, field, known + tuple(sorted(sections))))
+    else:  # a misspelled (or made-up) section: named once, with what it holds
+      close = closest_field(top, sorted(sections))
+      problems.append(f'unknown config section {top!r} (it holds {", ".join(held)})'
+                      + (f'; did you mean {close!r}?' if close else ''))
+  if not problems:
+    return
+  why = ("A config's fields must be ones hfl reads: those of configs/default.py, and the "
+         f'transformer\'s {", ".join("model." + k for k in models.TRANSFORMER_FIELDS)} '
+         f'(as configs/shakespeare.py sets them). {FIELDS_HELP}')
+  if len(problems) == 1:
+    raise ValueError(f'{problems[0]}{"" if problems[0].endswith("?") else "."} {why}')
+  raise ValueError(f'{len(problems)} config fields are not ones hfl reads:\n'
+                   + ''.join(f'  {p}\n' for p in problems) + why)
 
 
 def apply_overrides(config: ml_collections.ConfigDict,
