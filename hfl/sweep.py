@@ -12,6 +12,7 @@ import argparse
 import ast
 import concurrent.futures
 import copy
+import errno
 import hashlib
 import importlib.util
 import itertools
@@ -39,6 +40,8 @@ LOG_FILE = 'train.log'
 REPORT_DIR = 'report'
 MANIFEST = 'sweep.json'
 BASE_CONFIG_FILE = 'base_config.py'
+# A directory holding one of these is a training workdir (hfl.metrics.WORKDIR_ENTRIES).
+RUN_ENTRIES = ('config.json', 'metrics.jsonl', 'summary.json', 'checkpoints')
 _MAX_NAME = 200
 _UNSAFE = re.compile(r'[^A-Za-z0-9._=,+-]')
 
@@ -65,7 +68,8 @@ sweep file: a Python file defining get_sweep() -> (base, grid)
 
 A sweep root holds one sweep (ROOT/sweep.json lists its runs): there, a grid lacking one
 is refused; the same grid resumes it, more values for its keys add runs (a new key,
-seed included, renames every run: use a new root).
+seed included, renames every run: use a new root). A root that is a training workdir, or
+holds others than the grid's points and sweep.json's (e.g. single runs), is refused.
 
 examples:
   python -m hfl.sweep --sweep=my_sweep.py --root=workdirs/mine --dry_run
@@ -269,16 +273,23 @@ def flag_value(v: Any) -> str:
 
 
 def run_status(workdir: str) -> str:
-  """``'done'`` (a summary.json holding a JSON object), ``'partial'`` (the workdir
-  exists: rerunning resumes it, or main.py says how to repair a damaged summary.json)
+  """``'done'`` (a finished run's summary.json: :func:`not_done` None), ``'partial'`` (the
+  workdir exists: rerunning resumes it, or :func:`_execute` names a damaged summary.json)
   or ``'pending'``."""
+  return 'done' if not_done(workdir) is None else 'partial' if os.path.isdir(workdir) else 'pending'
+
+
+def not_done(workdir: str) -> str | None:
+  """Why ``workdir`` holds no finished run's summary.json as the report reads it
+  (:func:`hfl.report.runs.read_summary`: e.g. ``{}`` is none), or None."""
+  from hfl.report import runs as runs_lib  # pylint: disable=g-import-not-at-top
+  if not os.path.isfile(os.path.join(workdir, SUMMARY)):
+    return f'no {SUMMARY}'
   try:
-    with open(os.path.join(workdir, SUMMARY), encoding='utf-8') as f:
-      if isinstance(json.load(f), dict):
-        return 'done'
-  except (OSError, ValueError):
-    pass
-  return 'partial' if os.path.isdir(workdir) else 'pending'
+    runs_lib.read_summary(workdir)
+  except (OSError, ValueError) as e:
+    return str(e)
+  return None
 
 
 def resolve_base(base: Any, root: str, write: bool = True) -> str:
@@ -297,8 +308,7 @@ def resolve_base(base: Any, root: str, write: bool = True) -> str:
     path = os.path.join(os.path.abspath(root), BASE_CONFIG_FILE)
     if write:
       os.makedirs(root, exist_ok=True)
-      with open(path, 'w', encoding='utf-8') as f:
-        f.write(_config_module_text(base))
+      metrics_lib.replace_file(path, _config_module_text(base))
     return path
   path, sep, arg = base.partition(':')
   if not os.path.isfile(path):
@@ -483,25 +493,27 @@ def last_error_line(log_path: str, max_bytes: int = 65536) -> str | None:
 
 
 def _execute(spec: RunSpec, runner: Runner) -> bool:
-  """Runs one spec; True iff it left summary.json. Never raises (but on Ctrl-C)."""
+  """Runs one spec; True iff it left a finished run's summary.json (:func:`not_done`).
+  Never raises (but on Ctrl-C)."""
   logging.info('running %s', spec.name)
   try:
     rc = runner(spec)
   except Exception:  # pylint: disable=broad-except
     logging.exception('run %s raised', spec.name)
     return False
-  done = run_status(spec.workdir) == 'done'
+  why = not_done(spec.workdir)
   if _STOPPING.is_set():  # stopped by Ctrl-C: the sweep says so once
-    return done
-  if not done:
+    return why is None
+  if why:
     log = os.path.join(spec.workdir, LOG_FILE)
     last = last_error_line(log)
-    logging.error('run %s did not finish (exit status %s, no %s%s)%s', spec.name, rc,
-                  SUMMARY, f'; log: {log}' if os.path.isfile(log) else '',
-                  f': {last}' if last else '')
+    if why != f'no {SUMMARY}':  # main.py keeps a damaged one (a finished run's: it fails)
+      why += f' (main.py rewrites a deleted {SUMMARY} from metrics.jsonl and the last checkpoint)'
+    logging.error('run %s did not finish (exit status %s, %s%s)%s', spec.name, rc, why,
+                  f'; log: {log}' if os.path.isfile(log) else '', f': {last}' if last else '')
   elif rc not in (None, 0):
     logging.warning('run %s wrote %s but exited with %s', spec.name, SUMMARY, rc)
-  return done
+  return why is None
 
 
 def _execute_all(todo: Sequence[RunSpec], runner: Runner, parallel: int
@@ -532,33 +544,69 @@ def _label_keys(grid: Any) -> list[str] | None:
   return (preferred + [k for k in keys if k not in preferred]) or None
 
 
+def _few(names: Sequence[str], max_names: int = 5) -> str:
+  """``'a, b, c, d, e and 3 more'``: the first ``max_names`` names, and how many more."""
+  more = len(names) - max_names
+  return ', '.join(names[:max_names]) + (f' and {more} more' if more > 0 else '')
+
+
 def check_manifest(root: str, runs: Sequence[RunSpec], max_names: int = 5) -> None:
-  """Checks that ``runs`` keep every run ``ROOT/sweep.json`` lists (the sweep run on this
-  root before, if any): the same grid (a resume) or a larger one pass.
+  """Checks that ROOT holds this sweep's runs alone: it is no workdir (:data:`RUN_ENTRIES`
+  in it), every workdir below it is a point of ``runs`` (e.g. records copied there) or
+  listed in ``ROOT/sweep.json`` (the sweep run on this root before, if any), and ``runs``
+  keep every run listed: the same grid (a resume) or a larger one pass, as do an empty or
+  new root.
 
   Raises:
-    ValueError: the manifest cannot be read (its path, why), or lists runs that ``runs``
-      lack: another sweep (the root, those runs, the first ``max_names`` named, what to do).
+    ValueError: the manifest cannot be read (its path, why), ROOT is a workdir or holds
+      runs of no sweep, or the manifest lists runs that ``runs`` lack: another sweep (the
+      root, those runs, the first ``max_names`` named, what to do).
   """
-  path, names = os.path.join(os.path.abspath(root), MANIFEST), {r.name for r in runs}
+  root, names = os.path.abspath(root), {r.name for r in runs}
+  path = os.path.join(root, MANIFEST)
   try:
     with open(path, encoding='utf-8') as f:
-      dropped = [r['name'] for r in json.load(f)['runs'] if r['name'] not in names]
+      listed = [r['name'] for r in json.load(f)['runs']]
   except (FileNotFoundError, NotADirectoryError):  # no manifest (or no root) yet
-    return
+    listed = []
   except (OSError, ValueError, TypeError, KeyError) as e:
     raise ValueError(f'{path} is not a readable sweep manifest ({type(e).__name__}: {e}); '
                      'give this sweep a new --root, or move that file away if the runs under '
                      'this root are this sweep\'s') from None
-  if dropped:
-    shown = ', '.join(dropped[:max_names]) + (
-        f' and {len(dropped) - max_names} more' if len(dropped) > max_names else '')
+  if held := [e for e in RUN_ENTRIES if os.path.lexists(os.path.join(root, e))]:
+    raise ValueError(f'--root={root} is a training run\'s workdir (it holds {", ".join(held)}), '
+                     'not a sweep root; nothing was written or launched. Give the sweep an '
+                     'empty or new --root (it makes one workdir per run below it).')
+  strays = []  # workdirs below the root neither points nor listed, in sorted-walk order
+  for top, dirs, _ in os.walk(root):
+    dirs.sort()
+    if (rel := os.path.relpath(top, root)) in names or rel in listed or rel == REPORT_DIR:
+      dirs.clear()
+    elif any(os.path.lexists(os.path.join(top, e)) for e in RUN_ENTRIES):
+      strays.append(rel)
+      dirs.clear()
+  if strays:
     raise ValueError(
-        f'the sweep root {os.path.abspath(root)} holds another sweep: its {MANIFEST} lists '
-        f'{len(dropped)} run(s) this grid does not have ({shown}); nothing was written or '
-        'launched. A sweep root holds one sweep: give this one a new --root, or rerun the '
-        'recorded grid (adding values to its keys is fine; a new key, seed included, '
+        f'the sweep root {root} holds {len(strays)} training workdir(s) ({_few(strays, max_names)})'
+        f' that are no point of this grid' + (f' nor listed in its {MANIFEST}' if os.path.isfile(
+            path) else '') + ": runs not launched by a sweep on this root, which a report of it "
+        "would mix with this sweep's; nothing was written or launched. Give the sweep an empty "
+        'or new --root.')
+  if dropped := [n for n in listed if n not in names]:
+    raise ValueError(
+        f'the sweep root {root} holds another sweep: its {MANIFEST} lists '
+        f'{len(dropped)} run(s) this grid does not have ({_few(dropped, max_names)}); nothing '
+        'was written or launched. A sweep root holds one sweep: give this one a new --root, or '
+        'rerun the recorded grid (adding values to its keys is fine; a new key, seed included, '
         'renames every run, so it needs a new --root).')
+
+
+def _write_error(e: OSError, where: str, intact: str) -> metrics_lib.WriteError:
+  """``e``, raised writing the sweep's files (e.g. a full disk), as one line: the file (else
+  ``where``), what is intact (a WriteError's own words, then ``intact``) and what to do."""
+  fix = 'free space there' if e.errno in (errno.ENOSPC, errno.EDQUOT) else 'fix that'
+  return metrics_lib.WriteError(e.filename or where, e, '; '.join(filter(None, (
+      getattr(e, 'intact', None), intact, f'{fix}, then rerun the same command'))))
 
 
 def _write_manifest(root: str, config_arg: str, runs: Sequence[RunSpec]):
@@ -601,8 +649,10 @@ def run_sweep(base: Any, grid: Any, root: str, *, runner: Runner | None = None,
 
   Raises:
     ValueError: a run's config is invalid, or a finished run was made with another
-      config (``check``, :func:`check_done`), or ``ROOT/sweep.json`` lists a run the
-      grid lacks (:func:`check_manifest`); nothing was written.
+      config (``check``, :func:`check_done`), or ROOT is no sweep root of this grid
+      (:func:`check_manifest`); nothing was written.
+    hfl.metrics.WriteError (an OSError): sweep.json, base_config.py (nothing launched)
+      or the report could not be written, e.g. a full disk; one line, the file named.
     KeyboardInterrupt: Ctrl-C; the running jobs were stopped (:func:`stop_children`).
   """
   runner = runner or subprocess_runner
@@ -619,26 +669,33 @@ def run_sweep(base: Any, grid: Any, root: str, *, runner: Runner | None = None,
     check_runs(base, config_arg, todo + (rest if dry_run else []))
   if dry_run:
     return _dry_run(runs, status, todo, rest, root, max_runs, out)
-  os.makedirs(root, exist_ok=True)
-  resolve_base(base, root, write=True)
-  _write_manifest(root, config_arg, runs)
+  try:
+    os.makedirs(root, exist_ok=True)
+    resolve_base(base, root, write=True)
+    _write_manifest(root, config_arg, runs)
+  except OSError as e:  # e.g. a full disk
+    raise _write_error(e, root, 'nothing was launched') from e
   ran, failed = _execute_all(todo, runner, parallel)
-  written = None
+  written, report_dir = None, os.path.join(root, REPORT_DIR)
   finished = [r.workdir for r in runs if run_status(r.workdir) == 'done']
   if report and finished:
     from hfl import report as report_lib  # pylint: disable=g-import-not-at-top
-    written = report_lib.write_report(finished, os.path.join(root, REPORT_DIR),
-                                      label_by=_label_keys(grid))
+    try:
+      written = report_lib.write_report(finished, report_dir, label_by=_label_keys(grid),
+                                        expected=[r.workdir for r in runs])
+    except OSError as e:
+      raise _write_error(e, report_dir, f'the runs are intact ({len(finished)} of {len(runs)} '
+                         f'finished); {report_dir} may be partly written') from e
   elif report:
     logging.warning('no finished runs; no report written')
   skipped = [r.name for r in runs if status[r.name] == 'done']
+  named = lambda names: f' ({_few(names)})' if names else ''
+  gaps = [f'{len(g)} run(s) {why}' for g, why in ((written.missing, 'failed or not started'),
+          (written.unreadable, 'unreadable')) if g] if written else []
   out(f'sweep {os.path.abspath(root)}: {len(runs)} runs, {len(skipped)} skipped (done), '
-      f'{len(ran)} finished now, {len(failed)} failed, {len(rest)} left by --max_runs'
-      + (f'; report in {os.path.join(root, REPORT_DIR)}' if written else '')
-      + (f' (incomplete: {len(written.unreadable)} run(s) unreadable, named there)'
-         if written and written.unreadable else ''))
-  if failed:
-    out('failed: ' + ', '.join(failed))
+      f'{len(ran)} finished now, {len(failed)} failed{named(failed)}, {len(rest)} left by '
+      f'--max_runs{named([r.name for r in rest])}' + (f'; report in {report_dir}' if written
+      else '') + (f' (incomplete: {", ".join(gaps)}, named there)' if gaps else ''))
   return SweepResult(runs, skipped, ran, failed, [r.name for r in rest], written)
 
 
@@ -698,7 +755,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     result = run_sweep(base, grid, args.root, dry_run=args.dry_run,
                        max_runs=args.max_runs, parallel=args.parallel,
                        report=args.report, python=args.python)
-  except (FileNotFoundError, AttributeError, TypeError, ValueError) as e:
+  except (OSError, AttributeError, TypeError, ValueError) as e:  # OSError: e.g. a full disk
     print(f'error: {e}', file=sys.stderr)
     return 2
   except KeyboardInterrupt as e:

@@ -1120,7 +1120,9 @@ def _resumed(rt: Runtime, ls: LoopState, changed: list[str]) -> dict | None:
   when it already finished (printed again), else None.
 
   Raises:
-    ValueError: the finished run's summary.json is not a JSON object (names it).
+    ValueError: the finished run's summary.json is not a JSON object, or not a
+      finished run's (hfl.report.runs.summary_problem, e.g. ``{}``); names it and
+      what to do.
   """
   workdir, stop = rt.workdir, rt.s.loop.stop
   summary_path = os.path.join(workdir, 'summary.json')
@@ -1128,6 +1130,10 @@ def _resumed(rt: Runtime, ls: LoopState, changed: list[str]) -> dict | None:
     logging.info('%s already finished %d iterations; nothing to do.', workdir, ls.step)
     summary = read_json_object(summary_path, _SUMMARY_ADVICE)
     task = rt.s.task
+    from hfl.report import runs  # pylint: disable=g-import-not-at-top  (pandas: only here)
+    problem = runs.summary_problem(summary, task.metric)  # the check the report makes
+    if problem:
+      raise ValueError(f'{summary_path} {problem}; {_SUMMARY_ADVICE}')
     history = summary.get('eval_history')  # absent in summaries of older runs: kept as is
     retarget = dict(target=task.target, **to_target(task, history or []))
     if 'target_accuracy' in summary:

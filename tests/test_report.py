@@ -2,6 +2,7 @@
 hfl.metrics' time-to-target and byte formatter, and hfl.sweep, on workdirs they write."""
 
 import csv
+import errno
 import glob
 import io
 import importlib.util
@@ -670,6 +671,20 @@ def test_an_unreadable_run_is_left_out_and_the_report_is_incomplete(runs, tmp_pa
   assert not list(out.glob('*.tmp'))
 
 
+def test_expected_runs_the_report_lacks_are_named_under_the_table(runs, tmp_path):
+  """Given the expected workdirs (a sweep's), the runs with nothing to report (failed, not
+  started) used to be left out silently; now results.md names them, and Written.missing."""
+  out, never = tmp_path / 'out', str(tmp_path / 'never')
+  written = report.write_report(runs[:2], str(out), plots=False,
+                                expected=[runs[0], runs[1] + os.sep, runs[2], never])
+  assert written.missing == [runs[2], never] and written.unreadable == []
+  md = (out / 'results.md').read_text()
+  assert (f'**Incomplete report:** 2 expected run(s) missing, not finished (failed or not '
+          f'started): `{runs[2]}`, `{never}`\n') in md.split('## Notes')[0]
+  written = report.write_report(runs[:2], str(out), plots=False)
+  assert written.missing == [] and 'missing' not in (out / 'results.md').read_text()
+
+
 def test_no_plots_removes_the_plots_of_an_earlier_report(runs, tmp_path):
   """--no-plots used to leave an earlier report's PNGs next to the new results.md: the
   report's own plot files are removed (one stderr line), nothing else."""
@@ -1025,6 +1040,169 @@ def test_a_sweep_root_with_an_unreadable_manifest_is_refused(tmp_path):
                      r'sweep manifest \(JSONDecodeError: .*\).*new --root'):
     sweep.run_sweep('configs/default.py', GRID, str(root), runner=runner, out=lambda s: None)
   assert runner.calls == [] and os.listdir(root) == ['sweep.json']
+
+
+def test_a_root_that_is_a_workdir_or_holds_runs_of_no_sweep_is_refused(tmp_path, capsys):
+  """A --root that is itself a training workdir, or holds workdirs no sweep.json lists
+  (e.g. earlier single runs), used to be accepted: the report of the root mixed them with
+  the sweep's runs. Now refused, one line, before anything is written or launched; an
+  empty root, a new one, a resume (its sweep.json lists the runs) and records of the
+  grid's points copied there (docs/results/runs, no sweep.json) still work."""
+  evals = fake_curve({})[:2]
+  runner = FakeRunner()
+  for entry in ('summary.json', 'config.json', 'checkpoints'):  # ROOT is a workdir
+    root = tmp_path / f'w_{entry}'
+    _write_run(root, _config(), evals, summary={}, config_json=True)
+    for other in {'summary.json', 'config.json'} - {entry}:
+      (root / other).unlink()
+    (root / 'metrics.jsonl').unlink()
+    if entry == 'checkpoints':
+      (root / 'checkpoints' / '12').mkdir(parents=True)
+    before = _tree(root)
+    for kw in ({}, {'dry_run': True}):
+      with pytest.raises(ValueError, match=rf'^--root={re.escape(str(root))} is a training '
+                         rf"run's workdir \(it holds {entry}\), not a sweep root; nothing was "
+                         'written or launched. Give the sweep an empty or new --root'):
+        sweep.run_sweep('configs/default.py', GRID, str(root), runner=runner,
+                        out=lambda s: None, **kw)
+    assert _tree(root) == before
+  capsys.readouterr()
+  assert sweep.main(['--config', 'configs/default.py', '--grid', 'seed=0,1',
+                     '--root', str(tmp_path / 'w_summary.json')]) == 2
+  err = capsys.readouterr().err
+  assert err.startswith(f"error: --root={tmp_path / 'w_summary.json'} is a training run's "
+                        'workdir') and err.count('\n') == 1, err
+  # Workdirs below the root that no sweep.json lists, at any depth (the report finds them).
+  root = tmp_path / 'mixed'
+  strays = ['a/deep/run', 'old1', 'old2', 'old3', 'old4', 'seed=9', 'z']
+  for name in strays:
+    _write_run(root / name, _config(), evals)
+  (root / 'notes').mkdir()
+  (root / 'notes' / 'todo.txt').write_text('not a run')
+  before = _tree(root)
+  with pytest.raises(ValueError) as e:
+    sweep.run_sweep('configs/default.py', {'seed': [0, 1]}, str(root), runner=runner,
+                    out=lambda s: None)
+  assert str(e.value) == (
+      f'the sweep root {root} holds 7 training workdir(s) (a/deep/run, old1, old2, old3, old4 and '
+      "2 more) that are no point of this grid: runs not launched by a sweep on this root, which "
+      "a report of it would mix with this sweep's; nothing was written or launched. Give the "
+      'sweep an empty or new --root.')
+  assert runner.calls == [] and _tree(root) == before
+  assert sweep.main(['--config', 'configs/default.py', '--grid', 'seed=0,1',
+                     '--root', str(root)]) == 2
+  err = capsys.readouterr().err
+  assert err.startswith(f'error: the sweep root {root} holds 7 training') and err.count('\n') == 1
+  # Records of the grid's points copied to a root without sweep.json: skipped, not refused.
+  root = tmp_path / 'copied'
+  _write_run(root / 'seed=0', _config(seed=0), evals, summary={}, config_json=True)
+  res = sweep.run_sweep('configs/default.py', {'seed': [0, 1]}, str(root), runner=runner,
+                        out=lambda s: None)
+  assert res.skipped == ['seed=0'] and res.ran == ['seed=1']
+  # An empty root, a resume of its sweep, and that sweep's root with a stray run added.
+  root = tmp_path / 'empty'
+  root.mkdir()
+  (root / 'notes').mkdir()
+  assert len(sweep.run_sweep('configs/default.py', {'seed': [0, 1]}, str(root), max_runs=1,
+                             runner=runner, report=False, out=lambda s: None).ran) == 1
+  res = sweep.run_sweep('configs/default.py', {'seed': [0, 1]}, str(root), runner=runner,
+                        out=lambda s: None)
+  assert res.skipped == ['seed=0'] and res.ran == ['seed=1']
+  _write_run(root / 'mine', _config(), evals, summary={})
+  with pytest.raises(ValueError, match=r'holds 1 training workdir\(s\) \(mine\) that are no '
+                     r'point of this grid nor listed in its sweep\.json: '):
+    sweep.run_sweep('configs/default.py', {'seed': [0, 1]}, str(root), runner=runner,
+                    out=lambda s: None)
+
+
+def test_a_full_disk_writing_the_manifest_or_the_report_is_one_line(tmp_path, capsys,
+                                                                   monkeypatch):
+  """No space left writing sweep.json, or the report after the runs, used to end the sweep
+  in a traceback; now one line naming the file, what is intact and what to do, exit 2."""
+  real_replace, full = os.replace, set()
+  def replace(src, dst, *args, **kwargs):
+    if os.path.basename(dst) in full:
+      raise OSError(errno.ENOSPC, 'No space left on device')
+    return real_replace(src, dst, *args, **kwargs)
+  monkeypatch.setattr(os, 'replace', replace)
+  runner = FakeRunner()
+  monkeypatch.setattr(sweep, 'subprocess_runner', runner)
+  root = tmp_path / 's'
+  argv = ['--config', 'configs/default.py', '--grid', 'seed=0,1', '--root', str(root)]
+  full.add('sweep.json')
+  capsys.readouterr()
+  assert sweep.main(argv) == 2
+  assert capsys.readouterr().err == (
+      f'error: no space left on device (ENOSPC) while writing {root}/sweep.json; no sweep.json '
+      'was written; nothing was launched; free space there, then rerun the same command\n')
+  assert runner.calls == [] and not (root / 'sweep.json').exists()
+  full.clear()
+  full.add('results.md')
+  assert sweep.main(argv) == 2
+  assert capsys.readouterr().err == (
+      f'error: no space left on device (ENOSPC) while writing {root}/report/results.md; no '
+      f'results.md was written; the runs are intact (2 of 2 finished); {root}/report may be '
+      'partly written; free space there, then rerun the same command\n')
+  assert runner.calls == ['seed=0', 'seed=1'] and not list(root.glob('**/*.tmp'))
+  full.clear()
+  assert sweep.main(argv) == 0 and (root / 'report' / 'results.md').exists()
+  assert runner.calls == ['seed=0', 'seed=1']
+
+
+def test_a_summary_without_a_finished_runs_numbers_is_run_again(tmp_path, caplog):
+  """A summary.json of {} (or lacking the headline number) counted as done for the sweep,
+  which skipped it, while the report left it out: now run_status checks it as the report
+  does, so the sweep runs it again; if the run leaves it so (main.py reports the finished
+  run it holds), the failure names the file, what is wrong and the fix."""
+  root = tmp_path / 's'
+  grid = {'seed': [0, 1]}
+  sweep.run_sweep('configs/default.py', grid, str(root), runner=FakeRunner(), report=False,
+                  out=lambda s: None)
+  path = root / 'seed=0' / 'summary.json'
+  good = json.loads(path.read_text())
+  for bad in ({}, {k: v for k, v in good.items() if k != 'final_test_accuracy'},
+              dict(good, final_test_accuracy=91.0)):
+    path.write_text(json.dumps(bad))
+    assert sweep.run_status(str(root / 'seed=0')) == 'partial'
+    assert sweep.run_status(str(root / 'seed=1')) == 'done'
+  path.write_text('{}')
+  runner = FakeRunner()
+  res = sweep.run_sweep('configs/default.py', grid, str(root), runner=runner, report=False,
+                        out=lambda s: None)
+  assert runner.calls == ['seed=0'] and res.ran == ['seed=0'] and res.skipped == ['seed=1']
+  assert sweep.run_status(str(root / 'seed=0')) == 'done'
+  path.write_text('{}')
+  caplog.set_level('ERROR')
+  res = sweep.run_sweep('configs/default.py', grid, str(root), runner=lambda spec: 1,
+                        report=False, out=lambda s: None)
+  assert res.failed == ['seed=0']
+  assert [r.getMessage() for r in caplog.records] == [
+      f'run seed=0 did not finish (exit status 1, {path}: lacks final_test_accuracy (a number '
+      'every finished run writes); fix or remove that run (main.py rewrites a deleted '
+      'summary.json from metrics.jsonl and the last checkpoint))']
+
+
+def test_the_summary_line_and_report_name_failed_and_not_started_runs(tmp_path):
+  """The sweep's last line gave counts alone and the report left out the failed and not
+  started runs silently; now both name them (a few, and how many more)."""
+  root = str(tmp_path / 's')
+  names = [r.name for r in sweep.make_runs('x', GRID, root)]
+  lines = []
+  res = sweep.run_sweep('configs/default.py', GRID, root, runner=FakeRunner(crash=[names[1]]),
+                        max_runs=2, out=lines.append)
+  assert res.failed == [names[1]] and res.not_run == names[2:]
+  assert lines == [
+      f'sweep {root}: 8 runs, 0 skipped (done), 1 finished now, 1 failed ({names[1]}), 6 left '
+      f'by --max_runs ({", ".join(names[2:7])} and 1 more); report in {root}/report '
+      '(incomplete: 7 run(s) failed or not started, named there)']
+  md = open(os.path.join(root, 'report', 'results.md')).read()
+  assert ('**Incomplete report:** 7 expected run(s) missing, not finished (failed or not '
+          'started): ' + ', '.join(f'`{root}/{n}`' for n in names[1:])) in md
+  lines.clear()
+  sweep.run_sweep('configs/default.py', GRID, root, runner=FakeRunner(), out=lines.append)
+  assert lines == [f'sweep {root}: 8 runs, 1 skipped (done), 7 finished now, 0 failed, 0 left '
+                   f'by --max_runs; report in {root}/report']
+  assert 'Incomplete' not in open(os.path.join(root, 'report', 'results.md')).read()
 
 
 def test_a_value_given_twice_in_a_grid_is_refused(tmp_path, capsys):
@@ -1687,16 +1865,19 @@ def test_lm_report_pairs_the_loss_and_labels_the_target(tmp_path):
 
 
 def test_report_and_sweep_stay_within_their_line_budget():
-  """hfl/report/*.py + hfl/sweep.py ≤ 1,890 lines (the report's caveats and left-out runs:
+  """hfl/report/*.py + hfl/sweep.py ≤ 1,970 lines (the report's caveats and left-out runs:
   +100; the sweep's one-sweep root, repeated values and SIGTERM: +75; checked summaries,
   --label-by groups, stale plots and one-line sweep-file errors: +70; +45: finite, in-range
   summary numbers, a summary.json directory or config string not JSON named, runs of
   other lengths marked † and rows mixing them named, an --out holding the runs refused;
   +20: a sweep file's return value checked, its sys.exit one line; +10: a metrics.jsonl
-  step not an integer named, an --out that cannot be written one line): page-specific
-  code lives in docs/results."""
+  step not an integer named, an --out that cannot be written one line; +80: a sweep root
+  that is a workdir or holds runs of no sweep refused, a full disk writing sweep.json
+  or the report one line, a summary the report leaves out not done for the sweep (one shared
+  check), failed and not started runs named in the sweep's last line and under the report's
+  table): page-specific code lives in docs/results."""
   files = [os.path.join(REPO, 'hfl', 'report', f) for f in os.listdir(
       os.path.join(REPO, 'hfl', 'report')) if f.endswith('.py')]
   total = sum(len(open(f, encoding='utf-8').read().splitlines())
               for f in files + [os.path.join(REPO, 'hfl', 'sweep.py')])
-  assert total <= 1890, total
+  assert total <= 1970, total

@@ -457,18 +457,20 @@ def test_main_refuses_a_workdir_entry_of_the_wrong_type_in_one_line(tmp_path):
   assert os.listdir(workdir) == ['tb'] and (workdir / 'tb').read_text() == 'keep me'
 
 
-@pytest.mark.parametrize('text', ['{"final_test', '[1, 2]'])
+@pytest.mark.parametrize('text', ['{"final_test', '[1, 2]', '{}',
+                                  '{"final_test_accuracy": "high"}'])
 def test_a_corrupt_summary_of_a_finished_run_is_named_with_what_to_do(tmp_path, text):
-  """Reporting a finished run again reads its summary.json: a damaged one is named,
-  with the remedy (without it the run resumes at its last checkpoint, finishes at
-  once and writes it again)."""
+  """Reporting a finished run again reads its summary.json: a damaged one (not JSON,
+  no object, or not a finished run's: the report's check) is named, with the remedy
+  (without it the run resumes at its last checkpoint, finishes at once and writes
+  it again). ``{}`` used to end in a KeyError traceback."""
   import types  # pylint: disable=g-import-not-at-top
   workdir, config = _finished_workdir(tmp_path)
   summary = os.path.join(workdir, 'summary.json')
   with open(summary, 'w') as f:
     f.write(text)
   rt = types.SimpleNamespace(workdir=workdir, s=types.SimpleNamespace(
-      loop=train.loop_config(config)))
+      loop=train.loop_config(config), task=tasks.from_config(config)))
   ls = types.SimpleNamespace(step=4, clock=network.new_clock(2))
   with pytest.raises(ValueError) as e:
     train._resumed(rt, ls, [])  # pylint: disable=protected-access

@@ -97,15 +97,18 @@ def load(paths: Sequence[str], target: float | None = None,
 
 class Written(dict):
   """:func:`write_report`'s {file name: path}; ``unreadable``: the (workdir, reason) of
-  the runs it left out (:func:`load`), [] when the report is complete."""
+  the runs it left out (:func:`load`), ``missing``: the expected workdirs it lacks; []
+  when the report is complete."""
   unreadable: list = []
+  missing: list = []
 
 
 def write_report(paths: Sequence[str], out_dir: str, target: float | None = None,
                  label_by: Sequence[str] | None = None, baseline: str | None = None,
-                 plots: bool = True) -> Written:
+                 plots: bool = True, expected: Sequence[str] = ()) -> Written:
   """Writes ``results.md``, ``results.csv`` and the PNG plots of the runs below ``paths``
-  (:func:`load`; ``out_dir`` is not searched; runs left out are named in results.md)
+  (:func:`load`; ``out_dir`` is not searched; runs left out are named in results.md, and
+  so are the workdirs of ``expected`` it has no run of, e.g. a sweep's failed runs)
   and returns :class:`Written`. A table file is replaced whole (written, then renamed).
   The report's plot files (:func:`hfl.report.plots.plot_name`) in ``out_dir`` that it
   does not write now (``plots=False``; the other metric's) are removed, and logged.
@@ -133,8 +136,11 @@ def write_report(paths: Sequence[str], out_dir: str, target: float | None = None
   os.makedirs(out_dir, exist_ok=True)
   written = Written()
   written.unreadable = frame.attrs['unreadable']
+  seen = {os.path.abspath(d) for d in [*frame['workdir'], *frame.attrs['not_runs'],
+                                       *(d for d, _ in written.unreadable)]}
+  written.missing = [d for d in expected if os.path.abspath(d) not in seen]
   for name, text in (('results.md', tables.to_markdown(table, target, frame.attrs['unreadable'],
-                                                       frame.attrs['not_runs'])),
+                                                       frame.attrs['not_runs'], written.missing)),
                      ('results.csv', tables.to_csv(table, target))):
     written[name] = os.path.join(out_dir, name)
     metrics_lib.replace_file(written[name], text)

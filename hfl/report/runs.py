@@ -139,13 +139,27 @@ def load_run(workdir: str) -> Run:
 
   Raises:
     FileNotFoundError: ``workdir`` holds neither summary.json nor metrics.jsonl.
-    ValueError: its summary.json or config.json (read even when the summary holds the
-      config, as the sweep does) is not a JSON object, the config not an object, or the
-      summary not a finished run's (:func:`summary_problem`); the path and field named.
+    ValueError: as :func:`read_summary` (config.json read even when the summary holds the
+      config, as the sweep does).
     OSError: a file cannot be read.
   """
   if not is_run_dir(workdir):
     raise FileNotFoundError(f'{workdir}: not a training workdir (no {" or ".join(RUN_FILES)})')
+  summary, config = read_summary(workdir, config_json=True)
+  return Run(workdir, os.path.basename(os.path.normpath(workdir)), config, summary,
+             read_metrics(os.path.join(workdir, 'metrics.jsonl')))
+
+
+def read_summary(workdir: str, config_json: bool = False) -> tuple[dict, dict]:
+  """A workdir's summary.json ({} if missing) and nested config (the summary's, else
+  config.json's; {} if none), checked as the report and hfl.sweep.run_status need them.
+
+  Raises:
+    ValueError: summary.json or config.json (read with ``config_json``, or for the config)
+      is no JSON object, the config not an object, or the summary not a finished run's
+      (:func:`summary_problem`); the path and field named.
+    OSError: a file cannot be read.
+  """
   path = lambda f: os.path.join(workdir, f)
   def read(f):
     if os.path.isdir(path(f)):  # main.py refuses such a workdir
@@ -160,7 +174,8 @@ def load_run(workdir: str) -> Run:
       raise ValueError(f'{path(f)} is not a JSON object (it holds {json.dumps(out)[:40]}); fix '
                        'or remove that run')
     return out
-  summary, stored = read('summary.json'), read('config.json')  # both must read, as for the sweep
+  summary = read('summary.json')
+  stored = read('config.json') if config_json or not summary.get('config') else {}
   config = summary.get('config') or stored
   try:
     config = json.loads(config) if isinstance(config, str) else config  # early workdirs
@@ -173,8 +188,7 @@ def load_run(workdir: str) -> Run:
   if (os.path.isfile(path('summary.json'))
       and (problem := summary_problem(summary, target_of(flatten(config)).metric))):
     raise ValueError(f'{path("summary.json")}: {problem}; fix or remove that run')
-  return Run(workdir, os.path.basename(os.path.normpath(workdir)), config, summary,
-             read_metrics(path('metrics.jsonl')))
+  return summary, config
 
 
 def summary_problem(summary: Mapping[str, Any], metric: str = 'test_accuracy') -> str | None:

@@ -303,11 +303,12 @@ def _md_row(table: pd.DataFrame, gid: str, unit: str) -> list[str]:
 
 
 def to_markdown(table: pd.DataFrame, target: runs_lib.Target,
-                unreadable: Sequence[tuple[str, str]] = (), not_runs: Sequence[str] = ()) -> str:
+                unreadable: Sequence[tuple[str, str]] = (), not_runs: Sequence[str] = (),
+                missing: Sequence[str] = ()) -> str:
   """The table as a Markdown document: table, caveats (a † comparison of runs stopped
   at different iterations, :func:`compared_iterations`; the rows whose own runs did;
-  the ``unreadable`` runs left
-  out, (workdir, reason); the ``not_runs`` skipped), notes, and each row's workdirs;
+  the ``unreadable`` runs left out, (workdir, reason); the ``not_runs`` skipped; the
+  expected workdirs ``missing``), notes, and each row's workdirs;
   the paired Δ is of the final loss when the ``target`` is a loss, else of accuracy."""
   baselines = ', '.join(f'`{b}`' for b in sorted({b for b in table['baseline'] if b})) or 'none'
   loss = not target.higher_is_better
@@ -326,6 +327,8 @@ def to_markdown(table: pd.DataFrame, target: runs_lib.Target,
       unreadable and '\n'.join([f'**Incomplete report:** {len(unreadable)} run(s) left out, '
                                 'unreadable (fix or remove them, then report again):']
                                + [f'- `{d}`: {why}' for d, why in unreadable]),
+      missing and f'**Incomplete report:** {len(missing)} expected run(s) missing, not finished '
+      '(failed or not started): ' + ', '.join(f'`{d}`' for d in missing),
       not_runs and f'Skipped ({runs_lib.NOT_A_RUN}): ' + ', '.join(f'`{d}`' for d in not_runs)]
   lines = ['# Results', '', *markdown_table(header, rows), '',
            *(l for c in caveats if c for l in (c, '')), '## Notes', '',
