@@ -125,8 +125,9 @@ class WriteError(OSError):
 
 
 def replace_file(path: str, text: str) -> None:
-  """Writes ``text`` (UTF-8) to ``path`` whole: to ``path + '.tmp'``, then renamed over
-  ``path``, so a crash or a full disk leaves the old file as it was.
+  """Writes ``text`` (UTF-8) to ``path`` whole: to ``path + '.tmp'``, flushed to disk
+  (fsync), then renamed over ``path``, so a crash, a power loss or a full disk leaves
+  the old file or the new one, never a part.
 
   Raises:
     WriteError (an OSError): writing or renaming failed (e.g. no space left on
@@ -137,6 +138,8 @@ def replace_file(path: str, text: str) -> None:
   try:
     with open(tmp, 'w', encoding='utf-8') as f:
       f.write(text)
+      f.flush()
+      os.fsync(f.fileno())  # the data is on disk before the rename makes it current
     os.replace(tmp, path)
   except OSError as e:
     with contextlib.suppress(OSError):

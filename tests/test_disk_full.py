@@ -59,6 +59,20 @@ def test_a_full_disk_leaves_the_old_file_and_no_temporary_one(tmp_path, monkeypa
   assert os.listdir(tmp_path) == ['summary.json']
 
 
+def test_replace_file_puts_the_data_on_disk_before_the_rename(tmp_path, monkeypatch):
+  """fsync of the temporary file's contents comes before the rename that makes it current
+  (else a power loss can leave an empty file where the old one was)."""
+  events, real_fsync, real_replace = [], os.fsync, os.replace
+  monkeypatch.setattr(os, 'fsync', lambda fd: (events.append(('fsync', os.fstat(fd).st_size)),
+                                               real_fsync(fd)))
+  monkeypatch.setattr(os, 'replace', lambda a, b: (events.append(('replace', b)),
+                                                   real_replace(a, b)))
+  path = str(tmp_path / 'summary.json')
+  metrics.replace_file(path, 'new text')
+  assert events == [('fsync', len('new text')), ('replace', path)]
+  assert open(path).read() == 'new text'
+
+
 def test_a_full_disk_leaves_metrics_jsonl_with_whole_records_only(tmp_path, monkeypatch):
   w = metrics.MetricsWriter(str(tmp_path))
   w.write({'step': 2, 'test_accuracy': 0.5})
