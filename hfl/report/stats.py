@@ -13,7 +13,6 @@ baseline / ours.
 """
 
 import json
-import logging
 import math
 from typing import Any, Iterable, NamedTuple, Sequence
 
@@ -80,9 +79,6 @@ def group_stat(summary: pd.DataFrame, group: str, metric: str) -> Stat:
   return Stat(get(metric), get(f'{metric}_std'), int(get(f'{metric}_n') or 0))
 
 
-_WARNED = set()  # (group, metric) pairs already warned about duplicate seeds
-
-
 def paired(frame: pd.DataFrame, groups: pd.Series, group: str, base: str,
            metric: str = 'final_acc', scale: float = 100.0,
            pairs: pd.Series | None = None) -> tuple[Stat, dict]:
@@ -91,15 +87,11 @@ def paired(frame: pd.DataFrame, groups: pd.Series, group: str, base: str,
   ``pairs``: per run, what pairs it with a baseline run (default its ``seed``; rows of
   chosen keys pair on the others, :func:`group_ids`; the dict is then keyed by those).
   Only seeds with a value on both sides count; a seed twice in a group keeps its first
-  run here (warning once, naming the workdirs; :func:`summarize` counts every run).
+  run (:func:`hfl.report.tables.build_table` leaves such repeats out first, naming them).
   """
   def by_seed(g):
     rows = frame.loc[groups == g]
     s = rows[metric].set_axis(rows['seed'] if pairs is None else pairs[groups == g])
-    if s.index.has_duplicates and (g, metric) not in _WARNED:
-      _WARNED.add((g, metric))
-      logging.warning('a seed in more than one run of one row (%s): its paired Δ keeps the first',
-                      ', '.join(rows['workdir'][s.index.duplicated(keep=False)]))
     s = s[~s.index.duplicated()]
     return pd.to_numeric(s, errors='coerce').astype(float)
   d = (scale * (by_seed(group) - by_seed(base))).dropna().sort_index()

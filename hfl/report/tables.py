@@ -15,6 +15,7 @@ another length (:func:`compared_iterations`); a row whose own runs stopped at
 different iterations is named under the table.
 """
 
+import json
 import math
 from typing import Any, Mapping, Sequence
 
@@ -243,8 +244,11 @@ def build_table(frame: pd.DataFrame, label_by: Sequence[str] | None = None,
     ``compression_ratio``, ``compression_factor``, the paired Δ of ``metric``
     (``paired_delta``, ``paired_std``, ``paired_n``, ``paired_sem``) and
     ``iterations`` (:func:`compared_iterations`: set when those compare runs that
-    stopped at different iterations) and ``mixed_iterations`` (``'4;40'`` when the
-    row's own runs did, else None).
+    stopped at different iterations), ``mixed_iterations`` (``'4;40'`` when the
+    row's own runs did, else None) and ``repeats``: the row's runs left out as
+    repeats of an earlier run of it with the same config and seed, as (workdir, the
+    run's it repeats) (a copied workdir or a rerun adds no sample: n and std would
+    be wrong).
 
   Raises:
     ValueError: ``baseline`` is not a label.
@@ -252,7 +256,18 @@ def build_table(frame: pd.DataFrame, label_by: Sequence[str] | None = None,
   label_by = list(label_by or ())
   groups = stats.group_ids(frame, label_by)
   pairs = stats.group_ids(frame, but=[*label_by, 'workdir']) if label_by else None  # the rest
+  # A run whose row already holds one of the same config and seed (a copy, or a rerun:
+  # hfl repeats a seed's results) is no new sample: the first stays, the rest are named.
+  same = pd.Series([json.dumps([g, repr(i)]) for g, i in zip(
+      groups, frame['seed'] if pairs is None else pairs)], index=frame.index)
+  repeats = same.duplicated()
+  first = frame['workdir'].groupby(same).transform('first')
+  copies = (pd.Series(list(zip(frame['workdir'], first)), index=frame.index)[repeats]
+            .groupby(groups[repeats]).agg(list))
+  frame, groups = frame[~repeats], groups[~repeats]
+  pairs = None if pairs is None else pairs[~repeats]
   table = stats.summarize(frame, groups)
+  table['repeats'] = [copies.get(g, []) for g in table.index]
   first = [frame.loc[r[0]] for r in table['runs']]
   flats = [f['config'] for f in first]
   labels = make_labels(flats, [f['name'] for f in first], label_by)
@@ -327,6 +342,9 @@ def to_markdown(table: pd.DataFrame, target: runs_lib.Target,
       unreadable and '\n'.join([f'**Incomplete report:** {len(unreadable)} run(s) left out, '
                                 'unreadable (fix or remove them, then report again):']
                                + [f'- `{d}`: {why}' for d, why in unreadable]),
+      table['repeats'].map(len).any() and 'Left out as repeats of a run of the same row with '
+      'the same config and seed (a copy or a rerun adds no sample): ' + '; '.join(
+          f'`{w}` (repeats `{f}`)' for r in table['repeats'] for w, f in r) + '.',
       missing and f'**Incomplete report:** {len(missing)} expected run(s) missing, not finished '
       '(failed or not started): ' + ', '.join(f'`{d}`' for d in missing),
       not_runs and f'Skipped ({runs_lib.NOT_A_RUN}): ' + ', '.join(f'`{d}`' for d in not_runs)]
@@ -335,8 +353,8 @@ def to_markdown(table: pd.DataFrame, target: runs_lib.Target,
            f'- Target: {fmt_target(target)}. Rounds (inter-DC) and simulated time to target: first crossing, linearly interpolated between evaluations '
            '(`hfl.metrics.time_to_target`); `never` = not reached; (k/n reached): the mean is '
            'over the k seeds that did.',
-           '- `runs` > 1: configs differ only in `seed` (with `--label-by`: equal in its keys); '
-           'cells are mean ± sample std (ddof=1). '
+           '- `runs` > 1: configs differ only in `seed` (with `--label-by`: equal in its keys), '
+           'each seed once; cells are mean ± sample std (ddof=1). '
            '(k unfinished): k runs have no summary.json; they count with their last evaluation.',
            '- Bytes: totals per link over the run, 1 MB = 10^6 bytes (raw in `results.csv`).',
            '- Compression = 1 − total bytes / baseline total bytes (all links), and the × '
@@ -373,4 +391,5 @@ def to_csv(table: pd.DataFrame, target: runs_lib.Target) -> str:
     out[c] = table[c]
   out['compared_iterations'] = table['iterations']
   out['mixed_iterations'] = table['mixed_iterations']
+  out['repeats_left_out'] = table['repeats'].map(lambda r: ';'.join(f'{w}={f}' for w, f in r))
   return out.to_csv(index=False, lineterminator='\n')
