@@ -174,6 +174,12 @@ def _parse_flags(argv):
             'python3 main.py --config=configs/default.py --workdir=workdirs/run '
             '--config.train.num_steps=80', file=sys.stderr)
       sys.exit(2)
+    config_arg = _config_args(argv)[0]
+    if 'Flag --config must have a value other than None' in msg and config_arg:
+      print(f'error: could not load --config ({config_arg.partition(":")[0]}: get_config() '
+            'returned None, not an ml_collections.ConfigDict); pass a config file such as '
+            'configs/default.py.', file=sys.stderr)
+      sys.exit(2)
     for name in ('config', 'workdir'):
       if f'Flag --{name} must have a value other than None' in msg:  # a required flag missing
         print(f'error: --{name} is required, e.g. python3 main.py --config=configs/default.py '
@@ -199,6 +205,11 @@ def _parse_flags(argv):
       problem += '.'
     print(f'error: {problem} {config_lib.FIELDS_HELP}', file=sys.stderr)
     sys.exit(2)
+  except Exception as e:  # pylint: disable=broad-except  (get_config raised, e.g. a NameError)
+    config_arg = _config_args(argv)[0]
+    if not config_arg:
+      raise
+    _config_load_failed(config_arg, e)
 
 
 def _warn_ignored(config, argv) -> None:
@@ -225,8 +236,10 @@ def _config_load_failed(config_arg: str, e: Exception):
     detail = f'{path} defines no get_config()'
   elif isinstance(e, SyntaxError) and e.filename:  # the config file or a module it imports
     detail = f'{type(e).__name__} in {e.filename}, line {e.lineno}: {e.msg}'
-  else:
+  elif isinstance(e, (OSError, KeyError, AttributeError, ImportError)):
     detail = ' '.join(str(e).split())
+  else:  # the file's own error, e.g. a NameError or an assert in get_config
+    detail = f'{path} raised {type(e).__name__}: {" ".join(str(e).split())}'
   print(f'error: could not load --config ({detail}); pass a config file such as '
         'configs/default.py.', file=sys.stderr)
   sys.exit(2)

@@ -462,6 +462,9 @@ def load_file(config_arg: str) -> ml_collections.ConfigDict:
 
   Raises:
     FileNotFoundError: the file does not exist, or is a directory.
+    ValueError: the file raised (a SyntaxError, an import that fails, ``get_config``
+      raising or needing an argument it was not given), defines no ``get_config``,
+      or it returned no ConfigDict: one line naming the file and the exception.
   """
   if REPO_ROOT not in sys.path:  # config files import configs.*
     sys.path.insert(0, REPO_ROOT)
@@ -475,8 +478,22 @@ def load_file(config_arg: str) -> ml_collections.ConfigDict:
     raise FileNotFoundError(f'config file not found: {path}')
   spec = importlib.util.spec_from_file_location('_hfl_config_file', path)
   module = importlib.util.module_from_spec(spec)
-  spec.loader.exec_module(module)
-  return module.get_config(arg or None)
+  try:
+    spec.loader.exec_module(module)
+    if not callable(getattr(module, 'get_config', None)):
+      raise ValueError(f'config file {path} defines no get_config()')
+    # As ml_collections' --config= calls it: without an argument unless 'path:arg'.
+    config = module.get_config(arg) if arg else module.get_config()
+  except ValueError:
+    raise
+  except Exception as e:  # pylint: disable=broad-except  (the file's own error, in one line)
+    where = f', line {e.lineno}' if isinstance(e, SyntaxError) else ''
+    raise ValueError(f'config file {path} did not load: {type(e).__name__}{where}: '
+                     f'{" ".join(str(e).split())}') from e
+  if not isinstance(config, ml_collections.ConfigDict):
+    raise ValueError(f'config file {path}: get_config() returned {type(config).__name__}, '
+                     'not an ml_collections.ConfigDict')
+  return config
 
 
 def ignored_fields(config: ml_collections.ConfigDict) -> dict[str, str]:
@@ -569,14 +586,16 @@ DEFAULT_CONFIG = os.path.join(REPO_ROOT, 'configs', 'default.py')
 
 
 @functools.cache
-def known_fields() -> tuple[str, ...]:
-  """Dotted names of the fields hfl reads: the leaves of configs/default.py's
-  config, then the transformer's ``model.<name>`` of
+def known_fields() -> dict[str, Any]:
+  """The fields hfl reads, ``{dotted name: default value}``: the leaves of
+  configs/default.py's config, then the transformer's ``model.<name>`` of
   :data:`hfl.models.TRANSFORMER_FIELDS` (which configs/shakespeare.py adds).
-  Loaded once (:func:`load_file`)."""
-  names = field_names(load_file(DEFAULT_CONFIG))
-  return tuple(names + [f'model.{k}' for k in models.TRANSFORMER_FIELDS
-                        if f'model.{k}' not in names])
+  Loaded once (:func:`load_file`); do not modify the returned dict."""
+  default = load_file(DEFAULT_CONFIG)
+  known = {n: _get_field(default, n) for n in field_names(default)}
+  for k, v in models.TRANSFORMER_FIELDS.items():
+    known.setdefault(f'model.{k}', v)
+  return known
 
 
 def check_fields(config: ml_collections.ConfigDict) -> None:
@@ -587,19 +606,22 @@ def check_fields(config: ml_collections.ConfigDict) -> None:
   (older configs; each check says what absent means).
 
   Raises:
-    ValueError: naming every such field, each with what is wrong: a misspelled
+    ValueError: naming every such field, each with what is wrong: None where the
+      default is a value (a run would silently use the default); a misspelled
       field or section, with the closest known name (:func:`unknown_field`); a
       value where configs/default.py has a section, or a section where it has a
       value. E.g. ``unknown config field 'sync.kk'; did you mean 'sync.k'? A
       config's fields must be ones hfl reads: ...``; with several, one per line
       after ``2 config fields are not ones hfl reads:``.
   """
-  known = known_fields()
-  known_set = set(known)
+  known_set = known_fields()
+  known = tuple(known_set)
   sections = {n.rsplit('.', i)[0] for n in known for i in range(1, n.count('.') + 1)}
-  problems, grouped = [], set()
+  problems, grouped, nones = [], set(), []
   for field in field_names(config):
     if field in known_set:
+      if _get_field(config, field) is None and known_set[field] is not None:
+        nones.append(f'{field} (default {known_set[field]!r})')
       continue
     parts = field.split('.')
     prefixes = ['.'.join(parts[:i]) for i in range(1, len(parts))]
@@ -622,6 +644,10 @@ def check_fields(config: ml_collections.ConfigDict) -> None:
       close = closest_field(top, sorted(sections))
       problems.append(f'unknown config section {top!r} (it holds {", ".join(held)})'
                       + (f'; did you mean {close!r}?' if close else ''))
+  if not problems and nones:
+    raise ValueError(f'config field{"s" * (len(nones) > 1)} {", ".join(nones)} '
+                     f'{"are" if len(nones) > 1 else "is"} None: give a value (hfl would '
+                     f'otherwise run the default and record None). {FIELDS_HELP}')
   if not problems:
     return
   why = ("A config's fields must be ones hfl reads: those of configs/default.py, and the "

@@ -162,3 +162,48 @@ def test_main_refuses_a_config_file_with_unknown_fields(fake_data, tmp_path):
                         "  unknown config field 'train.num_step'; did you mean "
                         f"'train.num_steps'?\n{WHY}\n")
   assert not os.path.exists(workdir)
+
+
+def test_a_field_set_to_none_in_a_config_file_is_refused(tmp_path):
+  """None where the default holds a value ran the default and recorded null."""
+  config = config_lib.load_file(_config_file(tmp_path, '''\
+      c.compression.uplink.name = 'topk'
+      c.compression.uplink.density = None
+      c.sync.eager = None
+      '''))
+  assert _refusal(config).startswith(
+      "config fields compression.uplink.density (default 0.01), sync.eager (default False) "
+      'are None: give a value')
+
+
+@pytest.mark.parametrize('body, why', [
+    ("raise RuntimeError('boom')", 'RuntimeError: boom'),
+    ('return undefined_name', "NameError: name 'undefined_name' is not defined"),
+])
+def test_a_config_file_that_raises_is_one_line(tmp_path, body, why):
+  """hfl.config.load_file (the sweep's loader) and main.py: the file and its exception in
+  one line, exit status 2, no traceback, no workdir."""
+  path = tmp_path / 'bad.py'
+  path.write_text(f'def get_config(arg=None):\n  {body}\n')
+  with pytest.raises(ValueError, match=f'^config file {path} did not load: {why}$'):
+    config_lib.load_file(str(path))
+  workdir = tmp_path / 'run'
+  out = subprocess.run([sys.executable, os.path.join(REPO, 'main.py'), f'--config={path}',
+                        f'--workdir={workdir}'], env=dict(os.environ, JAX_PLATFORMS='cpu'),
+                       capture_output=True, text=True, timeout=300, cwd=str(tmp_path))
+  assert out.returncode == 2, out.stderr[-3000:]
+  assert out.stderr == (f'error: could not load --config ({path} raised {why}); pass a config '
+                        'file such as configs/default.py.\n')
+  assert not os.path.exists(workdir)
+
+
+def test_load_file_calls_get_config_as_main_does(tmp_path):
+  """Without ':ARG', get_config() gets no argument (as ml_collections' --config= calls it):
+  a get_config(arg) without a default is refused here too, naming the file."""
+  path = tmp_path / 'req.py'
+  path.write_text('from configs import default\n\n\ndef get_config(arg):\n'
+                  '  c = default.get_config()\n  c.sync.k = int(arg)\n  return c\n')
+  with pytest.raises(ValueError, match=f"^config file {path} did not load: TypeError: "
+                     r"get_config\(\) missing 1 required positional argument: 'arg'$"):
+    config_lib.load_file(str(path))
+  assert config_lib.load_file(f'{path}:7').sync.k == 7
