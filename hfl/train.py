@@ -1283,6 +1283,8 @@ def _train_and_evaluate(config: ml_collections.ConfigDict, workdir: str) -> dict
   _log_policies(s)
   rt = make_runtime(s, workdir, wall0)
   state, ls, restored = restore_or_init(rt)
+  if not restored and os.path.exists(os.path.join(workdir, 'summary.json')):
+    return _finished_without_checkpoint(rt)
   if not restored or not os.path.exists(os.path.join(workdir, 'config.json')):
     _write_config(rt)  # on resume: restored from summary.json's copy, checked above
   else:
@@ -1307,6 +1309,35 @@ def _train_and_evaluate(config: ml_collections.ConfigDict, workdir: str) -> dict
     metrics_lib.write_json(os.path.join(workdir, 'summary.json'), summary)
     print_results(summary)
   return summary
+
+
+def _finished_without_checkpoint(rt: Runtime) -> dict:
+  """A workdir holding a finished run's summary.json but no checkpoint that restores
+  (deleted, as in docs/results/runs, or skipped as damaged): its summary, reported
+  again when this config's stopping rule has stopped it, as :func:`_resumed` does
+  (a changed target is not recomputed: that needs the checkpoint).
+
+  Raises:
+    ValueError: the run would have to train more (a longer ``train.num_steps``):
+      from step 0, overwriting its metrics.jsonl and summary.json; or summary.json is
+      damaged. Nothing is written.
+  """
+  path = os.path.join(rt.workdir, 'summary.json')
+  summary = read_json_object(path, _SUMMARY_ADVICE)
+  from hfl.report import runs  # pylint: disable=g-import-not-at-top  (pandas: only here)
+  step, now = summary.get('intra_dc_iterations'), summary.get('sim_time_s')
+  if (runs.summary_problem(summary, rt.s.task.metric) is None and metrics_lib.finite(step)
+      and metrics_lib.finite(now) and rt.s.loop.stop.finished(int(step), float(now))):
+    logging.info('%s already finished %d iterations (no checkpoint kept); nothing to do.',
+                 rt.workdir, int(step))
+    if metrics_lib.is_writer():
+      print_results(summary)
+    return summary
+  raise ValueError(
+      f'--workdir={rt.workdir} holds a finished run ({path}) but no checkpoint that '
+      'restores, so this config could only train it again from step 0, overwriting its '
+      'metrics.jsonl and summary.json; nothing was written. Use a new --workdir (or move '
+      'summary.json and metrics.jsonl away to train here from the start).')
 
 
 def wall_stats(step_wall: dict) -> dict:

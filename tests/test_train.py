@@ -286,6 +286,25 @@ def test_failing_rerun_leaves_existing_workdir_intact(fake_data, tmp_path):
   assert snapshot() == before
 
 
+def test_a_finished_run_without_checkpoints_is_reported_not_retrained(fake_data, tmp_path):
+  """Checkpoints deleted (as docs/results/runs keeps runs): the same config reports the
+  run again; a longer one is refused. Either way metrics.jsonl and summary.json stay (the
+  run used to train again from step 0, emptying metrics.jsonl first)."""
+  import shutil  # pylint: disable=g-import-not-at-top
+  workdir = str(tmp_path / 'run')
+  config = smoke_config(fake_data, **{'train.num_steps': 4})
+  summary = train.train_and_evaluate(config, workdir)
+  shutil.rmtree(os.path.join(workdir, 'checkpoints'))
+  kept = {f: open(os.path.join(workdir, f), 'rb').read()
+          for f in ('metrics.jsonl', 'summary.json', 'config.json')}
+  assert train.train_and_evaluate(config, workdir) == json.loads(kept['summary.json'])
+  assert summary['final_test_accuracy'] == json.loads(kept['summary.json'])['final_test_accuracy']
+  with pytest.raises(ValueError, match='holds a finished run .* but no checkpoint that '
+                     'restores, so this config could only train it again from step 0'):
+    train.train_and_evaluate(smoke_config(fake_data, **{'train.num_steps': 6}), workdir)
+  assert {f: open(os.path.join(workdir, f), 'rb').read() for f in kept} == kept
+
+
 @pytest.mark.slow
 def test_main_cli_runs_and_rejects_bad_flags(fake_data, tmp_path):
   env = dict(os.environ, JAX_PLATFORMS='cpu')
