@@ -335,6 +335,10 @@ class LoopState(NamedTuple):
     wan: the WAN exposure and peaks so far (:func:`account_wan`); None before
       the first round (and in checkpoints written before it existed: a run
       resumed from one counts them from the resumption on).
+    resumed_changes: each resumption with a changed config,
+      ``{'at_iteration': int, 'changes': ['train.num_steps: 10 -> 20', ...]}``
+      (:func:`check_workdir_config`): the summary's ``changed_on_resume``; such a
+      run's results may differ from a fresh run of its final config.
   """
   step: int
   round: int
@@ -351,6 +355,7 @@ class LoopState(NamedTuple):
   wall_time_s: float = 0.0
   dc_rounds: tuple[dict, ...] = ()
   wan: Mapping[str, Any] | None = None
+  resumed_changes: tuple[dict, ...] = ()
 
 
 def new_loop_state(schedule: schedule_lib.Schedule, num_dcs: int) -> LoopState:
@@ -369,7 +374,8 @@ def to_host(ls: LoopState, wall_time_s: float) -> dict:
               best_test_accuracy=ls.best_test_accuracy, best_test_loss=ls.best_test_loss,
               time_to_target_s=ls.time_to_target_s, rounds_to_target=ls.rounds_to_target,
               wall_time_s=wall_time_s, last_eval=ls.last_eval, round_loss=list(ls.round_loss),
-              dc_rounds=list(ls.dc_rounds), wan=ls.wan)
+              dc_rounds=list(ls.dc_rounds), wan=ls.wan,
+              resumed_changes=list(ls.resumed_changes))
 
 
 # Config fields added after runs may have started: absent from an older run's
@@ -414,7 +420,8 @@ def from_host(host: Mapping[str, Any], schedule: schedule_lib.Schedule) -> LoopS
       schedule.plan(sched), host['best_test_accuracy'], host.get('best_test_loss'),
       host['time_to_target_s'], host['rounds_to_target'], host['last_eval'],
       tuple(host['round_loss']), float(host['wall_time_s']),
-      tuple(host.get('dc_rounds', ())), host.get('wan'))
+      tuple(host.get('dc_rounds', ())), host.get('wan'),
+      tuple(host.get('resumed_changes', ())))
 
 
 def read_json_object(path: str, advice: str) -> dict:
@@ -1184,7 +1191,8 @@ def summarize(rt: Runtime, state, ls: LoopState) -> dict:
       wall_time_s=rt.wall_s(ls), **to_target(rt.s.task, records),
       step_wall_s=wall_stats(rt.timer.step_wall),
       stop=rt.s.loop.stop.to_json(), eval_history=eval_history(records),
-      **wan_summary(rt.s, ls), config=json.loads(rt.s.config.to_json()))
+      **wan_summary(rt.s, ls), config=json.loads(rt.s.config.to_json()),
+      **({'changed_on_resume': list(ls.resumed_changes)} if ls.resumed_changes else {}))
 
 
 def wan_summary(s: Setup, ls: LoopState) -> dict:
@@ -1291,6 +1299,9 @@ def _train_and_evaluate(config: ml_collections.ConfigDict, workdir: str) -> dict
     summary = _resumed(rt, ls, changed)
     if summary is not None:
       return summary
+    if changed:
+      ls = ls._replace(resumed_changes=ls.resumed_changes + (
+          dict(at_iteration=ls.step, changes=list(changed)),))
   rt.mw = metrics_lib.MetricsWriter(workdir, resume_step=ls.step)
   rt.log_at = (time.time(), ls.step, True)
   while not s.loop.stop.finished(ls.step, ls.clock.now):

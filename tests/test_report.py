@@ -1877,7 +1877,7 @@ def test_lm_report_pairs_the_loss_and_labels_the_target(tmp_path):
 
 
 def test_report_and_sweep_stay_within_their_line_budget():
-  """hfl/report/*.py + hfl/sweep.py ≤ 1,980 lines (the report's caveats and left-out runs:
+  """hfl/report/*.py + hfl/sweep.py ≤ 1,995 lines (the report's caveats and left-out runs:
   +100; the sweep's one-sweep root, repeated values and SIGTERM: +75; checked summaries,
   --label-by groups, stale plots and one-line sweep-file errors: +70; +45: finite, in-range
   summary numbers, a summary.json directory or config string not JSON named, runs of
@@ -1887,10 +1887,11 @@ def test_report_and_sweep_stay_within_their_line_budget():
   that is a workdir or holds runs of no sweep refused, a full disk writing sweep.json
   or the report one line, a summary the report leaves out not done for the sweep (one shared
   check), failed and not started runs named in the sweep's last line and under the report's
-  table; +10: a repeated run (same config and seed) left out of its row and named):
+  table; +10: a repeated run (same config and seed) left out of its row and named; +15:
+  runs resumed with a changed config named, and no repeat of a fresh run):
   page-specific code lives in docs/results."""
   files = [os.path.join(REPO, 'hfl', 'report', f) for f in os.listdir(
       os.path.join(REPO, 'hfl', 'report')) if f.endswith('.py')]
   total = sum(len(open(f, encoding='utf-8').read().splitlines())
               for f in files + [os.path.join(REPO, 'hfl', 'sweep.py')])
-  assert total <= 1980, total
+  assert total <= 1995, total

@@ -305,6 +305,28 @@ def test_a_finished_run_without_checkpoints_is_reported_not_retrained(fake_data,
   assert {f: open(os.path.join(workdir, f), 'rb').read() for f in kept} == kept
 
 
+def test_a_run_resumed_with_a_changed_config_says_so_and_is_no_repeat(fake_data, tmp_path):
+  """Extending a finished run records the change (summary.json's changed_on_resume); the
+  report names it and keeps a fresh run of the final config beside it (with the same
+  config.json and seed, it was left out as a repeat)."""
+  from hfl import report  # pylint: disable=g-import-not-at-top
+  from hfl.report import tables  # pylint: disable=g-import-not-at-top
+  ext, fresh = str(tmp_path / 'extended'), str(tmp_path / 'fresh')
+  train.train_and_evaluate(smoke_config(fake_data, **{'train.num_steps': 2}), ext)
+  summary = train.train_and_evaluate(smoke_config(fake_data, **{'train.num_steps': 6}), ext)
+  assert summary['changed_on_resume'] == [dict(at_iteration=2,
+                                               changes=['train.num_steps: 2 -> 6'])]
+  assert 'changed_on_resume' not in train.train_and_evaluate(
+      smoke_config(fake_data, **{'train.num_steps': 6}), fresh)
+  frame = report.load([str(tmp_path)])
+  table = tables.build_table(frame)
+  assert len(table) == 1 and table.iloc[0]['repeats'] == []
+  assert len(table.iloc[0]['runs']) == 2
+  assert (f'Runs resumed with a changed config (config.json holds the last; results may differ '
+          f'from a fresh run of it): `{ext}` (at 2: train.num_steps: 2 -> 6).'
+          in tables.to_markdown(table, frame.attrs['target']))
+
+
 @pytest.mark.slow
 def test_main_cli_runs_and_rejects_bad_flags(fake_data, tmp_path):
   env = dict(os.environ, JAX_PLATFORMS='cpu')

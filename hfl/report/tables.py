@@ -245,10 +245,11 @@ def build_table(frame: pd.DataFrame, label_by: Sequence[str] | None = None,
     (``paired_delta``, ``paired_std``, ``paired_n``, ``paired_sem``) and
     ``iterations`` (:func:`compared_iterations`: set when those compare runs that
     stopped at different iterations), ``mixed_iterations`` (``'4;40'`` when the
-    row's own runs did, else None) and ``repeats``: the row's runs left out as
+    row's own runs did, else None), ``repeats``: the row's runs left out as
     repeats of an earlier run of it with the same config and seed, as (workdir, the
     run's it repeats) (a copied workdir or a rerun adds no sample: n and std would
-    be wrong).
+    be wrong) and ``changed``: its runs resumed with a changed config, as (workdir, the
+    changes: :func:`hfl.report.runs.run_frame`'s ``changed``).
 
   Raises:
     ValueError: ``baseline`` is not a label.
@@ -258,8 +259,10 @@ def build_table(frame: pd.DataFrame, label_by: Sequence[str] | None = None,
   pairs = stats.group_ids(frame, but=[*label_by, 'workdir']) if label_by else None  # the rest
   # A run whose row already holds one of the same config and seed (a copy, or a rerun:
   # hfl repeats a seed's results) is no new sample: the first stays, the rest are named.
-  same = pd.Series([json.dumps([g, repr(i)]) for g, i in zip(
-      groups, frame['seed'] if pairs is None else pairs)], index=frame.index)
+  changed = pd.Series([c if isinstance(c, str) else '' for c in frame['changed']],
+                      index=frame.index)  # '' (pandas may hold None as NaN): unchanged
+  same = pd.Series([json.dumps([g, repr(i), c]) for g, i, c in zip(
+      groups, frame['seed'] if pairs is None else pairs, changed)], index=frame.index)
   repeats = same.duplicated()
   first = frame['workdir'].groupby(same).transform('first')
   copies = (pd.Series(list(zip(frame['workdir'], first)), index=frame.index)[repeats]
@@ -268,6 +271,9 @@ def build_table(frame: pd.DataFrame, label_by: Sequence[str] | None = None,
   pairs = None if pairs is None else pairs[~repeats]
   table = stats.summarize(frame, groups)
   table['repeats'] = [copies.get(g, []) for g in table.index]
+  table['changed'] = [[(w, c) for w, c in zip(frame['workdir'][groups == g],
+                                              changed[~repeats][groups == g]) if c]
+                      for g in table.index]
   first = [frame.loc[r[0]] for r in table['runs']]
   flats = [f['config'] for f in first]
   labels = make_labels(flats, [f['name'] for f in first], label_by)
@@ -345,6 +351,9 @@ def to_markdown(table: pd.DataFrame, target: runs_lib.Target,
       table['repeats'].map(len).any() and 'Left out as repeats of a run of the same row with '
       'the same config and seed (a copy or a rerun adds no sample): ' + '; '.join(
           f'`{w}` (repeats `{f}`)' for r in table['repeats'] for w, f in r) + '.',
+      table['changed'].map(len).any() and 'Runs resumed with a changed config (config.json '
+      'holds the last; results may differ from a fresh run of it): ' + '; '.join(
+          f'`{w}` ({c})' for r in table['changed'] for w, c in r) + '.',
       missing and f'**Incomplete report:** {len(missing)} expected run(s) missing, not finished '
       '(failed or not started): ' + ', '.join(f'`{d}`' for d in missing),
       not_runs and f'Skipped ({runs_lib.NOT_A_RUN}): ' + ', '.join(f'`{d}`' for d in not_runs)]
@@ -391,5 +400,6 @@ def to_csv(table: pd.DataFrame, target: runs_lib.Target) -> str:
     out[c] = table[c]
   out['compared_iterations'] = table['iterations']
   out['mixed_iterations'] = table['mixed_iterations']
+  out['changed_on_resume'] = table['changed'].map(lambda r: ';'.join(f'{w}={c}' for w, c in r))
   out['repeats_left_out'] = table['repeats'].map(lambda r: ';'.join(f'{w}={f}' for w, f in r))
   return out.to_csv(index=False, lineterminator='\n')
