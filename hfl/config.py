@@ -646,8 +646,9 @@ def check_fields(config: ml_collections.ConfigDict) -> None:
                       + (f'; did you mean {close!r}?' if close else ''))
   if not problems and nones:
     raise ValueError(f'config field{"s" * (len(nones) > 1)} {", ".join(nones)} '
-                     f'{"are" if len(nones) > 1 else "is"} None: give a value (hfl would '
-                     f'otherwise run the default and record None). {FIELDS_HELP}')
+                     f'{"are" if len(nones) > 1 else "is"} None: give a value (None is no '
+                     'value of a field whose default holds one; some fields ran their default '
+                     f'and recorded None). {FIELDS_HELP}')
   if not problems:
     return
   why = ("A config's fields must be ones hfl reads: those of configs/default.py, and the "

@@ -1299,6 +1299,7 @@ def _train_and_evaluate(config: ml_collections.ConfigDict, workdir: str) -> dict
     summary = _resumed(rt, ls, changed)
     if summary is not None:
       return summary
+    _check_metrics_log(workdir, ls)
     if changed:
       ls = ls._replace(resumed_changes=ls.resumed_changes + (
           dict(at_iteration=ls.step, changes=list(changed)),))
@@ -1320,6 +1321,28 @@ def _train_and_evaluate(config: ml_collections.ConfigDict, workdir: str) -> dict
     metrics_lib.write_json(os.path.join(workdir, 'summary.json'), summary)
     print_results(summary)
   return summary
+
+
+def _check_metrics_log(workdir: str, ls: LoopState) -> None:
+  """Refuses to go on from a checkpoint whose evaluations metrics.jsonl has lost (cut
+  short or truncated): the run's evaluation history, time to target and, when it is
+  rebuilt, summary.json would be wrong without a word.
+
+  Raises:
+    ValueError: the log's last record is of an earlier round than the checkpoint's
+      last evaluation (both named); nothing is written.
+  """
+  if not ls.last_eval or 'round' not in ls.last_eval:
+    return
+  path = os.path.join(workdir, 'metrics.jsonl')
+  rounds = [r.get('round') for r in metrics_lib.read_jsonl(path) if isinstance(r, dict)]
+  last = max((r for r in rounds if metrics_lib.finite(r)), default=None)
+  if last is None or last < ls.last_eval['round']:
+    raise ValueError(
+        f'{path} ends {"with no record" if last is None else f"at round {last}"}, but the '
+        f'checkpoint of iteration {ls.step} was evaluated at round {ls.last_eval["round"]}: '
+        "the log lost evaluations, so the run's history and summary would be wrong; nothing "
+        'was written. Restore metrics.jsonl, or use a new --workdir.')
 
 
 def _finished_without_checkpoint(rt: Runtime) -> dict:

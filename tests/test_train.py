@@ -211,7 +211,7 @@ SETUP_ONLY_BAD = [
     ({'sync.progress_aware': True, 'sync.progress_factor': 1.0}, 'sync.progress_factor'),
     ({'dataset.data_dir': '/nonexistent'}, "dataset.data_dir='/nonexistent' does not exist"),
     ({'dataset.data_dir': 'no/such/dir'}, "dataset.data_dir='no/such/dir' does not exist"),
-    ({'dataset.data_dir': None}, 'dataset.data_dir=None must be a string'),
+    ({'dataset.data_dir': None}, 'config field dataset.data_dir (default '),
 ]
 
 
@@ -325,6 +325,26 @@ def test_a_run_resumed_with_a_changed_config_says_so_and_is_no_repeat(fake_data,
   assert (f'Runs resumed with a changed config (config.json holds the last; results may differ '
           f'from a fresh run of it): `{ext}` (at 2: train.num_steps: 2 -> 6).'
           in tables.to_markdown(table, frame.attrs['target']))
+
+
+def test_a_metrics_log_that_lost_evaluations_is_refused_not_summarized(fake_data, tmp_path):
+  """summary.json deleted (to rebuild it) and metrics.jsonl cut after its first record:
+  the rebuilt summary held an early evaluation's accuracy as the final one. Refused,
+  both ends named, nothing written."""
+  workdir = str(tmp_path / 'run')
+  config = smoke_config(fake_data, **{'train.num_steps': 4})
+  train.train_and_evaluate(config, workdir)
+  os.remove(os.path.join(workdir, 'summary.json'))
+  log = os.path.join(workdir, 'metrics.jsonl')
+  with open(log) as f:
+    first = f.readline()
+  with open(log, 'w') as f:
+    f.write(first + first[:20])  # a second record cut mid-write
+  with pytest.raises(ValueError, match=r'metrics.jsonl ends at round 1, but the checkpoint '
+                     r'of iteration 4 was evaluated at round 2: the log lost evaluations'):
+    train.train_and_evaluate(config, workdir)
+  assert open(log).read() == first + first[:20]
+  assert not os.path.exists(os.path.join(workdir, 'summary.json'))
 
 
 @pytest.mark.slow
