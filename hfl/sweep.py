@@ -550,6 +550,23 @@ def _few(names: Sequence[str], max_names: int = 5) -> str:
   return ', '.join(names[:max_names]) + (f' and {more} more' if more > 0 else '')
 
 
+def manifest_runs(root: str, advice: str = 'move that file away') -> list[str] | None:
+  """The run names ``ROOT/sweep.json`` lists (workdirs ``ROOT/<name>``); None without one.
+
+  Raises:
+    ValueError: the manifest cannot be read (its path, why, then ``advice``).
+  """
+  path = os.path.join(os.path.abspath(root), MANIFEST)
+  try:
+    with open(path, encoding='utf-8') as f:
+      return [r['name'] for r in json.load(f)['runs']]
+  except (FileNotFoundError, NotADirectoryError):  # no manifest (or no root) yet
+    return None
+  except (OSError, ValueError, TypeError, KeyError) as e:
+    raise ValueError(f'{path} is not a readable sweep manifest ({type(e).__name__}: {e}); '
+                     f'{advice}') from None
+
+
 def check_manifest(root: str, runs: Sequence[RunSpec], max_names: int = 5) -> None:
   """Checks that ROOT holds this sweep's runs alone: it is no workdir (:data:`RUN_ENTRIES`
   in it), every workdir below it is a point of ``runs`` (e.g. records copied there) or
@@ -564,15 +581,8 @@ def check_manifest(root: str, runs: Sequence[RunSpec], max_names: int = 5) -> No
   """
   root, names = os.path.abspath(root), {r.name for r in runs}
   path = os.path.join(root, MANIFEST)
-  try:
-    with open(path, encoding='utf-8') as f:
-      listed = [r['name'] for r in json.load(f)['runs']]
-  except (FileNotFoundError, NotADirectoryError):  # no manifest (or no root) yet
-    listed = []
-  except (OSError, ValueError, TypeError, KeyError) as e:
-    raise ValueError(f'{path} is not a readable sweep manifest ({type(e).__name__}: {e}); '
-                     'give this sweep a new --root, or move that file away if the runs under '
-                     'this root are this sweep\'s') from None
+  listed = manifest_runs(root, advice='give this sweep a new --root, or move that file away '
+                         'if the runs under this root are this sweep\'s') or []
   if held := [e for e in RUN_ENTRIES if os.path.lexists(os.path.join(root, e))]:
     raise ValueError(f'--root={root} is a training run\'s workdir (it holds {", ".join(held)}), '
                      'not a sweep root; nothing was written or launched. Give the sweep an '

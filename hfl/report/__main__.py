@@ -52,7 +52,8 @@ def parse_args(argv: Sequence[str] | None = None) -> argparse.Namespace:
 
 def main(argv: Sequence[str] | None = None) -> int:
   """Runs the CLI; returns the exit status: 0, 1 (the report leaves out unreadable
-  runs, named on stderr and in results.md) or 2 (bad input; nothing written)."""
+  runs, or a sweep root's sweep.json lists runs it has none of: named on stderr and in
+  results.md) or 2 (bad input; nothing written)."""
   args = parse_args(argv)
   logging.basicConfig(level=logging.INFO, format='%(levelname)s %(message)s')
   if args.out is None and len(args.dirs) > 1:
@@ -62,8 +63,12 @@ def main(argv: Sequence[str] | None = None) -> int:
   try:
     if problem := metrics_lib.dir_problem(out):
       raise ValueError(f'--out={out!r} {problem}')
+    from hfl import sweep  # pylint: disable=g-import-not-at-top
+    # A sweep root's runs that failed or never started are named, as the sweep's report does.
+    expected = [os.path.join(d, n) for d in args.dirs for n in sweep.manifest_runs(
+        d, advice='move it away to report the runs alone') or []]
     written = report.write_report(args.dirs, out, target=args.target, label_by=args.label_by,
-                                  baseline=args.baseline, plots=args.plots)
+                                  baseline=args.baseline, plots=args.plots, expected=expected)
   except (OSError, ValueError) as e:  # OSError: e.g. a full disk, a directory named like a file
     partly = isinstance(e, OSError) and not isinstance(e, FileNotFoundError)
     print(f'error: {e}' + ('; the report in --out may be partly written' if partly else ''),
@@ -72,12 +77,14 @@ def main(argv: Sequence[str] | None = None) -> int:
   with open(written['results.md'], encoding='utf-8') as f:  # its table, without the notes
     print(f.read().partition('\n## ')[0].rstrip('\n'), end='\n\n')
   print('\n'.join(written.values()))
+  if written.missing:
+    print(f'incomplete report: {len(written.missing)} run(s) of the sweep missing, failed or '
+          'not started (named in results.md)', file=sys.stderr)
   if written.unreadable:
     print(f'incomplete report: {len(written.unreadable)} run(s) left out, unreadable (named '
           f'above and in {written["results.md"]}): '
           + ', '.join(d for d, _ in written.unreadable), file=sys.stderr)
-    return 1
-  return 0
+  return 1 if written.missing or written.unreadable else 0
 
 
 if __name__ == '__main__':
