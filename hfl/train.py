@@ -483,7 +483,8 @@ def check_workdir_config(workdir: str, config) -> list[str]:
   an entry of the wrong type (:func:`hfl.metrics.workdir_entries_problem`), an
   existing workdir that cannot be written unless it holds a finished run (which is
   only reported again), a run started with a different config (compared with
-  :func:`_stored_config`), or more iterations done (its newest complete
+  :func:`_stored_config`; one stopped before its first checkpoint is none: any config
+  starts it over), or more iterations done (its newest complete
   checkpoint, hfl.checkpoint.newest_complete_step) than ``train.num_steps`` when
   that governs.
 
@@ -506,6 +507,12 @@ def check_workdir_config(workdir: str, config) -> list[str]:
   stored = _stored_config(workdir)
   if stored is None:
     return []
+  done = ckpt_lib.newest_complete_step(workdir)
+  ckpts = os.path.join(workdir, ckpt_lib.CHECKPOINT_DIR)
+  if not (os.path.exists(os.path.join(workdir, 'summary.json'))
+          or any(n.isdigit() for n in (os.listdir(ckpts) if os.path.isdir(ckpts) else ()))):
+    # Stopped before its first checkpoint: nothing trained is kept, any config starts over.
+    return []
   old = upgrade_config(stored)
   diffs, resumable = [], []
 
@@ -522,7 +529,6 @@ def check_workdir_config(workdir: str, config) -> list[str]:
     raise ValueError(
         f'--workdir={workdir} holds a run with a different config ({"; ".join(diffs)}); '
         'use a new workdir, or the same config to resume.')
-  done = ckpt_lib.newest_complete_step(workdir)
   if stop.governed_by == 'num_steps' and done is not None and done > stop.num_steps:
     raise ValueError(
         f'train.num_steps={stop.num_steps} is below the {done} iterations '

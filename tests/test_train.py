@@ -557,6 +557,22 @@ def test_a_shorter_run_is_refused_from_the_checkpoints_before_compiling(tmp_path
   assert train.check_workdir_config(workdir, longer) == ['train.num_steps: 4 -> 6']
 
 
+def test_a_run_stopped_before_its_first_checkpoint_may_start_over_with_another_config(
+    tmp_path):
+  """config.json, an empty metrics.jsonl and checkpoints/ without a step: nothing trained
+  is kept, so another config is no conflict (it was refused as 'a different config')."""
+  config = smoke_config(str(tmp_path / 'data'), **{'train.num_steps': 4})
+  workdir = tmp_path / 'run'
+  (workdir / 'checkpoints').mkdir(parents=True)
+  (workdir / 'config.json').write_text(config.to_json())
+  (workdir / 'metrics.jsonl').write_text('')
+  other = smoke_config(str(tmp_path / 'data'), **{'train.num_steps': 4, 'sync.k': 4})
+  assert train.check_workdir_config(str(workdir), other) == []
+  (workdir / 'checkpoints' / '2').mkdir()  # a checkpoint (even a partial one): pinned
+  with pytest.raises(ValueError, match='holds a run with a different config'):
+    train.check_workdir_config(str(workdir), other)
+
+
 def test_a_read_only_workdir_only_reports_its_finished_run(tmp_path, monkeypatch):
   """On read-only media (os.access says so) a finished run is reported again (that
   writes nothing); extending it, or a workdir without config.json (rewritten on
