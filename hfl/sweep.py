@@ -507,7 +507,7 @@ def _execute(spec: RunSpec, runner: Runner) -> bool:
   if why:
     log = os.path.join(spec.workdir, LOG_FILE)
     last = last_error_line(log)
-    if why != f'no {SUMMARY}':  # main.py keeps a damaged one (a finished run's: it fails)
+    if why != f'no {SUMMARY}' and 'rerun main.py' not in why:  # main.py keeps a damaged one
       why += f' (main.py rewrites a deleted {SUMMARY} from metrics.jsonl and the last checkpoint)'
     logging.error('run %s did not finish (exit status %s, %s%s)%s', spec.name, rc, why,
                   f'; log: {log}' if os.path.isfile(log) else '', f': {last}' if last else '')

@@ -250,7 +250,8 @@ def test_a_summary_without_a_finished_runs_numbers_is_left_out(runs, tmp_path, u
   assert list(frame['name']) == ['a0', 'a1', 'b']
   (d, reason), = frame.attrs['unreadable']
   assert d == runs[3] and reason.startswith(f'{path}: {why}'), reason
-  assert reason.endswith('; fix or remove that run')
+  assert reason.endswith('; delete that summary.json and rerun main.py on the workdir to '
+                         'rebuild it from metrics.jsonl and the last checkpoint, or remove that run')
   for p in glob.glob(os.path.join(REPO, 'docs', 'results', 'runs', '*', '*', 'summary.json')):
     with open(p, encoding='utf-8') as f:
       s = json.load(f)
@@ -1206,8 +1207,8 @@ def test_a_summary_without_a_finished_runs_numbers_is_run_again(tmp_path, caplog
   assert res.failed == ['seed=0']
   assert [r.getMessage() for r in caplog.records] == [
       f'run seed=0 did not finish (exit status 1, {path}: lacks final_test_accuracy (a number '
-      'every finished run writes); fix or remove that run (main.py rewrites a deleted '
-      'summary.json from metrics.jsonl and the last checkpoint))']
+      'every finished run writes); delete that summary.json and rerun main.py on the workdir '
+      'to rebuild it from metrics.jsonl and the last checkpoint, or remove that run)']
 
 
 def test_the_summary_line_and_report_name_failed_and_not_started_runs(tmp_path):
@@ -1893,7 +1894,7 @@ def test_lm_report_pairs_the_loss_and_labels_the_target(tmp_path):
 
 
 def test_report_and_sweep_stay_within_their_line_budget():
-  """hfl/report/*.py + hfl/sweep.py ≤ 2,010 lines (the report's caveats and left-out runs:
+  """hfl/report/*.py + hfl/sweep.py ≤ 2,015 lines (the report's caveats and left-out runs:
   +100; the sweep's one-sweep root, repeated values and SIGTERM: +75; checked summaries,
   --label-by groups, stale plots and one-line sweep-file errors: +70; +45: finite, in-range
   summary numbers, a summary.json directory or config string not JSON named, runs of
@@ -1904,11 +1905,12 @@ def test_report_and_sweep_stay_within_their_line_budget():
   or the report one line, a summary the report leaves out not done for the sweep (one shared
   check), failed and not started runs named in the sweep's last line and under the report's
   table; +10: a repeated run (same config and seed) left out of its row and named; +15:
-  runs resumed with a changed config named, and no repeat of a fresh run; +15: the CLI
-  on a sweep root names the runs its sweep.json lists but lacks):
+  runs resumed with a changed config named, and no repeat of a fresh run; +20: the CLI
+  on a sweep root names the runs its sweep.json lists but lacks; a damaged summary's
+  remedy):
   page-specific code lives in docs/results."""
   files = [os.path.join(REPO, 'hfl', 'report', f) for f in os.listdir(
       os.path.join(REPO, 'hfl', 'report')) if f.endswith('.py')]
   total = sum(len(open(f, encoding='utf-8').read().splitlines())
               for f in files + [os.path.join(REPO, 'hfl', 'sweep.py')])
-  assert total <= 2010, total
+  assert total <= 2015, total

@@ -150,6 +150,11 @@ def load_run(workdir: str) -> Run:
              read_metrics(os.path.join(workdir, 'metrics.jsonl')))
 
 
+# What to do about a summary.json that is no finished run's (main.py's remedy).
+REBUILD_SUMMARY = ('delete that summary.json and rerun main.py on the workdir to rebuild it '
+                   'from metrics.jsonl and the last checkpoint')
+
+
 def read_summary(workdir: str, config_json: bool = False) -> tuple[dict, dict]:
   """A workdir's summary.json ({} if missing) and nested config (the summary's, else
   config.json's; {} if none), checked as the report and hfl.sweep.run_status need them.
@@ -187,7 +192,7 @@ def read_summary(workdir: str, config_json: bool = False) -> tuple[dict, dict]:
                      'object; fix or remove that run')
   if (os.path.isfile(path('summary.json'))
       and (problem := summary_problem(summary, target_of(flatten(config)).metric))):
-    raise ValueError(f'{path("summary.json")}: {problem}; fix or remove that run')
+    raise ValueError(f'{path("summary.json")}: {problem}; {REBUILD_SUMMARY}, or remove that run')
   return summary, config
 
 
