@@ -583,6 +583,14 @@ def check_manifest(root: str, runs: Sequence[RunSpec], max_names: int = 5) -> No
   path = os.path.join(root, MANIFEST)
   listed = manifest_runs(root, advice='give this sweep a new --root, or move that file away '
                          'if the runs under this root are this sweep\'s') or []
+  up = os.path.dirname(root)
+  while up != os.path.dirname(up):  # an ancestor that is a sweep root or a workdir
+    if inside := [e for e in (MANIFEST, 'metrics.jsonl') if os.path.lexists(os.path.join(up, e))]:
+      raise ValueError(f'--root={root} is inside {up}, which holds {inside[0]} (a '
+                       f'{"sweep root" if inside[0] == MANIFEST else "training workdir"}): its '
+                       'runs and these would mix; nothing was written or launched. Give the '
+                       'sweep a --root outside it.')
+    up = os.path.dirname(up)
   if held := [e for e in RUN_ENTRIES if os.path.lexists(os.path.join(root, e))]:
     raise ValueError(f'--root={root} is a training run\'s workdir (it holds {", ".join(held)}), '
                      'not a sweep root; nothing was written or launched. Give the sweep an '
