@@ -248,7 +248,8 @@ def build_table(frame: pd.DataFrame, label_by: Sequence[str] | None = None,
     row's own runs did, else None), ``repeats``: the row's runs left out as
     repeats of an earlier run of it with the same config and seed, as (workdir, the
     run's it repeats) (a copied workdir or a rerun adds no sample: n and std would
-    be wrong) and ``changed``: its runs resumed with a changed config, as (workdir, the
+    be wrong), ``pooled`` ({key: its values} of the config keys the row's runs differ
+    in besides ``seed``: with ``label_by``) and ``changed``: its runs resumed with a changed config, as (workdir, the
     changes: :func:`hfl.report.runs.run_frame`'s ``changed``).
 
   Raises:
@@ -274,6 +275,10 @@ def build_table(frame: pd.DataFrame, label_by: Sequence[str] | None = None,
   table['changed'] = [[(w, c) for w, c in zip(frame['workdir'][groups == g],
                                               changed[~repeats][groups == g]) if c]
                       for g in table.index]
+  table['pooled'] = [  # with --label-by: the other keys a row's runs differ in, and their values
+      {k: sorted({repr(c.get(k)) for c in cs}) for k in sorted(set().union(*cs))
+       if k not in stats.IGNORED and len({repr(c.get(k)) for c in cs}) > 1}
+      for cs in ([frame.at[r, 'config'] or {} for r in rs] for rs in table['runs'])]
   first = [frame.loc[r[0]] for r in table['runs']]
   flats = [f['config'] for f in first]
   labels = make_labels(flats, [f['name'] for f in first], label_by)
@@ -351,6 +356,10 @@ def to_markdown(table: pd.DataFrame, target: runs_lib.Target,
       table['repeats'].map(len).any() and 'Left out as repeats of a run of the same row with '
       'the same config and seed (a copy or a rerun adds no sample): ' + '; '.join(
           f'`{w}` (repeats `{f}`)' for r in table['repeats'] for w, f in r) + '.',
+      table['pooled'].map(len).any() and 'Rows pooling runs of different configs (their mean '
+      '± std is over these, not over seeds alone): ' + '; '.join(f'`{r["label"]}` (' + ', '.join(
+          f'{k}: {", ".join(v)}' for k, v in r['pooled'].items()) + ')' for _, r in
+          table.iterrows() if r['pooled']) + '.',
       table['changed'].map(len).any() and 'Runs resumed with a changed config (config.json '
       'holds the last; results may differ from a fresh run of it): ' + '; '.join(
           f'`{w}` ({c})' for r in table['changed'] for w, c in r) + '.',
