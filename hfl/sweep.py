@@ -777,19 +777,28 @@ def main(argv: Sequence[str] | None = None) -> int:
     print(f'error: {e}', file=sys.stderr)
     return 2
   except KeyboardInterrupt as e:
-    return interrupted(e, launched=base is not None)  # None: still loading the sweep
+    return interrupted(e, launched=base is not None, root=args.root)  # None: still loading
   finally:
     signal.signal(signal.SIGTERM, previous)
   return 1 if result.failed else 0
 
 
-def interrupted(e: BaseException | None = None, launched: bool = True) -> int:
+def interrupted(e: BaseException | None = None, launched: bool = True,
+                root: str | None = None) -> int:
   """Ctrl-C or SIGTERM (``e``): stops the running jobs, prints one line (``launched``
-  False: that nothing was launched), returns exit status 130 (143 for SIGTERM)."""
+  False: that nothing was launched; else the runs of ``root``'s sweep.json not finished,
+  and that its report predates them), returns exit status 130 (143 for SIGTERM)."""
   stop_children()
+  try:
+    left = [n for n in manifest_runs(root) or [] if run_status(os.path.join(root, n)) != 'done']
+  except (OSError, ValueError, TypeError):  # no root, or an unreadable manifest: not named
+    left = []
+  stale = root and os.path.isdir(os.path.join(root, REPORT_DIR))
   print(f'interrupted{" by SIGTERM" if isinstance(e, runtime.Terminated) else ""}: ' + (
-        'the running training jobs were stopped; rerun the same command to continue (finished '
-        'runs are skipped, the others resume from their checkpoints).' if launched else
+        'the running training jobs were stopped' + (f'; {len(left)} run(s) not finished '
+        f'({_few(left)})' if left else '') + (f'; {os.path.join(root, REPORT_DIR)} is from '
+        'before' if stale else '') + '. Rerun the same command to continue (finished runs are '
+        'skipped, the others resume from their checkpoints).' if launched else
         'nothing was launched.'), file=sys.stderr)
   return runtime.interrupt_status(e)
 
