@@ -484,8 +484,9 @@ def load_file(config_arg: str) -> ml_collections.ConfigDict:
       raise ValueError(f'config file {path} defines no get_config()')
     # As ml_collections' --config= calls it: without an argument unless 'path:arg'.
     config = module.get_config(arg) if arg else module.get_config()
-  except ValueError:
-    raise
+  except ValueError as e:  # e.g. the shipped configs' "takes no argument": its words, named
+    raise ValueError(str(e) if str(e).startswith('config file ') else
+                     f'config file {path}: {" ".join(str(e).split())}') from e
   except Exception as e:  # pylint: disable=broad-except  (the file's own error, in one line)
     where = f', line {e.lineno}' if isinstance(e, SyntaxError) else ''
     raise ValueError(f'config file {path} did not load: {type(e).__name__}{where}: '

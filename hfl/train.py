@@ -1348,7 +1348,9 @@ def _check_metrics_log(workdir: str, ls: LoopState) -> None:
         f'{path} ends {"with no record" if last is None else f"at round {last}"}, but the '
         f'checkpoint of iteration {ls.step} was evaluated at round {ls.last_eval["round"]}: '
         "the log lost evaluations, so the run's history and summary would be wrong; nothing "
-        'was written. Restore metrics.jsonl, or use a new --workdir.')
+        'was written. Restore metrics.jsonl; or move the checkpoints newer than its last '
+        'record out of checkpoints/ (the run then resumes from an older one); or use a new '
+        '--workdir.')
 
 
 def _finished_without_checkpoint(rt: Runtime) -> dict:

@@ -305,10 +305,10 @@ def test_a_finished_run_without_checkpoints_is_reported_not_retrained(fake_data,
   assert {f: open(os.path.join(workdir, f), 'rb').read() for f in kept} == kept
 
 
-def test_a_run_resumed_with_a_changed_config_says_so_and_is_no_repeat(fake_data, tmp_path):
+def test_a_run_resumed_with_a_changed_config_says_so_and_yields_to_a_fresh_one(fake_data, tmp_path):
   """Extending a finished run records the change (summary.json's changed_on_resume); the
-  report names it and keeps a fresh run of the final config beside it (with the same
-  config.json and seed, it was left out as a repeat)."""
+  report names it. Beside a fresh run of its final config and seed it is no second sample:
+  the fresh run is kept, the extended one left out as its repeat."""
   from hfl import report  # pylint: disable=g-import-not-at-top
   from hfl.report import tables  # pylint: disable=g-import-not-at-top
   ext, fresh = str(tmp_path / 'extended'), str(tmp_path / 'fresh')
@@ -319,9 +319,11 @@ def test_a_run_resumed_with_a_changed_config_says_so_and_is_no_repeat(fake_data,
   assert 'changed_on_resume' not in train.train_and_evaluate(
       smoke_config(fake_data, **{'train.num_steps': 6}), fresh)
   frame = report.load([str(tmp_path)])
-  table = tables.build_table(frame)
-  assert len(table) == 1 and table.iloc[0]['repeats'] == []
-  assert len(table.iloc[0]['runs']) == 2
+  table = tables.build_table(frame)  # one sample of seed 0: the fresh run, as configured
+  assert len(table) == 1 and table.iloc[0]['repeats'] == [(ext, fresh)]
+  assert table.iloc[0]['workdirs'] == [fresh] and table.iloc[0]['changed'] == []
+  table = tables.build_table(report.load([ext]))  # alone: kept, and named as changed
+  assert table.iloc[0]['workdirs'] == [ext]
   assert (f'Runs resumed with a changed config (config.json holds the last; results may differ '
           f'from a fresh run of it): `{ext}` (at 2: train.num_steps: 2 -> 6).'
           in tables.to_markdown(table, frame.attrs['target']))

@@ -258,14 +258,16 @@ def build_table(frame: pd.DataFrame, label_by: Sequence[str] | None = None,
   label_by = list(label_by or ())
   groups = stats.group_ids(frame, label_by)
   pairs = stats.group_ids(frame, but=[*label_by, 'workdir']) if label_by else None  # the rest
-  # A run whose row already holds one of the same config and seed (a copy, or a rerun:
-  # hfl repeats a seed's results) is no new sample: the first stays, the rest are named.
+  # A run whose row already holds one of the same config and seed (a copy, a rerun: hfl
+  # repeats a seed's results; one resumed with changes) is no new sample: one stays (the
+  # first not changed on resume), the rest are named.
   changed = pd.Series([c if isinstance(c, str) else '' for c in frame['changed']],
                       index=frame.index)  # '' (pandas may hold None as NaN): unchanged
-  same = pd.Series([json.dumps([g, repr(i), c]) for g, i, c in zip(
-      groups, frame['seed'] if pairs is None else pairs, changed)], index=frame.index)
-  repeats = same.duplicated()
-  first = frame['workdir'].groupby(same).transform('first')
+  same = pd.Series([json.dumps([g, repr(i)]) for g, i in zip(
+      groups, frame['seed'] if pairs is None else pairs)], index=frame.index)
+  order = [*frame.index[changed == ''], *frame.index[changed != '']]  # a run as configured first
+  repeats = same[order].duplicated().reindex(frame.index)
+  first = same.map(pd.Series(frame['workdir'][~repeats].values, index=same[~repeats].values))
   copies = (pd.Series(list(zip(frame['workdir'], first)), index=frame.index)[repeats]
             .groupby(groups[repeats]).agg(list))
   frame, groups = frame[~repeats], groups[~repeats]
