@@ -271,14 +271,14 @@ def run_frame(runs: Sequence[Run], target: float | None = None) -> pd.DataFrame:
   """One row per run: ``workdir``, ``name``, ``finished``, ``seed``, ``run``
   (the :class:`Run`), the :data:`METRICS` (to ``target``, default each run's own),
   ``config`` (flattened dict) and ``changed`` (the summary's ``changed_on_resume`` as
-  text, e.g. ``'at 10: train.num_steps: 10 -> 20'``, else None)."""
+  text, e.g. ``'at 10: train.num_steps: 10 -> 20'``, else '')."""
   rows = []
   for r in runs:
     flat = flatten(r.config)
     changed = '; '.join(f'at {c.get("at_iteration")}: {", ".join(map(str, c.get("changes", [])))}'
                         for c in r.summary.get('changed_on_resume') or [] if isinstance(c, dict))
     rows.append(dict(workdir=r.workdir, name=r.name, finished=r.finished, seed=flat.get('seed'),
-                     run=r, config=flat, changed=changed or None, **run_metrics(r, target)))
+                     run=r, config=flat, changed=changed, **run_metrics(r, target)))
   columns = ['workdir', 'name', 'finished', 'seed', 'run', 'config', 'changed', *METRICS]
   return pd.DataFrame(rows, columns=columns)
 

@@ -73,6 +73,22 @@ def summarize(frame: pd.DataFrame, groups: pd.Series) -> pd.DataFrame:
   return out.astype(object).where(out.notna(), None)
 
 
+def drop_repeats(frame: pd.DataFrame, groups: pd.Series, pairs: pd.Series | None = None
+                 ) -> tuple[pd.DataFrame, pd.Series, pd.Series | None, dict]:
+  """``frame``, ``groups``, ``pairs`` without runs repeating one of their group with the same
+  config and seed (``pairs`` with ``--label-by``): a copy, a rerun or a run resumed with changes
+  adds no sample; kept: the first not changed on resume. And {group: [(left out, kept)]}."""
+  same = pd.Series([json.dumps([g, repr(i)]) for g, i in zip(
+      groups, frame['seed'] if pairs is None else pairs)], index=frame.index)
+  changed = frame['changed'].astype(bool)
+  repeats = same[[*frame.index[~changed], *frame.index[changed]]].duplicated().reindex(
+      frame.index)
+  first = same.map(pd.Series(frame['workdir'][~repeats].values, index=same[~repeats].values))
+  left = pd.Series(list(zip(frame['workdir'], first)), index=frame.index)[repeats]
+  return (frame[~repeats], groups[~repeats], None if pairs is None else pairs[~repeats],
+          left.groupby(groups[repeats]).agg(list).to_dict())
+
+
 def group_stat(summary: pd.DataFrame, group: str, metric: str) -> Stat:
   """The :class:`Stat` of ``metric`` in one row of :func:`summarize`."""
   get = lambda c: summary.at[group, c]

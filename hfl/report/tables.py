@@ -15,7 +15,6 @@ another length (:func:`compared_iterations`); a row whose own runs stopped at
 different iterations is named under the table.
 """
 
-import json
 import math
 from typing import Any, Mapping, Sequence
 
@@ -246,11 +245,11 @@ def build_table(frame: pd.DataFrame, label_by: Sequence[str] | None = None,
     ``iterations`` (:func:`compared_iterations`: set when those compare runs that
     stopped at different iterations), ``mixed_iterations`` (``'4;40'`` when the
     row's own runs did, else None), ``repeats``: the row's runs left out as
-    repeats of an earlier run of it with the same config and seed, as (workdir, the
-    run's it repeats) (a copied workdir or a rerun adds no sample: n and std would
-    be wrong), ``pooled`` ({key: its values} of the config keys the row's runs differ
-    in besides ``seed``: with ``label_by``) and ``changed``: its runs resumed with a changed config, as (workdir, the
-    changes: :func:`hfl.report.runs.run_frame`'s ``changed``).
+    repeats, as (workdir, the one it repeats) (:func:`hfl.report.stats.drop_repeats`:
+    n and std would be wrong), ``pooled`` ({key: its values} of the config keys the
+    row's runs differ in besides ``seed``: with ``label_by``) and ``changed``: its runs
+    resumed with a changed config, as (workdir, the changes: :func:`hfl.report.runs.
+    run_frame`'s ``changed``).
 
   Raises:
     ValueError: ``baseline`` is not a label.
@@ -258,24 +257,11 @@ def build_table(frame: pd.DataFrame, label_by: Sequence[str] | None = None,
   label_by = list(label_by or ())
   groups = stats.group_ids(frame, label_by)
   pairs = stats.group_ids(frame, but=[*label_by, 'workdir']) if label_by else None  # the rest
-  # A run whose row already holds one of the same config and seed (a copy, a rerun: hfl
-  # repeats a seed's results; one resumed with changes) is no new sample: one stays (the
-  # first not changed on resume), the rest are named.
-  changed = pd.Series([c if isinstance(c, str) else '' for c in frame['changed']],
-                      index=frame.index)  # '' (pandas may hold None as NaN): unchanged
-  same = pd.Series([json.dumps([g, repr(i)]) for g, i in zip(
-      groups, frame['seed'] if pairs is None else pairs)], index=frame.index)
-  order = [*frame.index[changed == ''], *frame.index[changed != '']]  # a run as configured first
-  repeats = same[order].duplicated().reindex(frame.index)
-  first = same.map(pd.Series(frame['workdir'][~repeats].values, index=same[~repeats].values))
-  copies = (pd.Series(list(zip(frame['workdir'], first)), index=frame.index)[repeats]
-            .groupby(groups[repeats]).agg(list))
-  frame, groups = frame[~repeats], groups[~repeats]
-  pairs = None if pairs is None else pairs[~repeats]
+  frame, groups, pairs, repeats = stats.drop_repeats(frame, groups, pairs)
   table = stats.summarize(frame, groups)
-  table['repeats'] = [copies.get(g, []) for g in table.index]
+  table['repeats'] = [repeats.get(g, []) for g in table.index]
   table['changed'] = [[(w, c) for w, c in zip(frame['workdir'][groups == g],
-                                              changed[~repeats][groups == g]) if c]
+                                              frame['changed'][groups == g]) if c]
                       for g in table.index]
   table['pooled'] = [  # with --label-by: the other keys a row's runs differ in, and their values
       {k: sorted({repr(c.get(k)) for c in cs}) for k in sorted(set().union(*cs))
