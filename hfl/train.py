@@ -547,7 +547,12 @@ def _only_reported(workdir: str, stop: budget_lib.Stop) -> bool:
   path = os.path.join(workdir, 'summary.json')
   if not (os.path.exists(path) and os.path.exists(os.path.join(workdir, 'config.json'))):
     return False
-  summary = read_json_object(path, _SUMMARY_ADVICE)
+  return _stopped(read_json_object(path, _SUMMARY_ADVICE), stop)
+
+
+def _stopped(summary: Mapping[str, Any], stop: budget_lib.Stop) -> bool:
+  """Whether the run of ``summary`` (its iterations and simulated time) is one ``stop``
+  has stopped."""
   step, now = summary.get('intra_dc_iterations'), summary.get('sim_time_s')
   return (metrics_lib.finite(step) and metrics_lib.finite(now)
           and stop.finished(int(step), float(now)))
@@ -1365,13 +1370,13 @@ def _finished_without_checkpoint(rt: Runtime) -> dict:
       damaged. Nothing is written.
   """
   path = os.path.join(rt.workdir, 'summary.json')
-  summary = read_json_object(path, _SUMMARY_ADVICE)
+  summary = read_json_object(path, 'no checkpoint is left to rebuild it from: restore it '
+                             'from a copy, or use a new --workdir')
   from hfl.report import runs  # pylint: disable=g-import-not-at-top  (pandas: only here)
-  step, now = summary.get('intra_dc_iterations'), summary.get('sim_time_s')
-  if (runs.summary_problem(summary, rt.s.task.metric) is None and metrics_lib.finite(step)
-      and metrics_lib.finite(now) and rt.s.loop.stop.finished(int(step), float(now))):
+  if runs.summary_problem(summary, rt.s.task.metric) is None and _stopped(summary,
+                                                                           rt.s.loop.stop):
     logging.info('%s already finished %d iterations (no checkpoint kept); nothing to do.',
-                 rt.workdir, int(step))
+                 rt.workdir, int(summary['intra_dc_iterations']))
     if metrics_lib.is_writer():
       print_results(summary)
     return summary
