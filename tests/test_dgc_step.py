@@ -205,6 +205,7 @@ def test_run_started_before_the_dgc_section_still_resumes(tmp_path):
   del old['compression']['dgc']
   with open(tmp_path / 'config.json', 'w') as f:
     json.dump(old, f)
+  (tmp_path / 'checkpoints' / '4').mkdir(parents=True)  # a run with a checkpoint: pinned
   train.check_workdir_config(str(tmp_path), c)  # same config, DGC off: accepted
   c.compression.dgc.momentum = 0.9
   with pytest.raises(ValueError, match=r'compression\.dgc\.momentum'):

@@ -305,6 +305,7 @@ def test_older_workdir_without_the_new_fields_resumes(tmp_path):
                          ('train', 'target_loss')):
     del old[section][field]
   (tmp_path / 'config.json').write_text(json.dumps(old))
+  (tmp_path / 'checkpoints' / '4').mkdir(parents=True)  # a run with a checkpoint: pinned
   assert train.check_workdir_config(str(tmp_path), c) == []
   c.optimizer.schedule = 'cosine'   # but a changed schedule is refused
   with pytest.raises(ValueError, match='optimizer.schedule'):
@@ -315,6 +316,7 @@ def test_another_spelling_of_the_data_dir_resumes(tmp_path):
   c = smoke.get_config()
   c.dataset.data_dir = '/data/fmnist'
   (tmp_path / 'config.json').write_text(c.to_json())
+  (tmp_path / 'checkpoints' / '4').mkdir(parents=True)  # a run with a checkpoint: pinned
   for same in ('/data/fmnist/', '/data//fmnist', '/data/x/../fmnist'):
     c.dataset.data_dir = same
     assert train.check_workdir_config(str(tmp_path), c) == []

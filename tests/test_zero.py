@@ -184,6 +184,7 @@ def test_older_run_without_the_field_resumes(tmp_path):
   del old['optimizer']['shard_state']
   with open(tmp_path / 'config.json', 'w') as f:
     json.dump(old, f)
+  (tmp_path / 'checkpoints' / '4').mkdir(parents=True)  # a run with a checkpoint: pinned
   assert train.check_workdir_config(str(tmp_path), c) == []
   c.optimizer.shard_state = True
   with pytest.raises(ValueError, match=r'optimizer.shard_state: False -> True'):
