@@ -301,8 +301,16 @@ def planned_times(config, net: network.NetworkModel, comps, params_shape
   up, down, wan = accounting.static_bits(comps, params_shape, w, shard_state(config))
   t_d = network.iteration_time(net, np.full(d, up * w), np.full(d, down * w))
   c_d = (network.round_comm_time(net, np.full(d, wan))
-         + network.lan_time(net, np.full(d, accounting.round_down_bits(comps, w, d))))
+         + network.lan_time(net, np.full(d, accounting.round_down_bits(
+             comps, w, d, broadcast(config)))))
   return t_d, c_d
+
+
+def broadcast(config) -> str:
+  """How the round's update reaches the workers: ``compression.broadcast``
+  (hfl.step.broadcast_leaves); 'gather' when absent (a config older than the field,
+  which ran that way: hfl.train.ADDED_SECTIONS)."""
+  return config.compression.get('broadcast', 'gather')
 
 
 def _sample_input(dataset):
@@ -393,7 +401,9 @@ ADDED_SECTIONS = {('compression', 'dgc'): dict(momentum=0.0, clip_norm=0.0, warm
                   ('sync', 'lr_scaling'): 'none', ('sync', 'prox_mu'): 0.0,
                   ('sync', 'progress_test'): 'endpoints',
                   ('sync', 'fragments'): 1, ('sync', 'overlap_steps'): 0,
-                  ('sync', 'mixing_alpha'): 0.0, ('sync', 'eager'): False}
+                  ('sync', 'mixing_alpha'): 0.0, ('sync', 'eager'): False,
+                  # Runs before issue 48 re-gathered the round's global model.
+                  ('compression', 'broadcast'): 'gather'}
 
 
 def upgrade_config(old: dict) -> dict:
@@ -800,7 +810,7 @@ def _init_fn(s: Setup) -> Callable:
     return step_lib.init_state(params, s.optimizer, s.outer, s.comps, s.num_dcs,
                                s.workers_per_dc, jax.random.fold_in(key, 1),
                                dgc_momentum=s.dgc.momentum > 0, shard_state=s.shard_state,
-                               stream=s.stream)
+                               stream=s.stream, broadcast=broadcast(s.config))
   return init
 
 

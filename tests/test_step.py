@@ -476,7 +476,7 @@ def test_non_finite_gradient_is_flagged_per_link_and_leaf():
   xs[0, 1, 2, 0, 3, 3, 0] = np.inf
   state, m = _run(mesh, fn, state, xs, ys, [[True, True]], [0.5, 0.5], [False])
   flags = m['flags']
-  assert flags.shape == (D, W, 3, len(jax.tree.leaves(params)))
+  assert flags.shape == (D, W, step_lib.NUM_LINKS, len(jax.tree.leaves(params)))
   assert np.all(flags[0] == 0)
   assert np.all(flags[1, :, 0][[0, 1, 3]] == 0) and np.any(flags[1, 2, 0] & step_lib.BAD_INPUT)
   down = np.bitwise_or.reduce(flags[1, :, 1], axis=0) & step_lib.BAD_INPUT
