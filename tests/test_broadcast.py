@@ -305,3 +305,60 @@ def test_default_config_top_k_2_percent_is_20x_fewer_intra_dc_bytes():
   assert dense / sparse_bits >= 20, dense / sparse_bits
   cfg.compression.broadcast = 'gather'
   assert dense / _intra_bytes_per_round(cfg, k) < 10
+
+
+# --------------------------------------------------------------------------------
+# Config, older runs, checkpoints.
+# --------------------------------------------------------------------------------
+
+def test_config_refuses_an_unknown_broadcast_and_lossy_broadcast_with_streaming():
+  """compression.broadcast is 'downlink' or 'gather'; Streaming DiLoCo with a lossy
+  downlink needs 'gather' (the error names the fields), a lossless one is fine."""
+  from hfl import config as config_lib  # pylint: disable=g-import-not-at-top
+  assert config_lib.BROADCASTS == step_lib.BROADCASTS
+  cfg = default_config.get_config()
+  assert cfg.compression.broadcast == 'downlink'
+  cfg.compression.broadcast = 'scatter'
+  with pytest.raises(ValueError, match="compression.broadcast='scatter' is unknown"):
+    config_lib.validate(cfg, paths=False)
+  cfg.compression.broadcast = 'downlink'
+  cfg.sync.fragments, cfg.train.num_steps = 2, 800
+  config_lib.validate(cfg, paths=False)  # identity downlink: nothing to refuse
+  cfg.compression.downlink.name = 'topk'
+  with pytest.raises(ValueError, match=r"compression.broadcast='downlink'.*"
+                     r"compression.downlink.name='topk'.*sync.fragments=2.*"
+                     r"Set compression.broadcast='gather'"):
+    config_lib.validate(cfg, paths=False)
+  cfg.compression.broadcast = 'gather'
+  config_lib.validate(cfg, paths=False)
+
+
+def test_an_older_runs_config_ran_with_the_gathered_model():
+  """A config.json from before the field (issue 48) upgrades to 'gather', how it ran."""
+  old = default_config.get_config().to_dict()
+  del old['compression']['broadcast']
+  up = train.upgrade_config(old)
+  assert up['compression']['broadcast'] == 'gather'
+  import ml_collections  # pylint: disable=g-import-not-at-top
+  assert train.broadcast(ml_collections.ConfigDict(old)) == 'gather'
+
+
+@pytest.mark.slow
+def test_lossy_broadcast_run_resumes_bitwise(fake_data, tmp_path, monkeypatch):
+  """The smoke config with top-k 20% up and down (the round's update through the
+  downlink, K = 3): a run crashed in its third round resumes to the same final
+  state (broadcast residual and reference point included) and byte counts."""
+  from tests.helpers import crash_then_resume, final_state, smoke_config  # pylint: disable=g-import-not-at-top
+  cfg = {'sync.k': 3, 'train.num_steps': 12, 'compression.uplink.name': 'topk',
+         'compression.uplink.density': 0.2, 'compression.downlink.name': 'topk',
+         'compression.downlink.density': 0.2}
+  ref_dir, cut_dir = str(tmp_path / 'ref'), str(tmp_path / 'cut')
+  ref = train.train_and_evaluate(smoke_config(fake_data, **cfg), ref_dir)
+  summary = crash_then_resume(lambda: smoke_config(fake_data, **cfg), cut_dir, monkeypatch, 8)
+  (step_a, a), (step_b, b) = final_state(ref_dir), final_state(cut_dir)
+  assert step_a == step_b == 12
+  assert jax.tree.leaves(a['bcast']) and jax.tree.leaves(a['ref'])
+  for x, y in zip(jax.tree.leaves(a), jax.tree.leaves(b)):
+    np.testing.assert_array_equal(np.asarray(x), np.asarray(y))
+  for key in ('final_test_accuracy', 'bytes', 'sim_time_s', 'inter_dc_rounds'):
+    assert summary[key] == ref[key], key
