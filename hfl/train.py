@@ -997,8 +997,9 @@ def round_diagnostics(rnd: int, actives, present, batch: int, weights, m) -> dic
 
   Returns:
     ``{'round', 'samples': [D] ints (K_d x W x B; 0 for an absent DC, whose work
-    is discarded), 'weight': [D] s_d, 'update_l2': [D] ||x_d - x_global||_2 at
-    the round's end (its pseudo-gradient), 'drift_l2': [D] ||x_d - x_global'||_2
+    is discarded), 'weight': [D] s_d, 'update_l2': [D] ||x_d - x_ref||_2 at
+    the round's end (its pseudo-gradient; x_ref = x_global unless the round's update
+    goes through a lossy downlink, hfl.step.round_reference), 'drift_l2': [D] ||x_d - x_global'||_2
     from the new global model (float32 norms), 'contribution': [D]
     s_d ||Delta_d|| / sum_e s_e ||Delta_e|| (each DC's share of the weighted
     update norms; 0s when all are 0)}``.
