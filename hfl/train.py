@@ -40,6 +40,7 @@ from hfl import metrics as metrics_lib
 from hfl import models
 from hfl import network
 from hfl import optim
+from hfl import provenance
 from hfl import step as step_lib
 from hfl import tasks
 from hfl.compress import dgc
@@ -339,6 +340,8 @@ class LoopState(NamedTuple):
       ``{'at_iteration': int, 'changes': ['train.num_steps: 10 -> 20', ...]}``
       (:func:`check_workdir_config`): the summary's ``changed_on_resume``; such a
       run's results may differ from a fresh run of its final config.
+    provenance: one :func:`hfl.provenance.collect` entry per start of the run that
+      trained (fresh or resumed), oldest first: the summary's ``provenance``.
   """
   step: int
   round: int
@@ -356,6 +359,7 @@ class LoopState(NamedTuple):
   dc_rounds: tuple[dict, ...] = ()
   wan: Mapping[str, Any] | None = None
   resumed_changes: tuple[dict, ...] = ()
+  provenance: tuple[dict, ...] = ()
 
 
 def new_loop_state(schedule: schedule_lib.Schedule, num_dcs: int) -> LoopState:
@@ -375,7 +379,7 @@ def to_host(ls: LoopState, wall_time_s: float) -> dict:
               time_to_target_s=ls.time_to_target_s, rounds_to_target=ls.rounds_to_target,
               wall_time_s=wall_time_s, last_eval=ls.last_eval, round_loss=list(ls.round_loss),
               dc_rounds=list(ls.dc_rounds), wan=ls.wan,
-              resumed_changes=list(ls.resumed_changes))
+              resumed_changes=list(ls.resumed_changes), provenance=list(ls.provenance))
 
 
 # Config fields added after runs may have started: absent from an older run's
@@ -421,7 +425,7 @@ def from_host(host: Mapping[str, Any], schedule: schedule_lib.Schedule) -> LoopS
       host['time_to_target_s'], host['rounds_to_target'], host['last_eval'],
       tuple(host['round_loss']), float(host['wall_time_s']),
       tuple(host.get('dc_rounds', ())), host.get('wan'),
-      tuple(host.get('resumed_changes', ())))
+      tuple(host.get('resumed_changes', ())), tuple(host.get('provenance', ())))
 
 
 def read_json_object(path: str, advice: str) -> dict:
@@ -1203,7 +1207,8 @@ def summarize(rt: Runtime, state, ls: LoopState) -> dict:
       step_wall_s=wall_stats(rt.timer.step_wall),
       stop=rt.s.loop.stop.to_json(), eval_history=eval_history(records),
       **wan_summary(rt.s, ls), config=json.loads(rt.s.config.to_json()),
-      **({'changed_on_resume': list(ls.resumed_changes)} if ls.resumed_changes else {}))
+      **({'changed_on_resume': list(ls.resumed_changes)} if ls.resumed_changes else {}),
+      provenance=list(ls.provenance))
 
 
 def wan_summary(s: Setup, ls: LoopState) -> dict:
@@ -1314,6 +1319,7 @@ def _train_and_evaluate(config: ml_collections.ConfigDict, workdir: str) -> dict
     if changed:
       ls = ls._replace(resumed_changes=ls.resumed_changes + (
           dict(at_iteration=ls.step, changes=list(changed)),))
+  ls = ls._replace(provenance=ls.provenance + (provenance.collect(ls.step),))
   rt.mw = metrics_lib.MetricsWriter(workdir, resume_step=ls.step)
   rt.log_at = (time.time(), ls.step, True)
   while not s.loop.stop.finished(ls.step, ls.clock.now):

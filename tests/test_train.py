@@ -9,13 +9,14 @@ import subprocess
 import sys
 
 import chex
+import jax
 import numpy as np
 import pytest
 
 from hfl import config as config_lib
 from hfl import data as data_lib
 from hfl import step as step_lib
-from hfl import network, tasks, train
+from hfl import network, provenance, tasks, train
 from hfl.compress import dgc
 from hfl.sync import schedule as schedule_lib
 from tests.helpers import crash_then_resume, final_state, smoke_config
@@ -72,6 +73,11 @@ def test_smoke_run_writes_outputs(smoke_run):
   assert (wall['round_n'], wall['local_n']) == (5, 5)
   assert 0 < wall['local_median'] < on_disk['wall_time_s']
   assert 0 < wall['round_median'] < on_disk['wall_time_s']
+  # Provenance: one start, every field present (issue 47).
+  [start] = on_disk['provenance']
+  assert set(start) == set(provenance.FIELDS) and start['at_iteration'] == 0
+  assert start['backend'] == 'cpu' and start['device_count'] == 8
+  assert start['process_count'] == 1 and start['jax'] == jax.__version__
 
 
 @pytest.mark.slow
@@ -113,6 +119,10 @@ def test_interrupted_run_resumes_bitwise(fake_data, tmp_path, monkeypatch):
     assert summary[key] == ref[key], key
   steps = [json.loads(l)['step'] for l in open(os.path.join(cut_dir, 'metrics.jsonl'))]
   assert steps == sorted(set(steps))  # each evaluation exactly once
+  # One provenance entry per start: from 0, then from the checkpoint it resumed at.
+  assert [p['at_iteration'] for p in ref['provenance']] == [0]
+  assert [p['at_iteration'] for p in summary['provenance']] == [0, 6]
+  assert all(set(p) == set(provenance.FIELDS) for p in summary['provenance'])
 
 
 @pytest.mark.slow
@@ -827,7 +837,7 @@ def _loop_state(schedule):
 
 def test_loop_state_round_trips_through_the_checkpoint_dict_and_reads_old_ones():
   schedule = schedule_lib.make_schedule('periodic', 2, 3, 3)
-  ls = _loop_state(schedule)
+  ls = _loop_state(schedule)._replace(provenance=(dict(at_iteration=0, git_commit=None),))
   assert ls.bits == dict(intra_up=68, intra_down=32, inter_dc=0)
   host = json.loads(json.dumps(train.to_host(ls, 7.5)))  # what a checkpoint holds
   assert host['bytes'] == dict(intra_up=8.5, intra_down=4, inter_dc=0)
@@ -835,10 +845,13 @@ def test_loop_state_round_trips_through_the_checkpoint_dict_and_reads_old_ones()
   assert back.wall_time_s == 7.5
   chex.assert_trees_all_equal(back._replace(wall_time_s=0.0), ls)  # clock, plan, schedule, ...
   assert back.last_eval == ls.last_eval and back.schedule == ls.schedule
-  # Checkpoints of older versions: bytes only (exact bits derived), no best_test_loss.
-  old = {k: v for k, v in host.items() if k not in ('bits', 'best_test_loss')}
+  assert back.provenance == ls.provenance
+  # Checkpoints of older versions: bytes only (exact bits derived), no best_test_loss,
+  # no provenance.
+  old = {k: v for k, v in host.items() if k not in ('bits', 'best_test_loss', 'provenance')}
   assert train.from_host(old, schedule).bits == ls.bits
   assert train.from_host(old, schedule).best_test_loss is None
+  assert train.from_host(old, schedule).provenance == ()  # older checkpoints: none recorded
 
 
 def test_record_eval_keeps_the_best_and_the_first_crossing():
