@@ -854,6 +854,42 @@ def drift_notes(t: Table) -> list[str]:
   return notes
 
 
+def commits(points: Sequence[Point]) -> tuple[dict, int]:
+  """({short commit (+ '-dirty'): finished runs trained (in part) at it}, runs without a
+  provenance record) over finished ``points``, each run counted once per commit of its
+  starts (``summary.json``'s ``provenance``, :mod:`hfl.provenance`)."""
+  seen, unknown = {}, 0
+  for p in points:
+    if p.status != 'done':
+      continue
+    entries = p.run.summary.get('provenance') or []
+    if not entries:
+      unknown += 1
+    for c in dict.fromkeys((e.get('git_commit') or 'unknown')[:7] + ('-dirty' if e.get('git_dirty')
+                                                                      else '') for e in entries):
+      seen[c] = seen.get(c, 0) + 1
+  return seen, unknown
+
+
+def commits_text(points: Sequence[Point]) -> str | None:
+  """'`abc1234` (10 runs), `def5678` (2 runs); not recorded for 5 runs (...)' over the
+  finished ``points``; None when none has finished."""
+  seen, unknown = commits(points)
+  if not seen and not unknown:
+    return None
+  parts = [f'`{c}` ({n} run{"s" if n > 1 else ""})' for c, n in seen.items()]
+  if unknown:
+    parts.append(f'not recorded for {unknown} run{"s" if unknown > 1 else ""} (trained before '
+                 'summary.json recorded its provenance)')
+  return '; '.join(parts)
+
+
+def commits_note(points: Sequence[Point]) -> str | None:
+  """A section's note naming the commits its finished runs were trained at."""
+  text_ = commits_text(points)
+  return text_ and f'- Code: the commits this section\'s finished runs were trained at: {text_}.'
+
+
 def steps_notes(t: Table) -> list[str]:
   """Finished runs with another number of intra-DC iterations than the baseline's first run."""
   base = next((p for p in t.points if p.group == t.base_gid and p.status == 'done'), None)
@@ -944,6 +980,8 @@ def section(sec: dict, by_name: dict, spec_module, published: dict, root_display
               f'{j.claim["quantity"]} — {j.verdict}.' for j in judged if j.status == status]
   for t in ts:
     notes += steps_notes(t) + drift_notes(t)
+  note = commits_note(list({p.spec.workdir: p for t in ts for p in t.points}.values()))
+  notes += [note] if note else []
   lines += ['', 'Notes:', ''] + notes
   return Section(sec['key'], '\n'.join(lines) + '\n', judged, ts)
 
@@ -953,20 +991,22 @@ def section_plots(sec: dict, by_name: dict, plot_dir: str) -> list[str]:
   spec = sec.get('plots')
   if not spec:
     return []
-  curves = []
+  panels = []  # one per table: each comparison against its own baseline
   for name in spec['tables']:
     t = by_name[name]
-    for g in t.groups:
-      runs = [p.run.metrics for p in t.points if p.group == g and p.status == 'done']
-      if runs:
-        tag = t.spec.get('tag')
-        curves.append(plots.Curves(t.labels[g] + (f', {tag}' if tag else ''), runs))
-  if not curves:
+    curves = [plots.Curves(t.labels[g], runs) for g in t.groups
+              if (runs := [p.run.metrics for p in t.points if p.group == g and p.status == 'done'])]
+    if curves:
+      base = f'vs {t.labels[t.base_gid]}' if t.base_gid is not None else ''
+      panels.append((', '.join(x for x in (t.spec.get('tag') or t.spec['name'], base) if x),
+                     curves))
+  if not panels:
     return []
   target = by_name[spec['tables'][0]].target
   axes = [plots.AXIS_BY_KEY[k] for k in spec['axes']] if spec.get('axes') else plots.AXES
-  written = plots.write_plots(curves, plot_dir, target.value, prefix=f'{sec["key"]}_',
-                              title=spec['title'], y=plots.y_axis(target.metric), axes=axes)
+  written = plots.write_plots([], plot_dir, target.value, prefix=f'{sec["key"]}_',
+                              title=spec['title'], y=plots.y_axis(target.metric), axes=axes,
+                              panels=panels)
   if spec.get('factor'):
     path = factor_plot(by_name[spec['factor']['table']], spec['factor'],
                        os.path.join(plot_dir, f'{sec["key"]}_accuracy_vs_ratio.png'))
@@ -1108,7 +1148,8 @@ RECORD_FILES = ('summary.json', 'config.json', 'metrics.jsonl')  # what the page
 def archive_runs(sections, root: str, dest: str) -> int:
   """Copies the record (:data:`RECORD_FILES`, no checkpoints) of every finished run
   of the page from ``ROOT/<path>`` to ``DEST/<path>``, so that ``--root DEST --no-run``
-  rebuilds the same page and ``hfl.sweep`` on DEST skips those runs; returns how many."""
+  rebuilds the same page and ``hfl.sweep`` on DEST skips those runs, and writes
+  ``DEST/README.md`` (:func:`archive_readme`); returns how many."""
   done = {p.spec.workdir for s in sections for t in s.tables for p in t.points
           if p.status == 'done'}
   for workdir in sorted(done):
@@ -1117,7 +1158,53 @@ def archive_runs(sections, root: str, dest: str) -> int:
     for name in RECORD_FILES:
       if os.path.isfile(os.path.join(workdir, name)):
         shutil.copy2(os.path.join(workdir, name), os.path.join(target, name))
+  with open(os.path.join(dest, 'README.md'), 'w', encoding='utf-8') as f:
+    f.write(archive_readme(dest))
   return len(done)
+
+
+def archive_readme(dest: str) -> str:
+  """The Markdown of ``DEST/README.md``: per sweep root under ``dest``, its finished runs
+  and where their provenance says they were trained (commits, dates, machines)."""
+  lines = ['# Run records behind docs/results.md', '',
+           'Generated by `python3 docs/results/make_results.py --root workdirs --out docs '
+           '--no-run --archive docs/results/runs` from the runs below; do not edit by hand.',
+           '', 'One directory per finished run, `<sweep root>/<run name>/`, holding what the '
+           'results page reads of it: ' + ', '.join(f'`{f}`' for f in RECORD_FILES) +
+           ' (no checkpoints).', '',
+           '- Rebuild the page from them without training: `python3 docs/results/make_results.py '
+           '--root docs/results/runs --out /tmp/page --no-run`',
+           '- Train only the missing runs: `cp -r docs/results/runs workdirs`, then '
+           '`python3 docs/results/make_results.py --root workdirs --out docs` (finished runs '
+           'are skipped).', '',
+           'Where each run was trained is in its `summary.json` (`provenance`: one entry per '
+           'start of the run, `hfl.provenance`); runs trained before it was recorded have none.',
+           '', '| sweep root | finished runs | commits (runs) | first start – last start (UTC) '
+           '| machines (CPU, device) |', '|---|---:|---|---|---|']
+  for sub in sorted(glob_dirs(dest)) if os.path.isdir(dest) else ():
+    name = os.path.basename(sub)
+    runs = sorted(d for d in glob_dirs(sub) if os.path.isfile(os.path.join(d, 'summary.json')))
+    if not runs:
+      continue
+    entries, points = [], []
+    for d in runs:
+      with open(os.path.join(d, 'summary.json'), encoding='utf-8') as f:
+        summary = json.load(f)
+      entries += summary.get('provenance') or []
+      points.append(Point(None, {}, 'done', runs_lib.Run(d, name, {}, summary, []), ''))
+    starts = sorted(e['started_utc'] for e in entries if e.get('started_utc'))
+    when = f'{starts[0][:16]} – {starts[-1][:16]}'.replace('T', ' ') if starts else 'not recorded'
+    machines = sorted({f'{e.get("cpu_model")}, {e.get("device_kind")} × {e.get("device_count")}'
+                       for e in entries})
+    lines.append(f'| `{name}` | {len(runs)} | {commits_text(points)} | {when} | '
+                 f'{"; ".join(machines) or "not recorded"} |')
+  return '\n'.join(lines) + '\n'
+
+
+def glob_dirs(path: str) -> list[str]:
+  """The directories directly under ``path``."""
+  return [os.path.join(path, d) for d in os.listdir(path)
+          if os.path.isdir(os.path.join(path, d))]
 
 
 def parse_args(argv: Sequence[str] | None = None) -> argparse.Namespace:
