@@ -314,6 +314,19 @@ def _sample_input(dataset):
 # The host-side loop state, and the one place that reads old workdirs.
 # ------------------------------------------------------------------------------
 
+class AtStop(NamedTuple):
+  """Where a run that stops after its last round is charged more than the loop state
+  holds: that round's overlapped transfer (Streaming DiLoCo) in full, since no
+  iteration follows to hide it (:func:`hfl.network.advance_overlapped_round`).
+
+  Attributes:
+    clock: the clock with the transfer charged in full.
+    exposed_s: the WAN exposure (:func:`account_wan`'s ``exposed_s``) with it.
+  """
+  clock: network.Clock
+  exposed_s: float
+
+
 class LoopState(NamedTuple):
   """What the host loop carries from round to round (checkpointed as JSON).
 
@@ -339,6 +352,11 @@ class LoopState(NamedTuple):
       ``{'at_iteration': int, 'changes': ['train.num_steps: 10 -> 20', ...]}``
       (:func:`check_workdir_config`): the summary's ``changed_on_resume``; such a
       run's results may differ from a fresh run of its final config.
+    at_stop: the accounting of the run if it stops after the last round
+      (:class:`AtStop`; None: the loop state's own, nothing in flight). Only the
+      summary reads it (:func:`stopped`), so a run extended past its old end goes on
+      from the same clock as a fresh run (checkpoints written before it existed
+      hold the old end's transfer charged in full).
   """
   step: int
   round: int
@@ -356,6 +374,7 @@ class LoopState(NamedTuple):
   dc_rounds: tuple[dict, ...] = ()
   wan: Mapping[str, Any] | None = None
   resumed_changes: tuple[dict, ...] = ()
+  at_stop: AtStop | None = None
 
 
 def new_loop_state(schedule: schedule_lib.Schedule, num_dcs: int) -> LoopState:
@@ -375,7 +394,10 @@ def to_host(ls: LoopState, wall_time_s: float) -> dict:
               time_to_target_s=ls.time_to_target_s, rounds_to_target=ls.rounds_to_target,
               wall_time_s=wall_time_s, last_eval=ls.last_eval, round_loss=list(ls.round_loss),
               dc_rounds=list(ls.dc_rounds), wan=ls.wan,
-              resumed_changes=list(ls.resumed_changes))
+              resumed_changes=list(ls.resumed_changes),
+              at_stop=None if ls.at_stop is None else dict(
+                  clock_s=ls.at_stop.clock.time_s.tolist(),
+                  idle_s=ls.at_stop.clock.idle_s.tolist(), exposed_s=ls.at_stop.exposed_s))
 
 
 # Config fields added after runs may have started: absent from an older run's
@@ -421,7 +443,25 @@ def from_host(host: Mapping[str, Any], schedule: schedule_lib.Schedule) -> LoopS
       host['time_to_target_s'], host['rounds_to_target'], host['last_eval'],
       tuple(host['round_loss']), float(host['wall_time_s']),
       tuple(host.get('dc_rounds', ())), host.get('wan'),
-      tuple(host.get('resumed_changes', ())))
+      tuple(host.get('resumed_changes', ())), _at_stop(host.get('at_stop')))
+
+
+def _at_stop(host: Mapping[str, Any] | None) -> AtStop | None:
+  """:class:`AtStop` of :func:`to_host`'s ``at_stop`` (None: none, or a checkpoint
+  written before it existed)."""
+  if host is None:
+    return None
+  return AtStop(network.Clock(np.asarray(host['clock_s']), np.asarray(host['idle_s'])),
+                float(host['exposed_s']))
+
+
+def stopped(ls: LoopState) -> LoopState:
+  """``ls`` as a run that stops there is charged (:class:`AtStop`): the summary's
+  clock and WAN exposure. The loop goes on from ``ls`` itself."""
+  if ls.at_stop is None:
+    return ls
+  return ls._replace(clock=ls.at_stop.clock, wan=dict(ls.wan, exposed_s=ls.at_stop.exposed_s),
+                     at_stop=None)
 
 
 def read_json_object(path: str, advice: str) -> dict:
@@ -611,20 +651,24 @@ def account_round(ls: LoopState, net: network.NetworkModel, schedule: schedule_l
     train_loss: the round's mean train loss.
     overlap_steps: τ, iterations the exchange overlaps (Streaming DiLoCo): only
       the part of it longer than τ iterations of the DC is charged
-      (:func:`hfl.network.exposed_comm_time`).
+      (:func:`hfl.network.exposed_comm_time`); all of it in ``at_stop``, the
+      accounting of a run that stops after this round.
   """
   wan_bits = m['wan_bits']
   bits = _add_bits(ls.bits, inter_dc=network.link_bits(wan_bits, present),
                    intra_down=m['round_down_bits'].sum())
   comm = (network.round_comm_time(net, wan_bits, present)
           + network.lan_time(net, m['round_down_bits']))
-  exposed = network.exposed_comm_time(
-      comm, overlap_steps * network.iteration_time(net, m['up_bits'], m['down_bits']))
-  clock = network.advance_round(ls.clock, exposed, present)
+  overlap = overlap_steps * network.iteration_time(net, m['up_bits'], m['down_bits'])
+  clock, clock_at_stop = network.advance_overlapped_round(ls.clock, comm, overlap, present)
+  at_stop = (None if not overlap_steps else
+             AtStop(clock_at_stop, account_wan(ls.wan, wan_bits, present, comm)['exposed_s']))
   plan, sched = schedule.next_round(ls.schedule, train_loss)
   return ls._replace(step=ls.step + steps, round=ls.round + 1, bits=bits, clock=clock,
                      schedule=sched, plan=plan, round_loss=ls.round_loss + (train_loss,),
-                     wan=account_wan(ls.wan, wan_bits, present, exposed))
+                     wan=account_wan(ls.wan, wan_bits, present,
+                                     network.exposed_comm_time(comm, overlap)),
+                     at_stop=at_stop)
 
 
 def account_wan(wan: Mapping[str, Any] | None, wan_bits: np.ndarray, present: np.ndarray,
@@ -964,9 +1008,9 @@ def account(rt: Runtime, ls: LoopState, pending, weights, present):
     if at < end and at % s.loop.log_every == 0:
       _log_progress(rt, ls, at, losses[-1])
   round_loss = sum(losses) / len(losses)
-  # The exchange overlaps the next τ iterations, unless none follow (the last round).
-  tau = (int(s.config.sync.get('overlap_steps', 0))
-         if s.stream is not None and end < s.loop.num_steps else 0)
+  # The exchange overlaps the next τ iterations; a run that stops after this round
+  # waits for all of it (``at_stop``: the summary's, hfl.train.stopped).
+  tau = int(s.config.sync.get('overlap_steps', 0)) if s.stream is not None else 0
   ls = account_round(ls, s.net, s.schedule, m, present, len(pending), round_loss, tau)
   diag = round_diagnostics(ls.round, [act for _, act, _ in pending], present,
                            s.workers_per_dc * s.loop.batch_size, weights, m)
@@ -1195,6 +1239,9 @@ def summarize(rt: Runtime, state, ls: LoopState) -> dict:
   else:
     ls, final = evaluate(rt, state, ls)
     records = [final]
+  # The run stops here: it waits for its last overlapped transfer (evaluations are
+  # stamped, as every round's, with the clock the run goes on with).
+  ls = stopped(ls)
   return dict(
       **tasks.summary_fields(rt.s.task, final, ls._asdict()),
       inter_dc_rounds=ls.round, intra_dc_iterations=ls.step, bytes=byte_totals(ls.bits),

@@ -841,6 +841,22 @@ def test_loop_state_round_trips_through_the_checkpoint_dict_and_reads_old_ones()
   assert train.from_host(old, schedule).best_test_loss is None
 
 
+def test_the_accounting_at_stop_round_trips_and_only_the_summary_reads_it():
+  """Issue 51, fault 1: the clock and WAN exposure of a run that stops after its last
+  round (an overlapped transfer charged whole) travel beside the loop state's own;
+  :func:`hfl.train.stopped` swaps them in for the summary."""
+  schedule = schedule_lib.make_schedule('periodic', 2, 3, 3)
+  at_stop = train.AtStop(network.Clock(np.array([3.0, 3.0]), np.array([0.0, 0.5])), 0.75)
+  ls = _loop_state(schedule)._replace(wan=dict(exposed_s=0.25, peak_bits=8, peak_dc_bits=8),
+                                      at_stop=at_stop)
+  back = train.from_host(json.loads(json.dumps(train.to_host(ls, 0.0))), schedule)
+  chex.assert_trees_all_equal(back.at_stop, at_stop)
+  end = train.stopped(back)
+  chex.assert_trees_all_equal(end.clock, at_stop.clock)
+  assert end.wan == dict(exposed_s=0.75, peak_bits=8, peak_dc_bits=8) and end.at_stop is None
+  assert train.stopped(end) is end and ls.wan['exposed_s'] == 0.25
+
+
 def test_record_eval_keeps_the_best_and_the_first_crossing():
   schedule = schedule_lib.make_schedule('periodic', 2, 3, 3)
   task = tasks.Task('classification', 'test_accuracy', True, 0.6)
