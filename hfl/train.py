@@ -384,11 +384,17 @@ def new_loop_state(schedule: schedule_lib.Schedule, num_dcs: int) -> LoopState:
                    schedule.plan(sched))
 
 
+# How ``sync.faults`` numbers rounds in checkpoints written since it counts them from 1
+# (older checkpoints lack the key: from 0; :func:`check_fault_rounds`).
+FAULT_ROUNDS_FROM = 1
+
+
 def to_host(ls: LoopState, wall_time_s: float) -> dict:
   """``ls`` as the JSON-able dict a checkpoint holds (``wall_time_s``: the run's
   wall-clock so far, seconds)."""
-  return dict(step=ls.step, round=ls.round, clock_s=ls.clock.time_s.tolist(),
-              idle_s=ls.clock.idle_s.tolist(), bytes=byte_totals(ls.bits), bits=dict(ls.bits),
+  return dict(fault_rounds_from=FAULT_ROUNDS_FROM, step=ls.step, round=ls.round,
+              clock_s=ls.clock.time_s.tolist(), idle_s=ls.clock.idle_s.tolist(),
+              bytes=byte_totals(ls.bits), bits=dict(ls.bits),
               schedule=schedule_lib.state_to_json(ls.schedule),
               best_test_accuracy=ls.best_test_accuracy, best_test_loss=ls.best_test_loss,
               time_to_target_s=ls.time_to_target_s, rounds_to_target=ls.rounds_to_target,
@@ -890,13 +896,37 @@ def _step_fn(rt: Runtime, stage: int | None, step: int) -> Callable:
 
 def restore_or_init(rt: Runtime):
   """``(state, loop_state, restored)``: the newest checkpoint that restores, or a
-  new run's state initialised directly sharded."""
+  new run's state initialised directly sharded.
+
+  Raises:
+    ValueError: :func:`check_fault_rounds`.
+  """
   restored = ckpt_lib.restore_latest(rt.mngr, ckpt_lib.abstract(rt.state_shape, rt.shardings))
   if restored is None:
     state = jax.jit(rt.init_fn, out_shardings=rt.shardings)()
     return state, new_loop_state(rt.s.schedule, rt.s.num_dcs), False
   _, state, host = restored
-  return state, from_host(host, rt.s.schedule), True
+  ls = from_host(host, rt.s.schedule)
+  if not rt.s.loop.stop.finished(ls.step, ls.clock.now):
+    check_fault_rounds(rt.s.config.sync.faults, host, rt.workdir)
+  return state, ls, True
+
+
+def check_fault_rounds(spec: str, host: Mapping[str, Any], workdir: str) -> None:
+  """Refuses to go on with a run whose ``sync.faults`` counted rounds from 0: its
+  checkpoint (``host``, :func:`to_host`) predates :data:`FAULT_ROUNDS_FROM`, so the
+  same spec would now name rounds one later (hfl.sync.faults). A finished run is
+  only reported again, so it is not checked.
+
+  Raises:
+    ValueError: naming the spec, the workdir and what to do.
+  """
+  if spec.strip() and host.get('fault_rounds_from') != FAULT_ROUNDS_FROM:
+    raise ValueError(
+        f'--workdir={workdir} holds a run started when sync.faults counted rounds from 0; '
+        f'rounds are now numbered from 1, so sync.faults={spec!r} would name rounds one '
+        'later than it did. Use a new --workdir (for the same outages, each round one '
+        'higher).')
 
 
 # ------------------------------------------------------------------------------
@@ -964,7 +994,7 @@ def run_round(rt: Runtime, state, ls: LoopState):
   kmax = int(np.max(plan.k_d))
   if s.stream is not None:  # one fragment's sync event every K / P iterations
     kmax = int(s.config.sync.k) // len(s.stream.fragments)
-  present = s.present_fn(ls.round)
+  present = s.present_fn(ls.round + 1)  # this round's number (hfl.sync.faults)
   start = None if np.all(present) else rt.jitted['round_start'](state)
   pending, weights = [], np.zeros(s.num_dcs, np.float32)
   lr_scale = (None if s.loop.lr_scaling == 'none'
@@ -1002,7 +1032,7 @@ def account(rt: Runtime, ls: LoopState, pending, weights, present):
   for at, raw, (_, act, info) in zip(range(first, end + 1), round_ms, pending):
     # ``at``: this iteration's step number (1-based).
     m = step_lib.host_metrics(info, raw, act, weights if info.do_round else None)
-    _check_finite(rt, m, at, end, ls.round)
+    _check_finite(rt, m, at, end, ls.round + 1)
     ls = account_iteration(ls, s.net, m, act)
     losses.append(float(np.dot(s.dc_weights, m['loss'])))
     if at < end and at % s.loop.log_every == 0:
@@ -1078,7 +1108,7 @@ def _diverged(rt: Runtime, step: int, rnd: int, what: str) -> FloatingPointError
 
 def _check_finite(rt: Runtime, m, at: int, step: int, rnd: int) -> None:
   """Stops the run on a non-finite train loss, gradient, payload or residual of
-  iteration ``at`` (the round ends at ``step``)."""
+  iteration ``at`` (round ``rnd``, numbered from 1, ends at ``step``)."""
   where = step_lib.first_nonfinite(m['flags'], rt.leaf_names)
   where = f'the first non-finite value is the {where}' if where else ''
   if not np.all(np.isfinite(m['loss'])):
@@ -1369,9 +1399,9 @@ def _train_and_evaluate(config: ml_collections.ConfigDict, workdir: str) -> dict
     ls = end_round(rt, state, ls, loss)
   for o in faults.unreached(config.sync.faults, s.mesh.shape[mesh_lib.DC], ls.round):
     logging.warning('sync.faults: DC %d was to be absent in round %s, but the run ended '
-                    'after %d rounds (rounds 0-%d): that outage did not (fully) happen.',
+                    'after %d rounds (rounds 1-%d): that outage did not (fully) happen.',
                     o.dc, o.first if o.first == o.last else f'{o.first}-{o.last}',
-                    ls.round, ls.round - 1)
+                    ls.round, ls.round)
   summary = summarize(rt, state, ls)
   rt.mw.close()
   rt.mngr.close()
