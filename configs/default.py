@@ -79,7 +79,7 @@ def get_config(arg: str | None = None) -> ml_collections.ConfigDict:
   c.sync.overlap_steps = 0           # τ: a fragment's exchange is merged τ iterations later
   c.sync.mixing_alpha = 0.0          # α: merge x <- α x_local + (1 - α) x_global (0 replaces)
   c.sync.eager = False               # apply the DC's own outer step until the global one arrives
-  c.sync.faults = ''                 # DC outages, 'dc:round-round,...' e.g. '1:10-12'
+  c.sync.faults = ''                 # DC outages, 'dc:round-round,...' e.g. '1:10-12' (from 1)
   # Remedies for heterogeneous DCs (issue 15; docs/semisync.md). All off by default.
   c.sync.k_min_ratio = 0.0           # semi_sync: every K_d >= ceil(ratio * max K_d) (0: off)
   c.sync.lr_scaling = 'none'         # none | inverse_k (DC lr x min K / K_d)

@@ -297,6 +297,27 @@ def exposed_comm_time(comm_s, overlap_s):
   return np.maximum(np.asarray(comm_s, np.float64) - np.asarray(overlap_s, np.float64), 0.0)
 
 
+def advance_overlapped_round(clock: Clock, comm_s: np.ndarray, overlap_s: np.ndarray,
+                             present: np.ndarray | None = None) -> tuple[Clock, Clock]:
+  """Ends a round whose communication overlaps the next iterations (Streaming DiLoCo).
+
+  Args:
+    clock: the clock after the round's iterations.
+    comm_s: float [D], each DC's communication time C_d of the round.
+    overlap_s: float [D], the compute that runs meanwhile (τ iterations of t_d).
+    present: bool [D], DCs taking part (default: all).
+
+  Returns:
+    ``(running, stopped)``: the clock the run goes on with, charged only the
+    :func:`exposed_comm_time` (:func:`advance_round`); and the clock of a run that
+    stops after this round, where no iteration follows to hide the transfer, charged
+    all of ``comm_s``. Only a summary reads ``stopped``: a run that goes on (or is
+    extended) goes on from ``running``. Equal when ``overlap_s`` is 0.
+  """
+  return (advance_round(clock, exposed_comm_time(comm_s, overlap_s), present),
+          advance_round(clock, comm_s, present))
+
+
 def event_utilisation(dc_bits: float, wan_bps: float, iterations: int, iteration_s: float,
                       compute_s: float, overlap_steps: int, latency_s: float) -> float:
   """Compute utilisation of a steady state of sync events (compute / wall).
