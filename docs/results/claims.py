@@ -110,6 +110,17 @@ HOW_TO_READ = """\
   are one row: mean ± sample std over the finished seeds, and the accuracy
   cost is also given as a **paired Δ** (ours − baseline with the same seed,
   then mean ± std over seeds, n seeds; its standard error is std / √n).
+  **Reductions, factors and relative changes** are also paired: computed for
+  each seed against the baseline run of the same seed, shown as mean ±
+  *standard error* over those seeds (no ± when they agree exactly; (n=…) when
+  fewer seeds are paired than the row has finished).
+- **Verdicts** (the published-vs-ours tables): "met" needs at least 3 seeds
+  paired with the baseline and the unfavourable end of mean ± one standard
+  error inside the published bound (mean − SE for "at least", mean + SE for
+  "at most"); with fewer seeds a row is "provisional", never met; a factor or
+  reduction whose baseline is missing, zero or infinite is "not judged", with
+  the reason. "The best row within a margin" is chosen only among rows that
+  meet the margin by the same rule.
 - **Validation loss** (language-model sections) is the mean cross-entropy on
   the validation split (the last 10% of Tiny Shakespeare) in nats per character
   (bits per character = nats / ln 2); lower is better, its Δ is in nats (ours −
@@ -351,7 +362,8 @@ _COMPRESSION = dict(
     ],
     notes=[
         'Bytes saved = 1 − (intra-DC up + down bytes) / (those of the uncompressed run), over '
-        'the whole run (means over seeds; the byte counts do not depend on the seed); both '
+        'the whole run, per seed against the uncompressed run of the same seed (top-k payloads '
+        'have a fixed size, so the counts do not depend on the seed); both '
         'runs do the same number of intra-DC iterations, so this is also the per-iteration '
         'ratio. Bytes are what the payloads (values + indices, bf16 small leaves) hold; the '
         'inter-DC (WAN) link is not compressed here and not counted in this ratio.',
@@ -446,10 +458,11 @@ _CO3 = dict(
              value='paired:final_acc', verdict='>= -0.5', show=_CO3_SHOW),
     ],
     notes=[
-        'Uplink reduction = uplink bytes of the uncompressed runs / ours (×); bits per uplink '
-        'entry = 32 × ours / uncompressed, i.e. the mean over all entries including the 1-D '
-        'leaves sent as float32 and the per-layer scales. Bytes are means over seeds (they do '
-        'not depend on the seed).',
+        'Uplink reduction = uplink bytes of the uncompressed run / ours (×) per seed, then '
+        'mean ± standard error; bits per uplink entry = 32 × the mean bytes / the '
+        'uncompressed mean, i.e. over all entries including the 1-D leaves sent as float32 '
+        'and the per-layer scales. Huffman-coded bytes depend on the seed (the code lengths '
+        'follow the gradients), so bytes are mean ± std over seeds.',
         '"≈ uncompressed accuracy" is read as a mean paired Δ ≥ −{bar} pts, the bar of the '
         'compression section; paired Δ and its standard error as there.',
         'The paper measured CIFAR-10 with DenseNet121/ResNet50V2/NASNetMobile (SGD lr 0.01, '
