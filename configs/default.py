@@ -121,8 +121,10 @@ def _compressor(name: str, **kw) -> ml_collections.ConfigDict:
   d.rank = 2                 # PowerSGD rank r
   d.threshold_variant = False  # top-k: estimate the threshold instead of exact top_k
   d.fmt = 'fp4'              # CO3 float grid: fp4 = [1,2,1] (11 levels) | fp8 = [1,5,2]
-  d.gamma = 0.9              # CO3 error-feedback memory decay: p = g + gamma * e
+  d.gamma = 0.9              # CO3 / chunked_topk error-feedback memory weight: p = g + gamma * e
   d.coder = 'huffman'        # CO3 lossless code: huffman (GenNorm-designed) | ans
   d.refit_every = 1          # CO3: re-fit the GenNorm shape every this many encodes
+  d.chunk_size = 4096        # chunked_topk (SparseLoCo): entries per chunk, top-k in each
+  d.value_bits = 2           # chunked_topk: 2 (sign + magnitude class) | 32 (float32 values)
   d.update(kw)
   return d

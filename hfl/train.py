@@ -426,7 +426,10 @@ ADDED_SECTIONS = {('compression', 'dgc'): dict(momentum=0.0, clip_norm=0.0, warm
                   ('sync', 'lr_scaling'): 'none', ('sync', 'prox_mu'): 0.0,
                   ('sync', 'progress_test'): 'endpoints',
                   ('sync', 'fragments'): 1, ('sync', 'overlap_steps'): 0,
-                  ('sync', 'mixing_alpha'): 0.0, ('sync', 'eager'): False}
+                  ('sync', 'mixing_alpha'): 0.0, ('sync', 'eager'): False,
+                  **{('compression', link, field): value
+                     for link in ('uplink', 'downlink', 'wan')
+                     for field, value in (('chunk_size', 4096), ('value_bits', 2))}}
 
 
 def upgrade_config(old: dict) -> dict:
