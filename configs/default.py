@@ -40,7 +40,7 @@ def get_config(arg: str | None = None) -> ml_collections.ConfigDict:
   c.model.name = 'cnn'               # cnn | mlp | cifar_cnn | resnet20 | transformer (text)
 
   c.optimizer = ml_collections.ConfigDict()
-  c.optimizer.name = 'momentum'      # sgd | momentum | nesterov | adam | adamw
+  c.optimizer.name = 'momentum'      # sgd | momentum | nesterov | adam | adamw | muon
   c.optimizer.learning_rate = 0.05
   c.optimizer.momentum = 0.9
   c.optimizer.weight_decay = 0.0

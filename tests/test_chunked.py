@@ -72,6 +72,10 @@ def test_chunked_topk_wire_size_is_exact():
                           jax.ShapeDtypeStruct((4096, 1024), jnp.float32))
   n, k = 1024, num_kept(4096, 0.02)
   assert base.payload_bits(shapes) == n * k * 16 + 2 * n * k + n * 32  # uint16 offsets
+  dense = chunked.chunked_topk((4096, 1024), density=1.0, chunk_size=4096)
+  shapes = jax.eval_shape(lambda v: dense.encode(v, dense.init(), None)[0],
+                          jax.ShapeDtypeStruct((4096, 1024), jnp.float32))
+  assert base.payload_bits(shapes) == 2 * 4096 * 1024 + 1024 * 32  # 2 bits + scales, no offsets
 
 
 def test_error_feedback_keeps_what_it_does_not_send_and_gamma_is_the_memory():

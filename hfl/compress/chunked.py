@@ -28,13 +28,15 @@ bfloat16 rounding of the scales); error feedback carries the rest.
 Payload (static shapes; ``wire_bits`` = their sizes x widths, exact)::
 
   {'indices': idx[n, k]            within-chunk offsets (uint8 for chunk_size <= 256,
-                                   uint16 for <= 65536, else int32),
+                                   uint16 for <= 65536, else int32; not sent at
+                                   density 1, where every entry is kept in order),
    'signs':   uint8[ceil(n k / 8)] (value_bits = 2) 1 = negative,
    'large':   uint8[ceil(n k / 8)] (value_bits = 2) 1 = magnitude above the mean,
    'scales':  bfloat16[n, 2]       (value_bits = 2) small- and large-class magnitude,
    'values':  float32[n, k]        (value_bits = 32 instead of the three above)}
 
-so ``n k (index bits + 2) + 32 n`` bits for 2-bit values.
+so ``n k (index bits + 2) + 32 n`` bits for 2-bit values (``2 n k + 32 n`` at
+density 1: a plain 2-bit quantiser with two scales per chunk).
 """
 
 from typing import NamedTuple
@@ -106,8 +108,11 @@ def chunked_topk(shape, density: float = 0.02, chunk_size: int = 4096, gamma: fl
     flat = jnp.pad(x.reshape(-1).astype(jnp.float32), (0, n * chunk - size))
     rows = flat.reshape(n, chunk)
     pos = jnp.arange(n * chunk, dtype=jnp.int32).reshape(n, chunk)
-    mag = jnp.where(pos < size, jnp.abs(rows), -1.0)  # padding: never above a real entry
-    _, off = lax.top_k(mag, k)
+    if k == chunk:  # density 1: every entry, in order (no offsets are sent)
+      off = jnp.broadcast_to(jnp.arange(chunk, dtype=jnp.int32), (n, chunk))
+    else:
+      mag = jnp.where(pos < size, jnp.abs(rows), -1.0)  # padding: never above a real entry
+      _, off = lax.top_k(mag, k)
     real = jnp.take_along_axis(pos, off, axis=1) < size
     vals = jnp.where(real, jnp.take_along_axis(rows, off, axis=1), 0.0)
     return off, vals, real
@@ -115,7 +120,7 @@ def chunked_topk(shape, density: float = 0.02, chunk_size: int = 4096, gamma: fl
   def encode(x, state, key):
     del key
     off, vals, real = select(x)
-    payload = {'indices': off.astype(idt)}
+    payload = {} if k == chunk else {'indices': off.astype(idt)}
     if value_bits == 32:
       payload['values'] = vals
       return payload, state
@@ -139,6 +144,8 @@ def chunked_topk(shape, density: float = 0.02, chunk_size: int = 4096, gamma: fl
     return jnp.where(neg, -mag, mag)
 
   def decode(payload):
+    if k == chunk:
+      return values(payload).reshape(-1)[:size].reshape(shape)
     at = (payload['indices'].astype(jnp.int32)
           + jnp.arange(n, dtype=jnp.int32)[:, None] * chunk).reshape(-1)
     flat = jnp.zeros((n * chunk,), jnp.float32).at[at].set(
