@@ -370,9 +370,9 @@ _COMPRESSION = dict(
         'Paired Δ: for every seed finished both compressed and uncompressed, final accuracy '
         'compressed − uncompressed (same seed: same initialisation and data order), then mean '
         '± sample std over those seeds (n). It removes the seed-to-seed spread that the Δ of '
-        'the seed means carries, so the "loses ≤ {bar} pts" test uses it. With n ≤ 3 this is '
-        'an estimate, not a significance test: a paired Δ within one standard error (std / '
-        '√n) of the bar is marked so.',
+        'the seed means carries, so the "loses ≤ {bar} pts" test uses it: a setting meets it '
+        'when, over at least 3 paired seeds, mean − one standard error (std / √n) is ≥ '
+        '−{bar} pts (the verdict rule of "How to read").',
         'Time to target: mean ± std over the seeds that reached it (count shown when not all '
         'did); less time = 1 − compressed mean / uncompressed mean.',
         "DGC's factors are per gradient on the uplink of flat data parallelism (ResNet/LSTM-"
@@ -463,8 +463,8 @@ _CO3 = dict(
         'uncompressed mean, i.e. over all entries including the 1-D leaves sent as float32 '
         'and the per-layer scales. Huffman-coded bytes depend on the seed (the code lengths '
         'follow the gradients), so bytes are mean ± std over seeds.',
-        '"≈ uncompressed accuracy" is read as a mean paired Δ ≥ −{bar} pts, the bar of the '
-        'compression section; paired Δ and its standard error as there.',
+        '"≈ uncompressed accuracy" is read as a paired Δ whose mean − one standard error is '
+        '≥ −{bar} pts over at least 3 seeds, the bar and rule of the compression section.',
         'The paper measured CIFAR-10 with DenseNet121/ResNet50V2/NASNetMobile (SGD lr 0.01, '
         'batch 64); ours is the default Fashion-MNIST CNN.',
         'The other CO3 sweeps (momentum 0.9, lr 0.1, the WAN link) are described in '
@@ -565,8 +565,8 @@ _STREAMING = dict(
         '"none suffices": the runs\' summaries hold null, i.e. the latency alone stalls more '
         'than 5% (data parallel pays it every iteration); a factor against such a baseline '
         'is ∞×, so the latency-0 factor is shown beside it.',
-        'The relative loss change and Δ compare the means; the paired Δ compares each seed '
-        'with the baseline\'s same seed (nats; positive = higher loss).',
+        'The Δ compares the seed means; the relative loss change and the paired Δ compare '
+        'each seed with the baseline\'s same seed (nats; positive = higher loss).',
         'The sweep (9 runs of {train.num_steps} iterations) is described in its file, with '
         'its measured cost on this machine; docs/streaming.md says where hfl differs from '
         'the paper.',

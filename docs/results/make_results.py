@@ -455,10 +455,11 @@ def prose(t: Table, gid: str, expr: str) -> str:
   if kind == 'saved':
     f = tables_lib.fmt_factor(number(t, gid, 'factor:' + metric))
     return f'{shown} fewer {words} ({f}){se}'
+  less = 'less' if any(w in words for w in ('bandwidth', 'time')) else 'fewer'
   if kind == 'factor':
-    return f'{shown} {"less" if "bandwidth" in words else "fewer"} {words}{se}'
+    return f'{shown} {less} {words}{se}'
   if kind == 'reduction':
-    return f'{shown} less {words}{se}'
+    return f'{shown} {less} {words}{se}'
   if kind == 'bits':
     return f'{fmt_number(expr, x)} bits per {words.replace(" bytes", "")} entry'
   return f'{words} {fmt_number(expr, x)}'
@@ -528,7 +529,7 @@ def baseline_problem(t: Table, expr: str) -> str | None:
   if base.mean is None:
     return f'the baseline ({label}) has no {words} (e.g. never reached the target)'
   if base.mean == 0:
-    return f'the baseline\'s ({label}) {words} is 0'
+    return f'the baseline ({label}) has 0 {words}'
   return None
 
 
@@ -591,10 +592,12 @@ def judge(claim: dict, by_name: dict, min_seeds: int = MIN_SEEDS) -> Judged:
   if not measured or (not cands and not claim.get('require')):
     return Judged(claim, None, None, None, '–', 'not measured (no finished row with a '
                   'finished baseline of the same seed)', 'not measured')
-  if not cands:  # closest to passing: the largest for a lower bound, the smallest for an upper
+  if not cands:  # closest to passing by the same rule: the unfavourable end of mean ± SE
     sign = 1 if rop in ('>=', '>') else -1
-    closest = max(measured, key=lambda r: sign * number(*r, rexpr)
-                  if number(*r, rexpr) is not None else -math.inf)
+    def end(r):
+      st = seed_stat(*r, rexpr)
+      return -math.inf if st.mean is None else sign * st.mean - (st.sem or 0.0)
+    closest = max(measured, key=end)
     return Judged(claim, None, None, False, f'none (closest: {_row_name(closest, claim)}, '
                   f'{prose(*closest, rexpr)})', f'not met: no row with {_require_text(claim)} '
                   f'by mean ± standard error over ≥ {min_seeds} seeds', 'not met')
@@ -610,7 +613,7 @@ def judge(claim: dict, by_name: dict, min_seeds: int = MIN_SEEDS) -> Judged:
   _, op, thr = _rule(claim['verdict'])
   a = assess(*row, value, op, thr, min_seeds)
   status, verdict = a.status, a.text
-  if provisional and status in ('met', 'not met'):
+  if provisional and status in ('met', 'not met'):  # (a provisional a.text says its n)
     status, verdict = 'provisional', f'{chosen}; {a.text}'
   return Judged(claim, row, x, {'met': True, 'not met': False}.get(status), ours, verdict, status)
 
@@ -781,7 +784,8 @@ def paired_list_lines(t: Table, spec: dict, bar: float, ctx: dict,
   """Per non-baseline row: its paired Δ against the bar (``spec['bar']``, default ``bar``,
   in the Δ's unit: Δ ≥ −bar when higher is better, Δ ≤ +bar for a loss) by the page's
   rule (:func:`assess`: ✓ met, ✗ not met, ? provisional), paired Δ ± std (n) and seeds."""
-  lines = ['', text(t, spec['title'], ctx) + ':', '']
+  lines = ['', text(t, spec['title'], ctx) + ' — ✓ by the verdict rule (mean ∓ one standard '
+           f'error within the bar, n ≥ {min_seeds}), ✗ not, ? fewer seeds:', '']
   metric = spec.get('metric', 'final_acc')
   unit, edge = runs_lib.METRICS[metric], -better(metric) * spec.get('bar', bar)
   op = '>=' if better(metric) > 0 else '<='

@@ -36,12 +36,14 @@ class Stat(NamedTuple):
 
 
 def stat(values: Iterable[Any]) -> Stat:
-  """The :class:`Stat` of the finite values among ``values`` (None / NaN skipped)."""
+  """The :class:`Stat` of the finite values among ``values`` (None / NaN skipped); the
+  std of equal values is exactly 0 (pandas' summation can leave ~1e-16)."""
   v = pd.to_numeric(pd.Series(list(values), dtype=object), errors='coerce').astype(float)
   v = v[np.isfinite(v)]
   if v.empty:
     return Stat(None, None, 0)
-  return Stat(float(v.mean()), float(v.std()) if len(v) > 1 else None, int(len(v)))
+  std = (0.0 if v.min() == v.max() else float(v.std())) if len(v) > 1 else None
+  return Stat(float(v.mean()), std, int(len(v)))
 
 
 def group_ids(frame: pd.DataFrame, by: Sequence[str] | None = None,
