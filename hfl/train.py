@@ -695,13 +695,11 @@ def account_wan(wan: Mapping[str, Any] | None, wan_bits: np.ndarray, present: np
     summed over rounds (the slowest present DC's); ``'peak_bits'``: the largest
     total of one round's WAN bits (:func:`hfl.network.link_bits`);
     ``'peak_dc_bits'``: the largest bits one DC's WAN link carried in one round,
-    max(egress, ingress)}``.
+    max(egress, ingress) (:func:`hfl.network.dc_link_bits`)}``.
   """
   wan = dict(wan or dict(exposed_s=0.0, peak_bits=0, peak_dc_bits=0))
   present = np.asarray(present, bool)
-  bits = np.where(present, np.asarray(wan_bits, np.int64), 0)
-  peers = max(int(present.sum()) - 1, 0)
-  dc = int(np.max(np.where(present, np.maximum(bits * peers, bits.sum() - bits), 0)))
+  dc = int(np.max(network.dc_link_bits(np.asarray(wan_bits, np.int64), present)))
   wan['exposed_s'] += float(np.max(np.where(present, exposed, 0.0)))
   wan['peak_bits'] = max(wan['peak_bits'], network.link_bits(wan_bits, present))
   wan['peak_dc_bits'] = max(wan['peak_dc_bits'], dc)
@@ -1308,7 +1306,8 @@ def wan_summary(s: Setup, ls: LoopState) -> dict:
   as busy time (the LAN is not the WAN's to hide) and τ = ``sync.overlap_steps``;
   null when no bandwidth suffices, e.g. the latency alone stalls more, or no
   round ran); ``wan_mbps_for_95pct_without_latency``: the same with the WAN
-  latency taken as 0 (the bandwidth term alone).
+  latency taken as 0 (the bandwidth term alone). :func:`hfl.bandwidth.planned_event`
+  derives both from the config alone (tests/test_bandwidth.py).
   """
   wan = ls.wan or dict(exposed_s=0.0, peak_bits=0, peak_dc_bits=0)
   compute = ls.step * float(np.max(s.net.compute_s))
