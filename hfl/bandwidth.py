@@ -69,6 +69,7 @@ STRATEGIES = {
     'diloco_topk': 'periodic K = H, top-k WAN',
     'semi_sync': 'semi_sync, K_base = H (equal DCs: every K_d = H)',
     'streaming': 'Streaming DiLoCo: H, P fragments, overlap τ, 4-bit E3M0 WAN',
+    'sparseloco': 'SparseLoCo: periodic K = H, chunked top-k (chunks of 4096) with 2-bit values',
 }
 
 
@@ -100,6 +101,10 @@ def strategy_overrides(name: str, h: int, fragments: int, overlap_steps: int,
       'streaming': dict({'sync.strategy': 'periodic', 'sync.fragments': int(fragments),
                          'sync.overlap_steps': int(overlap_steps), 'sync.mixing_alpha': 0.5,
                          'compression.wan.name': 'e3m0'}, **k),
+      'sparseloco': dict({'sync.strategy': 'periodic', 'compression.wan.name': 'chunked_topk',
+                          'compression.wan.density': float(topk_density),
+                          'compression.wan.chunk_size': 4096, 'compression.wan.value_bits': 2},
+                         **k),
   }
   if name not in table:
     raise ValueError(f'strategy {name!r} unknown; allowed: {", ".join(STRATEGIES)}')

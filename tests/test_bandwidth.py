@@ -10,6 +10,7 @@ import resource
 import subprocess
 import sys
 
+import jax
 import jax.numpy as jnp
 import ml_collections
 import numpy as np
@@ -18,7 +19,7 @@ import pytest
 from hfl import bandwidth as bw
 from hfl import network
 from hfl import train
-from hfl.compress import base
+from hfl.compress import base, sparse
 from hfl.data import text
 
 REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
@@ -114,6 +115,16 @@ def test_13b_payloads_stay_abstract():
   plans = {s: _plan(s, shapes, num_dcs=2, h=100, fragments=4, tau=1) for s in bw.STRATEGIES}
   assert resource.getrusage(resource.RUSAGE_SELF).ru_maxrss - before < 2**20  # < 1 GiB
   assert plans['diloco'].dc_bits == 32 * 12_841_057_280
+  # SparseLoCo: per matrix ceil(size / 4096) chunks of k = 82 uint16 offsets, two packed
+  # bit-planes and two bf16 scales each; vectors float32 (1 peer: dc_bits = one payload).
+  def sparse_bits(shape):
+    size = int(np.prod(shape))
+    if len(shape) < 2:
+      return 32 * size
+    chunk = min(4096, size)
+    n, k = -(-size // chunk), sparse.num_kept(chunk, 0.02)
+    return n * k * (8 if chunk <= 256 else 16) + 2 * 8 * (-(-n * k // 8)) + 32 * n
+  assert plans['sparseloco'].dc_bits == sum(sparse_bits(l.shape) for l in jax.tree.leaves(shapes))
 
 
 # ------------------------------------------------------------------------------
@@ -232,7 +243,7 @@ def test_command_names_match_the_module():
     (['--overlap_steps=25'], 'argument --overlap_steps: 25 must be < --h / --fragments = 25'),
     (['--mfu=0'], 'argument --mfu: 0 must be a finite number in (0, 1]'),
     (['--dcs=1'], 'argument --dcs: 1 must be an integer >= 2'),
-    (['--strategies=diloco,sparseloco'], "unknown strategy 'sparseloco'"),
+    (['--strategies=diloco,sparse_loco'], "unknown strategy 'sparse_loco'"),
     (['--models=hfl_lm', '--h=20', '--fragments=10', '--overlap_steps=0'],
      'argument --fragments: 10 exceeds the 8 layer units'),
     (['--png=/nonexistent/x.png'], 'argument --png:'),
