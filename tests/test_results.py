@@ -74,6 +74,8 @@ IDENTITY_SEED = ('compression.uplink.name=identity__network.lan_bandwidth_gbps='
                  '1.0__seed={s}__train.eval_every=10__train.num_steps=600')
 IDENTITY_SLOW = ('compression.uplink.name=identity__network.lan_bandwidth_gbps='
                  '0.1__train.eval_every=10__train.num_steps=600')
+IDENTITY_SLOW_SEED = ('compression.uplink.name=identity__network.lan_bandwidth_gbps='
+                      '0.1__seed={s}__train.eval_every=10__train.num_steps=600')
 TOPK = 'top-k ρ={}% up/down, bf16 small'
 # configs/sweeps/co3_paper.py (SGD) and co3_iid.py (SGD + IID, K = 1).
 SGD_OVERRIDES = dict(FIXED_OVERRIDES, **{'optimizer.name': 'sgd',
@@ -348,12 +350,17 @@ def test_sweep_points_land_in_the_expected_workdirs(root):
       [IDENTITY] + [sparse_name(d) for d in (0.02, 0.01, 0.003, 0.001)]
       + [IDENTITY_SEED.format(s=1), IDENTITY_SEED.format(s=2)]
       + [sparse_name(d, s) for d in (0.02, 0.01, 0.003) for s in (1, 2)]
-      + [IDENTITY_SLOW, sparse_name(0.02, lan=0.1)])
+      + [IDENTITY_SLOW, sparse_name(0.02, lan=0.1)]
+      + [sparse_name(0.001, s) for s in (1, 2)]
+      + [IDENTITY_SLOW_SEED.format(s=s) for s in (1, 2)]
+      + [sparse_name(0.02, s, lan=0.1) for s in (1, 2)])
   assert [p.status for p in comp.all_points] == (
       ['done'] * 4 + ['pending'] + ['done'] * 3 + ['partial', 'done', 'done', 'pending',
-                                                   'pending'] + ['done'] * 2)
-  assert [p.spec.name for p in slow.points] == [IDENTITY_SLOW, sparse_name(0.02, lan=0.1)]
-  assert len(comp.points) == 13
+                                                   'pending'] + ['done'] * 2 + ['pending'] * 6)
+  assert [p.spec.name for p in slow.points] == [IDENTITY_SLOW, sparse_name(0.02, lan=0.1)] + [
+      IDENTITY_SLOW_SEED.format(s=s) for s in (1, 2)] + [sparse_name(0.02, s, lan=0.1)
+                                                         for s in (1, 2)]
+  assert len(comp.points) == 15
   semi = by_name['semisync']
   # configs/sweeps/semisync.py: seed 0 of every strategy, then seeds 1, 2 of each.
   assert [p.spec.name for p in semi.points] == list(SEMI.values()) + [
@@ -690,15 +697,16 @@ def test_slow_lan_table(root):
   sections, by_name = _build(root)
   t = by_name['compression_100mbit']
   assert _cells(t, TOPK.format('2')) == [
-      TOPK.format('2'), '0', '89.60%', '14.0 s', '93.0%', '50.0 s', '50.00 MB']
-  assert _cells(t, 'uncompressed')[:5] == ['uncompressed', '0', '90.00%', '3.3 min', 'baseline']
+      TOPK.format('2'), '0 (1 of 3)', '89.60%', '14.0 s', '93.0%', '50.0 s', '50.00 MB']
+  assert _cells(t, 'uncompressed')[:5] == ['uncompressed', '0 (1 of 3)', '90.00%', '3.3 min',
+                                           'baseline']
   md = sections['compression'].markdown
   main_at, slow_at = md.index('**1 Gbit/s LAN**'), md.index('**100 Mbit/s LAN**')
   assert main_at < slow_at
   # Same run at 1 Gbit/s: identity trained identically, 2 % did not (the LAN only moves
   # the clock, so a difference is flagged).
   assert ('⚠ Final accuracy differs from the same run in the table above '
-          f'(network.lan_bandwidth_gbps aside): {TOPK.format("2")}, 100 Mbit/s LAN: '
+          f'(network.lan_bandwidth_gbps aside): {TOPK.format("2")}, 100 Mbit/s LAN, seed 0: '
           '−0.10 pts') in md[slow_at:]
   assert '3.3 min' not in md[main_at:slow_at]
 
@@ -713,10 +721,11 @@ def test_compression_settings_and_missing_runs(root):
   assert 'seeds 0, 1, 2 (per run)' in md and 'LAN (PS NIC) 1 Gbit/s / 100 Mbit/s' in md
   assert f'- {TOPK.format("2")}, lan_bandwidth_gbps=0.1, seed 0: `python3 main.py' in md
   assert md.index('- **Config**') < md.index('**1 Gbit/s LAN**')
-  missing = md[md.index('**Missing runs (4)**'):md.index('**100 Mbit/s LAN**')]
+  missing = md[md.index('**Missing runs (6)**'):md.index('**100 Mbit/s LAN**')]
   assert [l.split(':')[0] for l in missing.splitlines() if l.startswith('- ')] == [
       f'- {TOPK.format("0.1")}, seed 0', f'- {TOPK.format("2")}, seed 2',
-      f'- {TOPK.format("0.3")}, seed 1', f'- {TOPK.format("0.3")}, seed 2']
+      f'- {TOPK.format("0.3")}, seed 1', f'- {TOPK.format("0.3")}, seed 2',
+      f'- {TOPK.format("0.1")}, seed 1', f'- {TOPK.format("0.1")}, seed 2']
   assert (f'- {TOPK.format("2")}, seed 2: running or interrupted: step 40/600, round 10, '
           'last test accuracy 85.00%') in md
   assert ('- 1 run predates config fields added to hfl later (absent from its '
@@ -923,7 +932,7 @@ def test_page_structure_plots_and_missing_runs(root, tmp_path):
   # finished: 2 semisync, 2 x 5 semisync_budget, 1 compression, 1 + 1 CO3; and 99 LM and
   # CIFAR-10 runs, none here: 35 rows not finished (3 + 2 streaming, 3 + 2 + 3 + 2 x 5
   # CIFAR-10, 3 + 2 + 3 + 4 Shakespeare).
-  assert 'Incomplete: 35 of 183 runs have finished.' in text
+  assert 'Incomplete: 35 of 189 runs have finished.' in text
   assert text.count('| *not finished* |') == 15 + 35
   assert 'Generated 2025-01-02 03:04 UTC' in text
   assert 'python3 docs/results/make_results.py --root' in text
@@ -974,9 +983,9 @@ def test_archive_rebuilds_the_same_page_without_checkpoints(root, tmp_path):
 def test_empty_root_lists_everything_as_missing(tmp_path):
   written = results.write_results(SPEC, str(tmp_path / 'none'), str(tmp_path / 'out'), now=NOW)
   text = open(written['results.md'], encoding='utf-8').read()
-  assert 'Incomplete: 0 of 183 runs have finished.' in text
+  assert 'Incomplete: 0 of 189 runs have finished.' in text
   # Every run is listed once per table it is in: the 6 DiLoCo and streaming runs twice.
-  assert text.count(': not started (`') == 183 + 6
+  assert text.count(': not started (`') == 189 + 6
   # Rows: 5 semisync, 5 + 5 semisync_budget, 5 + 2 compression (seed groups), 5 + 5 CO3;
   # 3 + 2 streaming, 3 + 2 + 3 + 5 + 5 CIFAR-10, 3 + 2 + 3 + 4 Shakespeare.
   assert text.count('| *not finished* |') == 32 + 35
@@ -1011,12 +1020,12 @@ def _env():
 
 def test_cli_no_run_from_another_directory(tmp_path):
   """The documented command, run elsewhere: relative --root and --out are the caller's."""
-  write_published_semisync(str(tmp_path / 'workdirs'))  # 5 of 183 runs
+  write_published_semisync(str(tmp_path / 'workdirs'))  # 5 of 189 runs
   p = subprocess.run([sys.executable, SCRIPT, '--no-run', '--root', 'workdirs', '--out', 'o'],
                      cwd=tmp_path, capture_output=True, text=True, timeout=600, check=False)
   assert p.returncode == 0, p.stderr
   assert p.stdout.splitlines()[0] == os.path.join('o', 'results.md')
-  assert '178 runs not finished' in p.stderr
+  assert '184 runs not finished' in p.stderr
   text = (tmp_path / 'o' / 'results.md').read_text(encoding='utf-8')
   assert 'make_results.py --root workdirs --out o' in text
   assert '--workdir=workdirs/semisync/sync.strategy=sync__train.eval_every=40' in text
@@ -1026,7 +1035,7 @@ def test_cli_no_run_from_another_directory(tmp_path):
 
 def test_cli_runs_the_missing_sweeps_first(tmp_path, caplog, monkeypatch):
   root = str(tmp_path / 'workdirs')
-  write_published_semisync(root)  # 5 of 183 runs finished
+  write_published_semisync(root)  # 5 of 189 runs finished
   launched = []
   monkeypatch.setattr(results.sweep_lib, 'run_sweep',
                       lambda base, grid, r, **kw: launched.append(
@@ -1045,9 +1054,9 @@ def test_cli_runs_the_missing_sweeps_first(tmp_path, caplog, monkeypatch):
                                                 'shakespeare_semisync',
                                                 'shakespeare_compression', 'shakespeare_co3',
                                                 'shakespeare_diloco')]
-  # Said once, before the first launch: 178 runs are missing (seeds 1, 2 of semisync).
+  # Said once, before the first launch: 184 runs are missing (seeds 1, 2 of semisync).
   assert launched[0][1][0].startswith(
-      f'178 runs missing (semisync: 10, semisync_budget: 30, compression: 15, co3_iid: 15, co3_paper: 9, '
+      f'184 runs missing (semisync: 10, semisync_budget: 30, compression: 21, co3_iid: 15, co3_paper: 9, '
       'shakespeare_streaming: 9, cifar10_semisync: 9, cifar10_compression: 6, cifar10_co3: 9, '
       'cifar10_semisync_budget: 30, shakespeare_semisync: 9, shakespeare_compression: 6, shakespeare_co3: 9, '
       f'shakespeare_diloco: 12) under {root}: launching')
@@ -1199,7 +1208,7 @@ def test_page_reproduces_the_published_numbers(tmp_path):
       TOPK.format(0.3): ['0.3%', '0, 1, 2', '65.12 MB', '65.12 MB', '99.20% (124.3×)', '88.94',
                          '−0.44 pts', '−0.44 ± 0.24 pts (n=3)', '41.8 s ± 1.3 s', '38.1% ± 5.4%',
                          '56.8 s |'],
-      TOPK.format(0.1): ['0.1%', '0', '33.22 MB', '33.22 MB', '99.59% (243.7×)', '87.35',
+      TOPK.format(0.1): ['0.1%', '0 (1 of 3)', '33.22 MB', '33.22 MB', '99.59% (243.7×)', '87.35',
                          '−2.03 pts', '−2.57 pts (n=1)', 'never', '–', '56.6 s |'],
   }
   main = md[:md.index('**100 Mbit/s LAN**')]
@@ -1209,9 +1218,9 @@ def test_page_reproduces_the_published_numbers(tmp_path):
       row[5] = row[5].split(' ± ')[0].rstrip('%')
     assert row == cells, label
   slow = md[md.index('**100 Mbit/s LAN**'):]
-  assert _row(slow, 'uncompressed')[1:] == ['0', '89.92%', '6.0 min', 'baseline', '11.7 min',
+  assert _row(slow, 'uncompressed')[1:] == ['0 (1 of 3)', '89.92%', '6.0 min', 'baseline', '11.7 min',
                                            '16.19 GB |']
-  assert _row(slow, TOPK.format(2))[1:] == ['0', '89.41%', '42.1 s', '88.2%', '83.2 s',
+  assert _row(slow, TOPK.format(2))[1:] == ['0 (1 of 3)', '89.41%', '42.1 s', '88.2%', '83.2 s',
                                            '672.40 MB |']
   assert ('Final accuracy equals that of the same run in the table above for every run here'
           in slow)
