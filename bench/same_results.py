@@ -1,6 +1,7 @@
 """Checks that two runs computed the same thing: summary.json and metrics.jsonl equal
 field by field (floats bitwise, through their exact JSON text), wall-clock fields
-(wall_time_s, step_wall_s) left out.
+(wall_time_s, step_wall_s) and the record of where and when the run started
+(provenance: commit, versions, machine, start time) left out.
 
   python3 bench/same_results.py WORKDIR_A WORKDIR_B
 
@@ -13,16 +14,17 @@ import os
 import sys
 
 WALL_CLOCK = ('wall_time_s', 'step_wall_s')
+NOT_COMPUTED = WALL_CLOCK + ('provenance',)
 
 
 def load(workdir: str) -> dict:
-  """summary.json and metrics.jsonl of a workdir, wall-clock fields removed."""
+  """summary.json and metrics.jsonl of a workdir, the :data:`NOT_COMPUTED` fields removed."""
   with open(os.path.join(workdir, 'summary.json')) as f:
     summary = json.load(f)
   with open(os.path.join(workdir, 'metrics.jsonl')) as f:
     records = [json.loads(line) for line in f if line.strip()]
   for rec in [summary] + records:
-    for key in WALL_CLOCK:
+    for key in NOT_COMPUTED:
       rec.pop(key, None)
   return {'summary.json': summary, **{f'metrics.jsonl[{i}]': r for i, r in enumerate(records)}}
 
@@ -56,7 +58,7 @@ def main(argv):
     print('\n'.join(diff))
     return 1
   print(f'{argv[1]} and {argv[2]}: summary.json and metrics.jsonl identical apart from '
-        f'wall-clock fields ({", ".join(WALL_CLOCK)}).')
+        f'wall-clock and provenance fields ({", ".join(NOT_COMPUTED)}).')
   return 0
 
 

@@ -40,7 +40,7 @@ def get_config(arg: str | None = None) -> ml_collections.ConfigDict:
   c.model.name = 'cnn'               # cnn | mlp | cifar_cnn | resnet20 | transformer (text)
 
   c.optimizer = ml_collections.ConfigDict()
-  c.optimizer.name = 'momentum'      # sgd | momentum | nesterov | adam | adamw
+  c.optimizer.name = 'momentum'      # sgd | momentum | nesterov | adam | adamw | muon
   c.optimizer.learning_rate = 0.05
   c.optimizer.momentum = 0.9
   c.optimizer.weight_decay = 0.0
@@ -79,7 +79,7 @@ def get_config(arg: str | None = None) -> ml_collections.ConfigDict:
   c.sync.overlap_steps = 0           # τ: a fragment's exchange is merged τ iterations later
   c.sync.mixing_alpha = 0.0          # α: merge x <- α x_local + (1 - α) x_global (0 replaces)
   c.sync.eager = False               # apply the DC's own outer step until the global one arrives
-  c.sync.faults = ''                 # DC outages, 'dc:round-round,...' e.g. '1:10-12'
+  c.sync.faults = ''                 # DC outages, 'dc:round-round,...' e.g. '1:10-12' (from 1)
   # Remedies for heterogeneous DCs (issue 15; docs/semisync.md). All off by default.
   c.sync.k_min_ratio = 0.0           # semi_sync: every K_d >= ceil(ratio * max K_d) (0: off)
   c.sync.lr_scaling = 'none'         # none | inverse_k (DC lr x min K / K_d)
@@ -126,8 +126,10 @@ def _compressor(name: str, **kw) -> ml_collections.ConfigDict:
   d.rank = 2                 # PowerSGD rank r
   d.threshold_variant = False  # top-k: estimate the threshold instead of exact top_k
   d.fmt = 'fp4'              # CO3 float grid: fp4 = [1,2,1] (11 levels) | fp8 = [1,5,2]
-  d.gamma = 0.9              # CO3 error-feedback memory decay: p = g + gamma * e
+  d.gamma = 0.9              # CO3 / chunked_topk error-feedback memory weight: p = g + gamma * e
   d.coder = 'huffman'        # CO3 lossless code: huffman (GenNorm-designed) | ans
   d.refit_every = 1          # CO3: re-fit the GenNorm shape every this many encodes
+  d.chunk_size = 4096        # chunked_topk (SparseLoCo): entries per chunk, top-k in each
+  d.value_bits = 2           # chunked_topk: 2 (sign + magnitude class) | 32 (float32 values)
   d.update(kw)
   return d

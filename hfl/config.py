@@ -420,6 +420,11 @@ def validate_shard_state(config: ml_collections.ConfigDict) -> None:
   shard = config.optimizer.get('shard_state', False)
   if not isinstance(shard, bool):
     raise ValueError(f'optimizer.shard_state={shard!r} must be True or False')
+  if shard and config.optimizer.name not in optim.ELEMENTWISE:
+    raise ValueError(
+        f'optimizer.shard_state=True cannot be combined with optimizer.name='
+        f'{config.optimizer.name!r}: its update of a matrix depends on the whole matrix, so '
+        f'its state cannot be sliced across the workers; allowed: {", ".join(optim.ELEMENTWISE)}')
   g = config.compression.get('dgc')
   m = float(g.get('momentum', 0.0)) if g is not None else 0.0
   if shard and m > 0:

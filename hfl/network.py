@@ -25,7 +25,8 @@ and receives theirs. Its WAN link is full duplex at ``wan_bandwidth_mbps``, so
 
     C_d = max(egress_bits_d, ingress_bits_d) / wan_bps + H * wan_latency_s,
 
-with H = ``network.wan_latencies_per_round`` one-way latencies (default 2: one
+(max(egress, ingress): :func:`dc_link_bits`) with H =
+``network.wan_latencies_per_round`` one-way latencies (default 2: one
 message out and one back, the ideal of a combined collective). A real transport
 pays what its algorithms need; :func:`gloo_round_latencies` counts them for gloo
 over TCP (XLA:CPU's multi-process collectives, the transport of
@@ -145,13 +146,32 @@ def round_comm_time(net: NetworkModel, payload_bits: np.ndarray,
   """
   bits = np.asarray(payload_bits, dtype=np.float64)
   present = np.ones(bits.shape, bool) if present is None else np.asarray(present, bool)
-  bits = np.where(present, bits, 0.0)
-  peers = present.sum() - 1
-  egress = bits * peers
-  ingress = bits.sum() - bits
-  c = (np.maximum(egress, ingress) / net.wan_bps
+  c = (dc_link_bits(bits, present) / net.wan_bps
        + net.wan_latencies_per_round * net.wan_latency_s)
-  return np.where(present & (peers > 0), c, 0.0)
+  return np.where(present & (present.sum() > 1), c, 0.0)
+
+
+def dc_link_bits(payload_bits: np.ndarray, present: np.ndarray | None = None) -> np.ndarray:
+  """Bits each DC's full-duplex WAN link carries in one round: max(egress, ingress).
+
+  In the all-to-all exchange DC d sends its payload to each of the other present
+  DCs (egress = payload_d (D_present - 1)) and receives theirs (ingress = the sum
+  of the other present payloads). What :func:`round_comm_time` divides by the
+  bandwidth and what ``hfl.train.account_wan`` records as a run's peak.
+
+  Args:
+    payload_bits: int or float [D], bits of each DC's pseudo-gradient payload.
+    present: bool [D], DCs taking part (default: all).
+
+  Returns:
+    [D] bits, the dtype of ``payload_bits`` (int64 stays exact); 0 for absent DCs
+    and when fewer than 2 DCs are present.
+  """
+  bits = np.asarray(payload_bits)
+  present = np.ones(bits.shape, bool) if present is None else np.asarray(present, bool)
+  bits = np.where(present, bits, bits.dtype.type(0))
+  peers = max(int(present.sum()) - 1, 0)
+  return np.where(present, np.maximum(bits * peers, bits.sum() - bits), bits.dtype.type(0))
 
 
 def link_bits(payload_bits: np.ndarray, present: np.ndarray | None = None) -> int:
@@ -299,6 +319,27 @@ def exposed_comm_time(comm_s, overlap_s):
   return np.maximum(np.asarray(comm_s, np.float64) - np.asarray(overlap_s, np.float64), 0.0)
 
 
+def advance_overlapped_round(clock: Clock, comm_s: np.ndarray, overlap_s: np.ndarray,
+                             present: np.ndarray | None = None) -> tuple[Clock, Clock]:
+  """Ends a round whose communication overlaps the next iterations (Streaming DiLoCo).
+
+  Args:
+    clock: the clock after the round's iterations.
+    comm_s: float [D], each DC's communication time C_d of the round.
+    overlap_s: float [D], the compute that runs meanwhile (τ iterations of t_d).
+    present: bool [D], DCs taking part (default: all).
+
+  Returns:
+    ``(running, stopped)``: the clock the run goes on with, charged only the
+    :func:`exposed_comm_time` (:func:`advance_round`); and the clock of a run that
+    stops after this round, where no iteration follows to hide the transfer, charged
+    all of ``comm_s``. Only a summary reads ``stopped``: a run that goes on (or is
+    extended) goes on from ``running``. Equal when ``overlap_s`` is 0.
+  """
+  return (advance_round(clock, exposed_comm_time(comm_s, overlap_s), present),
+          advance_round(clock, comm_s, present))
+
+
 def event_utilisation(dc_bits: float, wan_bps: float, iterations: int, iteration_s: float,
                       compute_s: float, overlap_steps: int, latency_s: float) -> float:
   """Compute utilisation of a steady state of sync events (compute / wall).
@@ -328,22 +369,39 @@ def event_utilisation(dc_bits: float, wan_bps: float, iterations: int, iteration
 
 def wan_bandwidth_for_utilisation(dc_bits: float, iterations: int, iteration_s: float,
                                   compute_s: float, overlap_steps: int, latency_s: float,
-                                  target: float = 0.95) -> float:
+                                  target=0.95):
   """The smallest per-DC WAN bandwidth (bits/s) at which :func:`event_utilisation`
-  reaches ``target`` (the figure DiLoCo's bandwidth simulator plots; closed form).
+  reaches ``target`` (the figure DiLoCo's bandwidth simulator plots and the DiLoCo
+  scaling-law paper's appendix tabulates, Charles et al. 2025, arXiv:2503.09799;
+  closed form).
 
   U >= u* holds iff the exposed time E <= S = I c / u* - I t, i.e. iff
   C <= τ t + S, i.e. dc_bits / B <= R = τ t + S - latency_s: B = dc_bits / R.
 
+  Args:
+    dc_bits: bits a DC's WAN link carries in one event (:func:`dc_link_bits`).
+    iterations, iteration_s, compute_s, overlap_steps, latency_s: as for
+      :func:`event_utilisation` (I, t and c in seconds, τ, latency in seconds).
+    target: u*, a utilisation in (0, 1], or a sequence / array of them (one
+      bandwidth each, e.g. 0.5, 0.75, 0.9, 0.95, 0.99).
+
   Returns:
-    float bits/s; 0.0 when nothing is sent and the latency fits; ``inf`` when no
-    bandwidth suffices (S < 0: the LAN alone keeps utilisation below the target,
-    or R <= 0: the latency alone does).
+    bits/s: a float for a scalar ``target``, else float64 of ``target``'s shape;
+    0.0 when nothing is sent and the latency fits; ``inf`` when no bandwidth
+    suffices (S < 0: the LAN alone keeps utilisation below the target, or
+    R <= 0: the latency alone does).
+
+  Raises:
+    ValueError: a target outside (0, 1] (or not finite).
   """
-  slack = iterations * compute_s / target - iterations * iteration_s
-  if slack < 0:
-    return float('inf')
+  u = np.asarray(target, np.float64)
+  if not np.all((u > 0) & (u <= 1)):
+    raise ValueError(f'target={target!r}: a utilisation must lie in (0, 1].')
+  slack = iterations * compute_s / u - iterations * iteration_s
   room = overlap_steps * iteration_s + slack - latency_s
   if dc_bits <= 0:
-    return 0.0 if room >= 0 else float('inf')
-  return float(dc_bits / room) if room > 0 else float('inf')
+    need = np.where(room >= 0, 0.0, np.inf)
+  else:
+    need = np.where(room > 0, dc_bits / np.where(room > 0, room, 1.0), np.inf)
+  need = np.where(slack < 0, np.inf, need)
+  return float(need) if need.ndim == 0 else need

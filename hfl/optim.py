@@ -4,7 +4,8 @@ built with optax."""
 
 import optax
 
-OPTIMIZERS = ('sgd', 'momentum', 'nesterov', 'adam', 'adamw')
+OPTIMIZERS = ('sgd', 'momentum', 'nesterov', 'adam', 'adamw', 'muon')
+ELEMENTWISE = ('sgd', 'momentum', 'nesterov', 'adam', 'adamw')  # state can be sliced (ZeRO-1)
 SCHEDULES = ('constant', 'cosine', 'linear')
 
 
@@ -92,10 +93,17 @@ def make_optimizer(cfg, total_steps: int | None = None) -> optax.GradientTransfo
   optax —, L2 for the others), and the schedule fields of :func:`make_schedule`.
   (``shard_state`` is read by the training loop, hfl.step.ShardedOptState.)
 
-  Every optimizer built here is elementwise — an entry's update depends only on
-  that entry's gradient, parameter and state, and on step counts — so its state can
-  be sliced across a DC's workers (``optimizer.shard_state``). Keep it so, or make
-  hfl.config refuse the new one with ``shard_state``.
+  The optimizers of :data:`ELEMENTWISE` are elementwise — an entry's update depends
+  only on that entry's gradient, parameter and state, and on step counts — so their
+  state can be sliced across a DC's workers (``optimizer.shard_state``); hfl.config
+  refuses ``shard_state`` with any other.
+
+  ``muon``: ``optax.contrib.muon`` (Jordan et al. 2024, "Muon: an optimizer for hidden
+  layers"; MuLoCo, Thérien et al., arXiv:2505.23725, uses it as DiLoCo's inner
+  optimizer): the Nesterov momentum (β = ``momentum``) of each 2-D leaf
+  orthogonalised by 5 Newton-Schulz iterations, and Nesterov AdamW (β1 0.9, β2 0.999) for
+  every other leaf (biases, norms, convolution kernels), both at the scheduled
+  learning rate; ``weight_decay`` applies to both (scaled by the learning rate).
 
   Args:
     cfg: the ``optimizer`` section.
@@ -115,6 +123,11 @@ def make_optimizer(cfg, total_steps: int | None = None) -> optax.GradientTransfo
   if not wd >= 0:
     raise ValueError(f'optimizer.weight_decay={cfg.weight_decay} must be >= 0')
   lr = make_schedule(cfg, total_steps)
+  if name == 'muon':
+    if not mom > 0:
+      raise ValueError(f'optimizer.momentum={cfg.momentum} must be in (0, 1) for muon (its '
+                       'Nesterov momentum β; 0.95 in the Muon and MuLoCo papers)')
+    return optax.contrib.muon(lr, beta=mom, weight_decay=wd, adam_weight_decay=wd)
   if name == 'adamw':
     return optax.adamw(lr, weight_decay=wd)
   if name == 'adam':

@@ -40,6 +40,7 @@ from hfl import metrics as metrics_lib
 from hfl import models
 from hfl import network
 from hfl import optim
+from hfl import provenance
 from hfl import step as step_lib
 from hfl import tasks
 from hfl.compress import dgc
@@ -322,6 +323,19 @@ def _sample_input(dataset):
 # The host-side loop state, and the one place that reads old workdirs.
 # ------------------------------------------------------------------------------
 
+class AtStop(NamedTuple):
+  """Where a run that stops after its last round is charged more than the loop state
+  holds: that round's overlapped transfer (Streaming DiLoCo) in full, since no
+  iteration follows to hide it (:func:`hfl.network.advance_overlapped_round`).
+
+  Attributes:
+    clock: the clock with the transfer charged in full.
+    exposed_s: the WAN exposure (:func:`account_wan`'s ``exposed_s``) with it.
+  """
+  clock: network.Clock
+  exposed_s: float
+
+
 class LoopState(NamedTuple):
   """What the host loop carries from round to round (checkpointed as JSON).
 
@@ -347,6 +361,13 @@ class LoopState(NamedTuple):
       ``{'at_iteration': int, 'changes': ['train.num_steps: 10 -> 20', ...]}``
       (:func:`check_workdir_config`): the summary's ``changed_on_resume``; such a
       run's results may differ from a fresh run of its final config.
+    at_stop: the accounting of the run if it stops after the last round
+      (:class:`AtStop`; None: the loop state's own, nothing in flight). Only the
+      summary reads it (:func:`stopped`), so a run extended past its old end goes on
+      from the same clock as a fresh run (checkpoints written before it existed
+      hold the old end's transfer charged in full).
+    provenance: one :func:`hfl.provenance.collect` entry per start of the run that
+      trained (fresh or resumed), oldest first: the summary's ``provenance``.
   """
   step: int
   round: int
@@ -364,6 +385,8 @@ class LoopState(NamedTuple):
   dc_rounds: tuple[dict, ...] = ()
   wan: Mapping[str, Any] | None = None
   resumed_changes: tuple[dict, ...] = ()
+  at_stop: AtStop | None = None
+  provenance: tuple[dict, ...] = ()
 
 
 def new_loop_state(schedule: schedule_lib.Schedule, num_dcs: int) -> LoopState:
@@ -373,17 +396,27 @@ def new_loop_state(schedule: schedule_lib.Schedule, num_dcs: int) -> LoopState:
                    schedule.plan(sched))
 
 
+# How ``sync.faults`` numbers rounds in checkpoints written since it counts them from 1
+# (older checkpoints lack the key: from 0; :func:`check_fault_rounds`).
+FAULT_ROUNDS_FROM = 1
+
+
 def to_host(ls: LoopState, wall_time_s: float) -> dict:
   """``ls`` as the JSON-able dict a checkpoint holds (``wall_time_s``: the run's
   wall-clock so far, seconds)."""
-  return dict(step=ls.step, round=ls.round, clock_s=ls.clock.time_s.tolist(),
-              idle_s=ls.clock.idle_s.tolist(), bytes=byte_totals(ls.bits), bits=dict(ls.bits),
+  return dict(fault_rounds_from=FAULT_ROUNDS_FROM, step=ls.step, round=ls.round,
+              clock_s=ls.clock.time_s.tolist(), idle_s=ls.clock.idle_s.tolist(),
+              bytes=byte_totals(ls.bits), bits=dict(ls.bits),
               schedule=schedule_lib.state_to_json(ls.schedule),
               best_test_accuracy=ls.best_test_accuracy, best_test_loss=ls.best_test_loss,
               time_to_target_s=ls.time_to_target_s, rounds_to_target=ls.rounds_to_target,
               wall_time_s=wall_time_s, last_eval=ls.last_eval, round_loss=list(ls.round_loss),
               dc_rounds=list(ls.dc_rounds), wan=ls.wan,
-              resumed_changes=list(ls.resumed_changes))
+              resumed_changes=list(ls.resumed_changes),
+              at_stop=None if ls.at_stop is None else dict(
+                  clock_s=ls.at_stop.clock.time_s.tolist(),
+                  idle_s=ls.at_stop.clock.idle_s.tolist(), exposed_s=ls.at_stop.exposed_s),
+              provenance=list(ls.provenance))
 
 
 # Config fields added after runs may have started: absent from an older run's
@@ -402,8 +435,11 @@ ADDED_SECTIONS = {('compression', 'dgc'): dict(momentum=0.0, clip_norm=0.0, warm
                   ('sync', 'progress_test'): 'endpoints',
                   ('sync', 'fragments'): 1, ('sync', 'overlap_steps'): 0,
                   ('sync', 'mixing_alpha'): 0.0, ('sync', 'eager'): False,
-                  # Runs before issue 48 re-gathered the round's global model.
-                  ('compression', 'broadcast'): 'gather'}
+                   # Runs before issue 48 re-gathered the round's global model.
+                   ('compression', 'broadcast'): 'gather',
+                   **{('compression', link, field): value
+                      for link in ('uplink', 'downlink', 'wan')
+                      for field, value in (('chunk_size', 4096), ('value_bits', 2))}}
 
 
 def upgrade_config(old: dict) -> dict:
@@ -431,7 +467,26 @@ def from_host(host: Mapping[str, Any], schedule: schedule_lib.Schedule) -> LoopS
       host['time_to_target_s'], host['rounds_to_target'], host['last_eval'],
       tuple(host['round_loss']), float(host['wall_time_s']),
       tuple(host.get('dc_rounds', ())), host.get('wan'),
-      tuple(host.get('resumed_changes', ())))
+      tuple(host.get('resumed_changes', ())), _at_stop(host.get('at_stop')),
+      tuple(host.get('provenance', ())))
+
+
+def _at_stop(host: Mapping[str, Any] | None) -> AtStop | None:
+  """:class:`AtStop` of :func:`to_host`'s ``at_stop`` (None: none, or a checkpoint
+  written before it existed)."""
+  if host is None:
+    return None
+  return AtStop(network.Clock(np.asarray(host['clock_s']), np.asarray(host['idle_s'])),
+                float(host['exposed_s']))
+
+
+def stopped(ls: LoopState) -> LoopState:
+  """``ls`` as a run that stops there is charged (:class:`AtStop`): the summary's
+  clock and WAN exposure. The loop goes on from ``ls`` itself."""
+  if ls.at_stop is None:
+    return ls
+  return ls._replace(clock=ls.at_stop.clock, wan=dict(ls.wan, exposed_s=ls.at_stop.exposed_s),
+                     at_stop=None)
 
 
 def read_json_object(path: str, advice: str) -> dict:
@@ -621,20 +676,24 @@ def account_round(ls: LoopState, net: network.NetworkModel, schedule: schedule_l
     train_loss: the round's mean train loss.
     overlap_steps: τ, iterations the exchange overlaps (Streaming DiLoCo): only
       the part of it longer than τ iterations of the DC is charged
-      (:func:`hfl.network.exposed_comm_time`).
+      (:func:`hfl.network.exposed_comm_time`); all of it in ``at_stop``, the
+      accounting of a run that stops after this round.
   """
   wan_bits = m['wan_bits']
   bits = _add_bits(ls.bits, inter_dc=network.link_bits(wan_bits, present),
                    intra_down=m['round_down_bits'].sum())
   comm = (network.round_comm_time(net, wan_bits, present)
           + network.lan_time(net, m['round_down_bits']))
-  exposed = network.exposed_comm_time(
-      comm, overlap_steps * network.iteration_time(net, m['up_bits'], m['down_bits']))
-  clock = network.advance_round(ls.clock, exposed, present)
+  overlap = overlap_steps * network.iteration_time(net, m['up_bits'], m['down_bits'])
+  clock, clock_at_stop = network.advance_overlapped_round(ls.clock, comm, overlap, present)
+  at_stop = (None if not overlap_steps else
+             AtStop(clock_at_stop, account_wan(ls.wan, wan_bits, present, comm)['exposed_s']))
   plan, sched = schedule.next_round(ls.schedule, train_loss)
   return ls._replace(step=ls.step + steps, round=ls.round + 1, bits=bits, clock=clock,
                      schedule=sched, plan=plan, round_loss=ls.round_loss + (train_loss,),
-                     wan=account_wan(ls.wan, wan_bits, present, exposed))
+                     wan=account_wan(ls.wan, wan_bits, present,
+                                     network.exposed_comm_time(comm, overlap)),
+                     at_stop=at_stop)
 
 
 def account_wan(wan: Mapping[str, Any] | None, wan_bits: np.ndarray, present: np.ndarray,
@@ -646,13 +705,11 @@ def account_wan(wan: Mapping[str, Any] | None, wan_bits: np.ndarray, present: np
     summed over rounds (the slowest present DC's); ``'peak_bits'``: the largest
     total of one round's WAN bits (:func:`hfl.network.link_bits`);
     ``'peak_dc_bits'``: the largest bits one DC's WAN link carried in one round,
-    max(egress, ingress)}``.
+    max(egress, ingress) (:func:`hfl.network.dc_link_bits`)}``.
   """
   wan = dict(wan or dict(exposed_s=0.0, peak_bits=0, peak_dc_bits=0))
   present = np.asarray(present, bool)
-  bits = np.where(present, np.asarray(wan_bits, np.int64), 0)
-  peers = max(int(present.sum()) - 1, 0)
-  dc = int(np.max(np.where(present, np.maximum(bits * peers, bits.sum() - bits), 0)))
+  dc = int(np.max(network.dc_link_bits(np.asarray(wan_bits, np.int64), present)))
   wan['exposed_s'] += float(np.max(np.where(present, exposed, 0.0)))
   wan['peak_bits'] = max(wan['peak_bits'], network.link_bits(wan_bits, present))
   wan['peak_dc_bits'] = max(wan['peak_dc_bits'], dc)
@@ -856,13 +913,37 @@ def _step_fn(rt: Runtime, stage: int | None, step: int) -> Callable:
 
 def restore_or_init(rt: Runtime):
   """``(state, loop_state, restored)``: the newest checkpoint that restores, or a
-  new run's state initialised directly sharded."""
+  new run's state initialised directly sharded.
+
+  Raises:
+    ValueError: :func:`check_fault_rounds`.
+  """
   restored = ckpt_lib.restore_latest(rt.mngr, ckpt_lib.abstract(rt.state_shape, rt.shardings))
   if restored is None:
     state = jax.jit(rt.init_fn, out_shardings=rt.shardings)()
     return state, new_loop_state(rt.s.schedule, rt.s.num_dcs), False
   _, state, host = restored
-  return state, from_host(host, rt.s.schedule), True
+  ls = from_host(host, rt.s.schedule)
+  if not rt.s.loop.stop.finished(ls.step, ls.clock.now):
+    check_fault_rounds(rt.s.config.sync.faults, host, rt.workdir)
+  return state, ls, True
+
+
+def check_fault_rounds(spec: str, host: Mapping[str, Any], workdir: str) -> None:
+  """Refuses to go on with a run whose ``sync.faults`` counted rounds from 0: its
+  checkpoint (``host``, :func:`to_host`) predates :data:`FAULT_ROUNDS_FROM`, so the
+  same spec would now name rounds one later (hfl.sync.faults). A finished run is
+  only reported again, so it is not checked.
+
+  Raises:
+    ValueError: naming the spec, the workdir and what to do.
+  """
+  if spec.strip() and host.get('fault_rounds_from') != FAULT_ROUNDS_FROM:
+    raise ValueError(
+        f'--workdir={workdir} holds a run started when sync.faults counted rounds from 0; '
+        f'rounds are now numbered from 1, so sync.faults={spec!r} would name rounds one '
+        'later than it did. Use a new --workdir (for the same outages, each round one '
+        'higher).')
 
 
 # ------------------------------------------------------------------------------
@@ -930,7 +1011,7 @@ def run_round(rt: Runtime, state, ls: LoopState):
   kmax = int(np.max(plan.k_d))
   if s.stream is not None:  # one fragment's sync event every K / P iterations
     kmax = int(s.config.sync.k) // len(s.stream.fragments)
-  present = s.present_fn(ls.round)
+  present = s.present_fn(ls.round + 1)  # this round's number (hfl.sync.faults)
   start = None if np.all(present) else rt.jitted['round_start'](state)
   pending, weights = [], np.zeros(s.num_dcs, np.float32)
   lr_scale = (None if s.loop.lr_scaling == 'none'
@@ -968,15 +1049,15 @@ def account(rt: Runtime, ls: LoopState, pending, weights, present):
   for at, raw, (_, act, info) in zip(range(first, end + 1), round_ms, pending):
     # ``at``: this iteration's step number (1-based).
     m = step_lib.host_metrics(info, raw, act, weights if info.do_round else None)
-    _check_finite(rt, m, at, end, ls.round)
+    _check_finite(rt, m, at, end, ls.round + 1)
     ls = account_iteration(ls, s.net, m, act)
     losses.append(float(np.dot(s.dc_weights, m['loss'])))
     if at < end and at % s.loop.log_every == 0:
       _log_progress(rt, ls, at, losses[-1])
   round_loss = sum(losses) / len(losses)
-  # The exchange overlaps the next τ iterations, unless none follow (the last round).
-  tau = (int(s.config.sync.get('overlap_steps', 0))
-         if s.stream is not None and end < s.loop.num_steps else 0)
+  # The exchange overlaps the next τ iterations; a run that stops after this round
+  # waits for all of it (``at_stop``: the summary's, hfl.train.stopped).
+  tau = int(s.config.sync.get('overlap_steps', 0)) if s.stream is not None else 0
   ls = account_round(ls, s.net, s.schedule, m, present, len(pending), round_loss, tau)
   diag = round_diagnostics(ls.round, [act for _, act, _ in pending], present,
                            s.workers_per_dc * s.loop.batch_size, weights, m)
@@ -1045,7 +1126,7 @@ def _diverged(rt: Runtime, step: int, rnd: int, what: str) -> FloatingPointError
 
 def _check_finite(rt: Runtime, m, at: int, step: int, rnd: int) -> None:
   """Stops the run on a non-finite train loss, gradient, payload or residual of
-  iteration ``at`` (the round ends at ``step``)."""
+  iteration ``at`` (round ``rnd``, numbered from 1, ends at ``step``)."""
   where = step_lib.first_nonfinite(m['flags'], rt.leaf_names)
   where = f'the first non-finite value is the {where}' if where else ''
   if not np.all(np.isfinite(m['loss'])):
@@ -1206,6 +1287,9 @@ def summarize(rt: Runtime, state, ls: LoopState) -> dict:
   else:
     ls, final = evaluate(rt, state, ls)
     records = [final]
+  # The run stops here: it waits for its last overlapped transfer (evaluations are
+  # stamped, as every round's, with the clock the run goes on with).
+  ls = stopped(ls)
   return dict(
       **tasks.summary_fields(rt.s.task, final, ls._asdict()),
       inter_dc_rounds=ls.round, intra_dc_iterations=ls.step, bytes=byte_totals(ls.bits),
@@ -1214,7 +1298,8 @@ def summarize(rt: Runtime, state, ls: LoopState) -> dict:
       step_wall_s=wall_stats(rt.timer.step_wall),
       stop=rt.s.loop.stop.to_json(), eval_history=eval_history(records),
       **wan_summary(rt.s, ls), config=json.loads(rt.s.config.to_json()),
-      **({'changed_on_resume': list(ls.resumed_changes)} if ls.resumed_changes else {}))
+      **({'changed_on_resume': list(ls.resumed_changes)} if ls.resumed_changes else {}),
+      provenance=list(ls.provenance))
 
 
 def wan_summary(s: Setup, ls: LoopState) -> dict:
@@ -1232,7 +1317,8 @@ def wan_summary(s: Setup, ls: LoopState) -> dict:
   as busy time (the LAN is not the WAN's to hide) and τ = ``sync.overlap_steps``;
   null when no bandwidth suffices, e.g. the latency alone stalls more, or no
   round ran); ``wan_mbps_for_95pct_without_latency``: the same with the WAN
-  latency taken as 0 (the bandwidth term alone).
+  latency taken as 0 (the bandwidth term alone). :func:`hfl.bandwidth.planned_event`
+  derives both from the config alone (tests/test_bandwidth.py).
   """
   wan = ls.wan or dict(exposed_s=0.0, peak_bits=0, peak_dc_bits=0)
   compute = ls.step * float(np.max(s.net.compute_s))
@@ -1325,6 +1411,7 @@ def _train_and_evaluate(config: ml_collections.ConfigDict, workdir: str) -> dict
     if changed:
       ls = ls._replace(resumed_changes=ls.resumed_changes + (
           dict(at_iteration=ls.step, changes=list(changed)),))
+  ls = ls._replace(provenance=ls.provenance + (provenance.collect(ls.step),))
   rt.mw = metrics_lib.MetricsWriter(workdir, resume_step=ls.step)
   rt.log_at = (time.time(), ls.step, True)
   while not s.loop.stop.finished(ls.step, ls.clock.now):
@@ -1333,9 +1420,9 @@ def _train_and_evaluate(config: ml_collections.ConfigDict, workdir: str) -> dict
     ls = end_round(rt, state, ls, loss)
   for o in faults.unreached(config.sync.faults, s.mesh.shape[mesh_lib.DC], ls.round):
     logging.warning('sync.faults: DC %d was to be absent in round %s, but the run ended '
-                    'after %d rounds (rounds 0-%d): that outage did not (fully) happen.',
+                    'after %d rounds (rounds 1-%d): that outage did not (fully) happen.',
                     o.dc, o.first if o.first == o.last else f'{o.first}-{o.last}',
-                    ls.round, ls.round - 1)
+                    ls.round, ls.round)
   summary = summarize(rt, state, ls)
   rt.mw.close()
   rt.mngr.close()

@@ -74,7 +74,7 @@ def test_max_iterations_bounds_the_hand_computed_runs():
   assert budget.max_iterations(1.0, 0.0, 0.0, 4) is None         # free iterations: no bound
 
 
-@pytest.mark.parametrize('faults,bound', [('', 6), ('1:0-0', 7)])
+@pytest.mark.parametrize('faults,bound', [('', 6), ('1:1-1', 7)])
 def test_a_warmup_the_budget_cannot_finish_is_refused_by_validate(tmp_path, faults, bound):
   """configs/smoke.py (t = 0.05 + 2e-4 s, C >= 2 x 0.02 s, K = 2) under 0.3 s, payloads
   not counted: at most floor(0.3 / (t + C / 2)) + 2 = 6 iterations; 7 with faults

@@ -131,6 +131,8 @@ def read_outputs(workdir: str):
     r.pop('wall_time_s', None)
   summary.pop('config')
   summary.pop('step_wall_s')  # measured wall-clock
+  # One entry per start: its time and process count differ by construction.
+  assert len(summary.pop('provenance')) >= 1
   return summary, records
 
 

@@ -196,3 +196,24 @@ def test_same_results_names_a_workdir_it_cannot_read(tmp_path, capsys):
   assert capsys.readouterr().err.startswith('error: cannot read a finished run: ')
   (tmp_path / 'a' / 'summary.json').write_text('{"x": ')
   assert same_results.main(['same_results.py', str(tmp_path / 'a'), str(tmp_path / 'a')]) == 2
+
+
+def test_provenance_names_the_checkout_and_degrades_outside_one(tmp_path, monkeypatch):
+  """Issue 47: every start records the commit, versions and machine; outside a git
+  checkout (or without git) the git fields are None and nothing raises."""
+  import subprocess  # pylint: disable=g-import-not-at-top
+  from hfl import provenance  # pylint: disable=g-import-not-at-top
+  entry = provenance.collect(5)
+  assert set(entry) == set(provenance.FIELDS) and entry['at_iteration'] == 5
+  head = subprocess.run(['git', '-C', provenance._REPO, 'rev-parse', 'HEAD'],
+                        capture_output=True, text=True)
+  if head.returncode == 0:  # a checkout (CI's fresh clone is one)
+    assert entry['git_commit'] == head.stdout.strip() and isinstance(entry['git_dirty'], bool)
+  monkeypatch.setattr(provenance, '_REPO', str(tmp_path))  # no checkout here
+  provenance._static.cache_clear()
+  try:
+    outside = provenance.collect()
+    assert outside['git_commit'] is None and outside['git_dirty'] is None
+    assert outside['device_count'] >= 1 and outside['python'].count('.') == 2
+  finally:
+    provenance._static.cache_clear()

@@ -12,7 +12,7 @@ from jax.sharding import NamedSharding, PartitionSpec as P
 
 from configs import default as default_config
 from hfl import accounting, collectives, mesh as mesh_lib, models, optim, step as step_lib, train
-from hfl.compress import base, co3, dgc, lowrank, policy, quantize, sparse
+from hfl.compress import base, chunked, co3, dgc, lowrank, policy, quantize, sparse
 from tests.helpers import B, D, W, step_batches as _batches, host_metrics as _host
 from tests.helpers import put as _put, run_steps as _run
 
@@ -425,7 +425,7 @@ def test_dgc_step_every_collective_is_counted():
     assert_every_collective_counted(fn, text, mesh, m, do_round)
 
 
-@pytest.mark.parametrize('name', ['topk', 'bf16', 'qsgd', 'powersgd'])
+@pytest.mark.parametrize('name', ['topk', 'bf16', 'qsgd', 'powersgd', 'chunked_topk'])
 def test_compressed_wan_bytes_equal_hlo_collectives(name):
   """All leaves' WAN payloads cross 'dc' in one fused all-gather of bytes
   (hfl.collectives), and each of the DC's W workers sends 1/W of it (padded to a
@@ -434,7 +434,8 @@ def test_compressed_wan_bytes_equal_hlo_collectives(name):
   as the round's downlink."""
   wan = {'topk': lambda s: sparse.topk(s, 0.05), 'bf16': lambda s: base.cast(s, jnp.bfloat16),
          'qsgd': lambda s: quantize.qsgd(s, levels=16),
-         'powersgd': lambda s: lowrank.powersgd(s, rank=2)}
+         'powersgd': lambda s: lowrank.powersgd(s, rank=2),
+         'chunked_topk': lambda s: chunked.chunked_topk(s, 0.05, chunk_size=64)}
   mesh, params, apply_fn, state, fn = _setup(comp_wan=wan[name])
   text, m, state = _lowered(fn, mesh, state, True)
   assert_every_collective_counted(fn, text, mesh, m, True)
@@ -450,6 +451,14 @@ def test_compressed_wan_bytes_equal_hlo_collectives(name):
     assert counted == sum(n * size for n, size in arrays)
     padded = -(-counted // W) * W  # one buffer of bytes
     assert W * sum(b for _, b, _ in ops) == padded
+  if name == 'chunked_topk':  # per leaf: n chunks x k offsets, 2 packed bit-planes, bf16 scales
+    def leaf_bytes(size):
+      chunk = min(64, size)
+      n, k = -(-size // chunk), sparse.num_kept(chunk, 0.05)
+      return n * k + 2 * (-(-n * k // 8)) + 2 * 2 * n  # uint8 offsets (chunk <= 256)
+    counted = int(m['wan_bits'][0]) // 8
+    assert counted == sum(leaf_bytes(l.size) for l in leaves)
+    assert W * sum(b for _, b, _ in ops) == -(-counted // W) * W
 
 
 def test_co3_as_wan_compressor_of_the_pseudo_gradient():

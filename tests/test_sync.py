@@ -413,18 +413,19 @@ def test_fednova_equal_k_is_fedavg_and_errors():
 # faults
 
 
-def test_faults_unreached_are_those_ending_at_or_after_the_run():
+def test_faults_unreached_are_those_ending_after_the_run():
+  # Rounds are numbered from 1 (issue 51, fault 3): a run of n rounds did rounds 1..n.
   spec = '0:1-2,1:3-5,0:7,1:9'
-  assert faults.unreached(spec, 2, 10) == ()
+  assert faults.unreached(spec, 2, 9) == ()
   assert faults.unreached(spec, 2, 8) == (faults.Outage(1, 9, 9),)
-  assert faults.unreached(spec, 2, 5) == (faults.Outage(1, 3, 5), faults.Outage(0, 7, 7),
+  assert faults.unreached(spec, 2, 4) == (faults.Outage(1, 3, 5), faults.Outage(0, 7, 7),
                                           faults.Outage(1, 9, 9))
   assert faults.unreached('', 2, 0) == ()
 
 
 def test_faults_parse_and_present():
   present = faults.make_present_fn('1:10-12, 2:5', 3)
-  assert present(0).tolist() == [True, True, True]
+  assert present(1).tolist() == [True, True, True]
   assert present(5).tolist() == [True, True, False]
   for r in (10, 11, 12):
     assert present(r).tolist() == [True, False, True]
@@ -434,10 +435,12 @@ def test_faults_parse_and_present():
   assert faults.parse_faults('0:3', 2) == (faults.Outage(0, 3, 3),)
   # Overlapping entries: union.
   present = faults.make_present_fn('0:1-4,0:3-6,1:8', 2)
-  assert [bool(present(r)[0]) for r in range(8)] == [
-      True, False, False, False, False, False, False, True]
-  with pytest.raises(ValueError):
-    present(-1)
+  assert [bool(present(r)[0]) for r in range(1, 8)] == [
+      False, False, False, False, False, False, True]
+  # Rounds are numbered from 1 (issue 51, fault 3): there is no round 0.
+  for bad in (0, -1):
+    with pytest.raises(ValueError, match='numbered from 1'):
+      present(bad)
 
 
 @pytest.mark.parametrize('spec, num_dcs, match', [
@@ -452,7 +455,10 @@ def test_faults_parse_and_present():
     ('1:5-3', 2, 'reversed'),
     ('0:3', 1, 'every DC'),
     ('0:1-5,1:5-9', 2, 'round 5'),
-    ('0:1-5,1:7-9,2:0-20', 3, None),  # no round with all absent: fine
+    ('0:1-5,1:7-9,2:1-20', 3, None),  # no round with all absent: fine
+    # Rounds are numbered from 1 (issue 51, fault 3): round 0 is a 0-based config.
+    ('1:0', 2, 'round 0'),
+    ('1:0-3', 2, 'numbered from 1'),
 ])
 def test_faults_errors(spec, num_dcs, match):
   if match is None:
@@ -468,7 +474,7 @@ def test_end_to_end_round_with_absent_dc():
   rng = np.random.default_rng(7)
   x_prev = jnp.asarray(rng.standard_normal(6), jnp.float32)
   x_d = jnp.asarray(rng.standard_normal((3, 6)), jnp.float32)
-  present = faults.make_present_fn('1:0', 3)(0)
+  present = faults.make_present_fn('1:1', 3)(1)
   p = aggregation.fedavg_weights(jnp.array([1, 1, 2]), present)
   delta = aggregation.weighted_sum(x_prev[None] - x_d, p)
   tx = outer.make_outer('avg')

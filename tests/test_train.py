@@ -9,13 +9,14 @@ import subprocess
 import sys
 
 import chex
+import jax
 import numpy as np
 import pytest
 
 from hfl import config as config_lib
 from hfl import data as data_lib
 from hfl import step as step_lib
-from hfl import network, tasks, train
+from hfl import network, provenance, tasks, train
 from hfl.compress import dgc
 from hfl.sync import schedule as schedule_lib
 from tests.helpers import crash_then_resume, final_state, smoke_config
@@ -72,6 +73,11 @@ def test_smoke_run_writes_outputs(smoke_run):
   assert (wall['round_n'], wall['local_n']) == (5, 5)
   assert 0 < wall['local_median'] < on_disk['wall_time_s']
   assert 0 < wall['round_median'] < on_disk['wall_time_s']
+  # Provenance: one start, every field present (issue 47).
+  [start] = on_disk['provenance']
+  assert set(start) == set(provenance.FIELDS) and start['at_iteration'] == 0
+  assert start['backend'] == 'cpu' and start['device_count'] == 8
+  assert start['process_count'] == 1 and start['jax'] == jax.__version__
 
 
 @pytest.mark.slow
@@ -113,6 +119,10 @@ def test_interrupted_run_resumes_bitwise(fake_data, tmp_path, monkeypatch):
     assert summary[key] == ref[key], key
   steps = [json.loads(l)['step'] for l in open(os.path.join(cut_dir, 'metrics.jsonl'))]
   assert steps == sorted(set(steps))  # each evaluation exactly once
+  # One provenance entry per start: from 0, then from the checkpoint it resumed at.
+  assert [p['at_iteration'] for p in ref['provenance']] == [0]
+  assert [p['at_iteration'] for p in summary['provenance']] == [0, 6]
+  assert all(set(p) == set(provenance.FIELDS) for p in summary['provenance'])
 
 
 @pytest.mark.slow
@@ -655,11 +665,12 @@ def test_semi_sync_with_equal_speeds_equals_periodic(fake_data, tmp_path):
 @pytest.mark.slow
 def test_dc_outage_leaves_the_other_training_and_the_run_finishing(fake_data, tmp_path,
                                                                     caplog):
-  # DC 0's outage in round 20 lies beyond the run's 4 rounds: it is warned about.
+  # DC 0's outage in round 20 lies beyond the run's 4 rounds (numbered 1-4): it is
+  # warned about.
   cfg = {'train.num_steps': 8, 'sync.faults': '1:1-2,0:20', 'train.checkpoint_every': 0}
   summary = train.train_and_evaluate(smoke_config(fake_data, **cfg), str(tmp_path / 'f'))
   assert ('sync.faults: DC 0 was to be absent in round 20, but the run ended after 4 '
-          'rounds (rounds 0-3)') in caplog.text
+          'rounds (rounds 1-4)') in caplog.text
   assert 'DC 1 was to be absent' not in caplog.text
   full = train.train_and_evaluate(
       smoke_config(fake_data, **dict(cfg, **{'sync.faults': ''})), str(tmp_path / 'n'))
@@ -667,6 +678,26 @@ def test_dc_outage_leaves_the_other_training_and_the_run_finishing(fake_data, tm
   # With 2 DCs, a round with one DC absent has no peer to exchange with: no WAN bytes.
   assert summary['bytes']['inter_dc'] == full['bytes']['inter_dc'] / 2
   assert summary['final_test_accuracy'] > 0.3
+
+
+@pytest.mark.slow
+def test_an_outage_shows_under_the_round_it_was_configured_for(fake_data, tmp_path):
+  """Issue 51, fault 3: sync.faults='1:2' counted rounds from 0, metrics.jsonl from 1, so
+  the outage showed as round 3. Rounds are numbered from 1 everywhere: DC 1 misses
+  round 2, the second, and the metrics show it there (no samples, weight 0, nothing on
+  the WAN), with the round count the record of that round carries."""
+  cfg = {'train.num_steps': 6, 'sync.faults': '1:2', 'train.checkpoint_every': 0}
+  train.train_and_evaluate(smoke_config(fake_data, **cfg), str(tmp_path / 'f'))
+  records = [json.loads(l) for l in open(tmp_path / 'f' / 'metrics.jsonl')]
+  assert [r['round'] for r in records] == [1, 2, 3]
+  rounds = {d['round']: d for r in records for d in r['dc_rounds']}
+  assert sorted(rounds) == [1, 2, 3]
+  absent = sorted(n for n, d in rounds.items() if d['samples'][1] == 0)
+  assert absent == [2]
+  assert rounds[2]['weight'][1] == 0 and rounds[2]['samples'][0] > 0
+  assert [r['round'] for r in records if r['dc_rounds'][0]['samples'][1] == 0] == [2]
+  inter = [r['bytes']['inter_dc'] for r in records]
+  assert inter[1] == inter[0] > 0 and inter[2] == 2 * inter[0]  # round 2 sent nothing
 
 
 @pytest.mark.slow
@@ -771,7 +802,7 @@ def test_non_finite_payload_stops_the_run_naming_leaf_and_link(fake_data, tmp_pa
 @pytest.mark.slow
 def test_dc_outage_discards_the_absent_dcs_round(fake_data, tmp_path):
   """Issue 12, fault 7: smoke config, momentum, top-k uplink, K = 4, 4 steps, DC 1
-  absent in round 0. DC 1's optimizer state, residuals and compressor states are
+  absent in the first round (round 1). DC 1's optimizer state, residuals and compressor states are
   back at their start-of-round values (the initial zeros; they held max |momentum|
   0.67 and max |residual| 0.29), while DC 0's equal those of the same run without
   the outage (its own round does not depend on DC 1), and the global model is DC
@@ -779,7 +810,7 @@ def test_dc_outage_discards_the_absent_dcs_round(fake_data, tmp_path):
   import jax  # pylint: disable=g-import-not-at-top
   cfg = {'optimizer.name': 'momentum', 'compression.uplink.name': 'topk', 'sync.k': 4,
          'train.num_steps': 4, 'train.checkpoint_every': 0}
-  train.train_and_evaluate(smoke_config(fake_data, **cfg, **{'sync.faults': '1:0'}),
+  train.train_and_evaluate(smoke_config(fake_data, **cfg, **{'sync.faults': '1:1'}),
                            str(tmp_path / 'f'))
   train.train_and_evaluate(smoke_config(fake_data, **cfg), str(tmp_path / 'n'))
   _, got = final_state(str(tmp_path / 'f'))
@@ -827,7 +858,7 @@ def _loop_state(schedule):
 
 def test_loop_state_round_trips_through_the_checkpoint_dict_and_reads_old_ones():
   schedule = schedule_lib.make_schedule('periodic', 2, 3, 3)
-  ls = _loop_state(schedule)
+  ls = _loop_state(schedule)._replace(provenance=(dict(at_iteration=0, git_commit=None),))
   assert ls.bits == dict(intra_up=68, intra_down=32, inter_dc=0)
   host = json.loads(json.dumps(train.to_host(ls, 7.5)))  # what a checkpoint holds
   assert host['bytes'] == dict(intra_up=8.5, intra_down=4, inter_dc=0)
@@ -835,10 +866,42 @@ def test_loop_state_round_trips_through_the_checkpoint_dict_and_reads_old_ones()
   assert back.wall_time_s == 7.5
   chex.assert_trees_all_equal(back._replace(wall_time_s=0.0), ls)  # clock, plan, schedule, ...
   assert back.last_eval == ls.last_eval and back.schedule == ls.schedule
-  # Checkpoints of older versions: bytes only (exact bits derived), no best_test_loss.
-  old = {k: v for k, v in host.items() if k not in ('bits', 'best_test_loss')}
+  assert back.provenance == ls.provenance
+  # Checkpoints of older versions: bytes only (exact bits derived), no best_test_loss,
+  # no provenance.
+  old = {k: v for k, v in host.items() if k not in ('bits', 'best_test_loss', 'provenance')}
   assert train.from_host(old, schedule).bits == ls.bits
   assert train.from_host(old, schedule).best_test_loss is None
+  assert train.from_host(old, schedule).provenance == ()  # older checkpoints: none recorded
+
+
+def test_the_accounting_at_stop_round_trips_and_only_the_summary_reads_it():
+  """Issue 51, fault 1: the clock and WAN exposure of a run that stops after its last
+  round (an overlapped transfer charged whole) travel beside the loop state's own;
+  :func:`hfl.train.stopped` swaps them in for the summary."""
+  schedule = schedule_lib.make_schedule('periodic', 2, 3, 3)
+  at_stop = train.AtStop(network.Clock(np.array([3.0, 3.0]), np.array([0.0, 0.5])), 0.75)
+  ls = _loop_state(schedule)._replace(wan=dict(exposed_s=0.25, peak_bits=8, peak_dc_bits=8),
+                                      at_stop=at_stop)
+  back = train.from_host(json.loads(json.dumps(train.to_host(ls, 0.0))), schedule)
+  chex.assert_trees_all_equal(back.at_stop, at_stop)
+  end = train.stopped(back)
+  chex.assert_trees_all_equal(end.clock, at_stop.clock)
+  assert end.wan == dict(exposed_s=0.75, peak_bits=8, peak_dc_bits=8) and end.at_stop is None
+  assert train.stopped(end) is end and ls.wan['exposed_s'] == 0.25
+
+
+def test_a_run_whose_faults_counted_rounds_from_0_is_not_continued():
+  """Issue 51, fault 3: rounds in sync.faults are numbered from 1 now; a checkpoint
+  written before (no ``fault_rounds_from``) of a run with outages is not continued,
+  since its spec would now name rounds one later."""
+  host = train.to_host(_loop_state(schedule_lib.make_schedule('periodic', 2, 3, 3)), 0.0)
+  train.check_fault_rounds('1:2', host, 'w')
+  old = {k: v for k, v in host.items() if k != 'fault_rounds_from'}
+  train.check_fault_rounds(' ', old, 'w')  # no outages: nothing to misread
+  with pytest.raises(ValueError, match=r"counted rounds from 0; .* sync.faults='1:2' would "
+                     'name rounds one later'):
+    train.check_fault_rounds('1:2', old, 'w')
 
 
 def test_record_eval_keeps_the_best_and_the_first_crossing():

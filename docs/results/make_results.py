@@ -10,7 +10,10 @@ skipped, interrupted ones resume; ``--no-run`` skips this), then renders
 caller's. What the page says is data in the spec (``docs/results/claims.py``,
 whose docstring defines its vocabulary); this script only loads, computes
 (with :mod:`hfl.report`) and renders. Only runs with ``summary.json`` enter the
-numbers; the others are listed as missing, with their progress.
+numbers; the others are listed as missing, with their progress. When OUT is the
+repository's ``docs``, the README's results summary (between its
+:data:`SUMMARY_START` / :data:`SUMMARY_END` markers) is regenerated too, from the same
+verdicts (:func:`summary_block`).
 
 Cost: without ``--no-run`` every missing run of every sweep trains, including
 the CIFAR-10 (4,800 iterations, about 24 minutes per run) and character-LM
@@ -277,40 +280,51 @@ def _scale(metric: str) -> float:
   return 100.0 if runs_lib.METRICS[metric] == 'fraction' else 1.0
 
 
-def paired(t: Table, gid: str, metric: str) -> tuple[stats.Stat, dict]:
-  """The group's paired Δ (pts for accuracies) vs the baseline, and its per-seed values."""
+# Expression kinds compared seed by seed with the baseline run of the same seed
+# (hfl.report.stats.compare): their values are means over the paired seeds.
+PER_SEED = {'paired': 'delta', 'reduction': 'reduction', 'saved': 'reduction',
+            'factor': 'factor', 'change': 'change'}
+
+
+def paired(t: Table, gid: str, metric: str, kind: str = 'delta') -> tuple[stats.Stat, dict]:
+  """The group's per-seed comparison with the baseline run of the same seed (``kind``
+  of :func:`hfl.report.stats.compare`; a Δ in pts for accuracies): its Stat over the
+  seeds both have, and the per-seed values."""
   if t.base_gid is None or gid == t.base_gid or not done(t, gid) or not done(t, t.base_gid):
     return stats.Stat(None, None, 0), {}
-  if (gid, metric) not in t.cache:
-    t.cache[gid, metric] = stats.paired(t.frame, t.frame['gid'], gid, t.base_gid, metric,
-                                        _scale(metric))
-  return t.cache[gid, metric]
+  if (gid, metric, kind) not in t.cache:
+    t.cache[gid, metric, kind] = stats.paired(t.frame, t.frame['gid'], gid, t.base_gid, metric,
+                                              _scale(metric), kind=kind)
+  return t.cache[gid, metric, kind]
+
+
+def seed_stat(t: Table, gid: str, expr: str) -> stats.Stat:
+  """The per-seed Stat of an expression a verdict judges: ``paired``, ``reduction``,
+  ``saved``, ``factor`` and ``change`` per seed, ``delta`` as its paired Δ."""
+  kind, _, metric = expr.partition(':')
+  return paired(t, gid, metric, PER_SEED.get(kind, 'delta'))[0]
 
 
 def number(t: Table, gid: str, expr: str) -> float | None:
-  """The value of an expression for one group (see the spec's docstring)."""
+  """The value of an expression for one group (see the spec's docstring): reductions,
+  factors and relative changes are means over the seeds paired with the baseline."""
   kind, _, metric = expr.partition(':') if ':' in expr else ('metric', '', expr)
   ours = metric_stat(t, gid, metric).mean
   if kind == 'metric':
     return ours
-  if kind == 'paired':
-    return paired(t, gid, metric)[0].mean
+  if kind not in PER_SEED and kind not in ('delta', 'bits'):
+    raise ValueError(f'unknown expression {expr!r} in the results spec')
+  if kind in PER_SEED:
+    st = seed_stat(t, gid, expr)
+    if st.n == 0 and kind == 'factor' and ours and none_suffices(t, t.base_gid, metric):
+      return math.inf  # the baseline needs more than any value (bandwidth) gives
+    return st.mean
   base = metric_stat(t, t.base_gid, metric).mean if t.base_gid else None
-  if kind == 'factor' and base is None and ours and none_suffices(t, t.base_gid, metric):
-    return math.inf  # the baseline needs more than any value (bandwidth) gives
   if ours is None or base is None or (gid == t.base_gid and kind != 'bits'):
     return None
   if kind == 'delta':
     return _scale(metric) * (ours - base)
-  if kind == 'change':
-    return ours / base - 1.0 if base > 0 else None
-  if kind in ('reduction', 'saved'):
-    return stats.reduction(ours, base)
-  if kind == 'factor':
-    return stats.factor(ours, base)
-  if kind == 'bits':
-    return 32.0 * ours / base if base > 0 else None
-  raise ValueError(f'unknown expression {expr!r} in the results spec')
+  return 32.0 * ours / base if base > 0 else None
 
 
 def none_suffices(t: Table, gid: str | None, metric: str) -> bool:
@@ -347,6 +361,30 @@ def fmt_number(expr: str, x: float | None) -> str:
   if kind == 'saved':
     return tables_lib.fmt_pct(x, 2)
   return tables_lib.fmt_stat(stats.Stat(x, None, 1), runs_lib.METRICS[metric])
+
+
+def fmt_spread(expr: str, x: float) -> str:
+  """A standard error or std of an expression's value, unsigned, in its unit."""
+  kind, _, metric = expr.partition(':')
+  if kind in ('delta', 'paired'):
+    return tables_lib.fmt_points(x, unit=runs_lib.METRICS[metric]).lstrip('+')
+  if kind == 'factor':
+    return tables_lib.fmt_factor(x)
+  return tables_lib.fmt_pct(x, 2 if kind in ('saved', 'change') else 1)
+
+
+def fmt_seeds(t: Table, gid: str, expr: str) -> str:
+  """A per-seed expression's cell: the mean, ``± standard error`` over n ≥ 2 seeds and
+  ``(n=…)`` when fewer seeds are paired than the row has finished."""
+  st = seed_stat(t, gid, expr)
+  x = number(t, gid, expr)
+  if x is None or st.n == 0:
+    return fmt_number(expr, x)
+  s = fmt_number(expr, x)
+  if st.sem:
+    s += f' ± {fmt_spread(expr, st.sem)}'
+  finished = sum(p.group == gid and p.status == 'done' for p in t.points)
+  return s + (f' (n={st.n})' if st.n < finished else '')
 
 
 def seeds_cell(t: Table, gid: str) -> str:
@@ -387,14 +425,16 @@ def cell(t: Table, gid: str, expr: str) -> str:
     return tables_lib.fmt_points(st.mean, st.std, st.n or None, runs_lib.METRICS[arg])
   if kind == 'saved':
     r, f = number(t, gid, expr), number(t, gid, f'factor:{arg}')
-    return '–' if r is None else f'{100 * r:.2f}% ({tables_lib.fmt_factor(f)})'
+    return '–' if r is None else f'{fmt_seeds(t, gid, expr)} ({tables_lib.fmt_factor(f)})'
+  if kind in ('reduction', 'factor', 'change'):
+    return fmt_seeds(t, gid, expr)
   return fmt_number(expr, number(t, gid, expr))
 
 
 def prose(t: Table, gid: str, expr: str) -> str:
   """An expression's value in a sentence, e.g. 'paired Δ −0.44 ± 0.24 pts (n=3, standard
   error 0.14 pts)'."""
-  kind, _, metric = expr.partition(':')
+  kind, _, metric = expr.partition(':') if ':' in expr else ('metric', '', expr)
   words = _WORDS.get(metric, metric)
   x = number(t, gid, expr)
   if kind == 'paired':
@@ -404,15 +444,22 @@ def prose(t: Table, gid: str, expr: str) -> str:
     return f'paired Δ {tables_lib.fmt_points(st.mean, st.std, unit=unit)} (n={st.n}{se})'
   if kind == 'delta':
     return f'Δ of the seed means {fmt_number(expr, x)}'
+  if kind in PER_SEED and x is not None and not math.isinf(x):
+    st = seed_stat(t, gid, expr)
+    se = f' (mean ± standard error over n={st.n} seeds)' if st.sem else f' (n={st.n})'
+    shown = fmt_number(expr, x) + (f' ± {fmt_spread(expr, st.sem)}' if st.sem else '')
+  else:
+    se, shown = '', fmt_number(expr, x)
   if kind == 'change':
-    return f'{words} {fmt_number(expr, x)} relative to the baseline'
+    return f'{words} {shown} relative to the baseline{se}'
   if kind == 'saved':
     f = tables_lib.fmt_factor(number(t, gid, 'factor:' + metric))
-    return f'{fmt_number(expr, x)} fewer {words} ({f})'
+    return f'{shown} fewer {words} ({f}){se}'
+  less = 'less' if any(w in words for w in ('bandwidth', 'time')) else 'fewer'
   if kind == 'factor':
-    return f'{fmt_number(expr, x)} fewer {words}'
+    return f'{shown} {less} {words}{se}'
   if kind == 'reduction':
-    return f'{fmt_number(expr, x)} less {words}'
+    return f'{shown} {less} {words}{se}'
   if kind == 'bits':
     return f'{fmt_number(expr, x)} bits per {words.replace(" bytes", "")} entry'
   return f'{words} {fmt_number(expr, x)}'
@@ -421,14 +468,30 @@ def prose(t: Table, gid: str, expr: str) -> str:
 # ------------------------------------------------------------------------------
 # Claims: pick a row, test a number.
 
+MIN_SEEDS = 3  # default of the spec's MIN_SEEDS: paired seeds a verdict of "met" needs
+
+
 class Judged(NamedTuple):
-  """A claim evaluated: the row it picked, its number and the verdict."""
+  """A claim evaluated: the row it picked, its number and the verdict.
+
+  ``status``: ``met``, ``not met``, ``provisional`` (fewer than MIN_SEEDS paired seeds),
+  ``not judged`` (no meaningful baseline, with the reason), ``not measured``, or ``''``
+  for a reading without a verdict; ``met`` is True / False for the first two, else None.
+  """
   claim: dict
   row: tuple | None
   value: float | None
   met: bool | None
   ours: str
   verdict: str
+  status: str = ''
+
+
+class Assessment(NamedTuple):
+  """One row's number against one rule (:func:`assess`)."""
+  status: str  # met, not met, provisional, not judged, not measured
+  text: str
+  mean_passes: bool  # the rule holds for the mean (what a provisional row would say)
 
 
 def _rule(text: str) -> tuple[str, str, float]:
@@ -439,56 +502,120 @@ def _rule(text: str) -> tuple[str, str, float]:
 
 
 def _name(expr: str) -> str:
-  return {'paired': 'paired Δ (mean)', 'delta': 'Δ', 'factor': 'factor', 'reduction': 'reduction',
-          'saved': 'reduction', 'bits': 'bits per entry',
+  return {'paired': 'paired Δ', 'delta': 'paired Δ', 'factor': 'factor',
+          'reduction': 'reduction', 'saved': 'reduction', 'bits': 'bits per entry',
           'change': 'relative change'}.get(expr.partition(':')[0], expr)
 
 
 def _bound(expr: str, op: str, threshold: float) -> str:
-  """'paired Δ (mean) ≥ −0.50 pts'."""
+  """'paired Δ ≥ −0.50 pts'."""
   return f'{_name(expr)} {_OPS[op][1]} {fmt_number(expr, threshold)}'
 
 
-def _test(expr: str, op: str, threshold: float, x: float) -> tuple[bool, str]:
-  """(x OP threshold, 'paired Δ (mean) −0.06 pts ≥ −0.50 pts'; the negated sign when not)."""
-  met = _OPS[op][0](x, threshold)
-  sym = _OPS[op][1] if met else _NOT[op]
-  return met, f'{_name(expr)} {fmt_number(expr, x)} {sym} {fmt_number(expr, threshold)}'
+def baseline_problem(t: Table, expr: str) -> str | None:
+  """Why a factor, reduction or relative change of ``expr`` cannot be judged against the
+  table's baseline (missing, zero or infinite), or None when it can."""
+  kind, _, metric = expr.partition(':')
+  if kind not in ('factor', 'reduction', 'saved', 'change'):
+    return None
+  words = _WORDS.get(metric, metric)
+  if t.base_gid is None or not done(t, t.base_gid):
+    return 'the baseline has no finished run'
+  label = t.labels[t.base_gid]
+  if none_suffices(t, t.base_gid, metric):
+    return (f'the baseline ({label}) has no finite {words}: no value suffices in any of its '
+            f'runs, so any finite value would be an infinite {_name(expr)}')
+  base = metric_stat(t, t.base_gid, metric)
+  if base.mean is None:
+    return f'the baseline ({label}) has no {words} (e.g. never reached the target)'
+  if base.mean == 0:
+    return f'the baseline ({label}) has 0 {words}'
+  return None
 
 
-def judge(claim: dict, by_name: dict) -> Judged:
-  """Evaluates one claim or reading (see the spec's docstring)."""
+def assess(t: Table, gid: str, expr: str, op: str, threshold: float,
+           min_seeds: int = MIN_SEEDS) -> Assessment:
+  """One row's per-seed ``expr`` (:func:`seed_stat`) against ``OP threshold``.
+
+  The rule of the page: *met* needs at least ``min_seeds`` seeds paired with the
+  baseline, and the end of mean ± one standard error on the unfavourable side (mean −
+  SE for a lower bound, mean + SE for an upper bound) satisfying the rule; with fewer
+  seeds the row is *provisional*, whatever its mean; a factor, reduction or relative
+  change whose baseline is missing, zero or infinite is *not judged*.
+  """
+  problem = baseline_problem(t, expr)
+  if problem:
+    return Assessment('not judged', f'not judged: {problem}', False)
+  st = seed_stat(t, gid, expr)
+  if st.n == 0:
+    return Assessment('not measured', 'not measured (no seed finished both here and in '
+                      'the baseline)', False)
+  ok, sym = _OPS[op][0], lambda good: _OPS[op][1] if good else _NOT[op]
+  mean_ok = ok(st.mean, threshold)
+  if st.n < min_seeds:
+    return Assessment('provisional', f'provisional (n={st.n}; a verdict needs n ≥ {min_seeds} '
+                      f'paired seeds): {_name(expr)} {fmt_number(expr, st.mean)} '
+                      f'{sym(mean_ok)} {fmt_number(expr, threshold)}', mean_ok)
+  lower = op in ('>=', '>')
+  end = st.mean - st.sem if lower else st.mean + st.sem
+  met = ok(end, threshold)
+  spread = (f' ± {fmt_spread(expr, st.sem)} (± standard error), mean {"−" if lower else "+"} '
+            f'SE {fmt_number(expr, end)}' if st.sem else ' (standard error 0)')
+  return Assessment('met' if met else 'not met', f'{"met" if met else "not met"} (n={st.n}): '
+                    f'{_name(expr)} {fmt_number(expr, st.mean)}{spread} {sym(met)} '
+                    f'{fmt_number(expr, threshold)}', mean_ok)
+
+
+def judge(claim: dict, by_name: dict, min_seeds: int = MIN_SEEDS) -> Judged:
+  """Evaluates one claim or reading (see the spec's docstring).
+
+  A ``require`` selects among the rows that meet it by :func:`assess`'s rule; when none
+  does but some would on their mean with fewer than ``min_seeds`` seeds, among those,
+  and the verdict is then provisional at best. ``pick`` takes the best of the selected
+  rows; ``verdict`` is judged on it by :func:`assess`.
+  """
   value = claim['value']
   rows = [(t, g) for t in (by_name[n] for n in claim['tables']) for g in t.groups
           if g != t.base_gid and done(t, g) and _matches(t.flats[g], claim.get('rows', {}))]
   measured = [r for r in rows if number(*r, value) is not None]
-  passing = measured
+  passing, provisional = measured, False
   if claim.get('require'):
     rexpr, rop, rthr = _rule(claim['require'])
-    passing = [r for r in measured if number(*r, rexpr) is not None
-               and _OPS[rop][0](number(*r, rexpr), rthr)]
+    checks = [assess(*r, rexpr, rop, rthr, min_seeds) for r in measured]
+    passing = [r for r, a in zip(measured, checks) if a.status == 'met']
+    if not passing:
+      passing = [r for r, a in zip(measured, checks) if a.status == 'provisional'
+                 and a.mean_passes]
+      provisional = bool(passing)
   pick = claim.get('pick', value)
   cands = [r for r in passing if number(*r, pick) is not None]
   if not measured or (not cands and not claim.get('require')):
     return Judged(claim, None, None, None, '–', 'not measured (no finished row with a '
-                  'finished baseline of the same seed)')
-  if not cands:  # closest to passing: the largest for a lower bound, the smallest for an upper
+                  'finished baseline of the same seed)', 'not measured')
+  if not cands:  # closest to passing by the same rule: the unfavourable end of mean ± SE
     sign = 1 if rop in ('>=', '>') else -1
-    closest = max(measured, key=lambda r: sign * number(*r, rexpr)
-                  if number(*r, rexpr) is not None else -math.inf)
+    def end(r):
+      st = seed_stat(*r, rexpr)
+      return -math.inf if st.mean is None else sign * st.mean - (st.sem or 0.0)
+    closest = max(measured, key=end)
     return Judged(claim, None, None, False, f'none (closest: {_row_name(closest, claim)}, '
-                  f'{prose(*closest, rexpr)})', f'not met: no row with {_require_text(claim)}')
+                  f'{prose(*closest, rexpr)})', f'not met: no row with {_require_text(claim)} '
+                  f'by mean ± standard error over ≥ {min_seeds} seeds', 'not met')
   row = max(cands, key=lambda r: better(pick) * number(*r, pick))  # the best by ``pick``
   x = number(*row, value)
-  first = prose(*row, value) if value.startswith('paired:') else fmt_number(value, x)
+  first = prose(*row, value) if value.partition(':')[0] in PER_SEED else fmt_number(value, x)
   ours = first + ''.join(f', {prose(*row, e)}' for e in claim.get('show', ())
                                         if e != value) + f' ({_row_name(row, claim)})'
+  chosen = (f'provisional: no row has {_require_text(claim)} by mean ± standard error over '
+            f'≥ {min_seeds} seeds; chosen among rows with fewer seeds') if provisional else ''
   if not claim.get('verdict'):
-    return Judged(claim, row, x, None, ours, '')
+    return Judged(claim, row, x, None, ours, chosen, 'provisional' if provisional else '')
   _, op, thr = _rule(claim['verdict'])
-  met, text = _test(value, op, thr, x)
-  verdict = ('met: ' if met else 'not met: ') + text + _provisional(row, value)
-  return Judged(claim, row, x, met, ours, verdict)
+  a = assess(*row, value, op, thr, min_seeds)
+  status, verdict = a.status, a.text
+  if provisional and status in ('met', 'not met'):  # (a provisional a.text says its n)
+    status, verdict = 'provisional', f'{chosen}; {a.text}'
+  return Judged(claim, row, x, {'met': True, 'not met': False}.get(status), ours, verdict, status)
 
 
 def _row_name(row, claim) -> str:
@@ -499,14 +626,6 @@ def _row_name(row, claim) -> str:
 
 def _require_text(claim) -> str:
   return _bound(*_rule(claim['require']))
-
-
-def _provisional(row, value) -> str:
-  t, g = row
-  if not value.startswith('paired:'):
-    return ''
-  n, total = paired(t, g, value.partition(':')[2])[0].n, sum(p.group == g for p in t.points)
-  return f' (provisional: {n} of {total} seeds compared)' if n < total else ''
 
 
 # ------------------------------------------------------------------------------
@@ -660,13 +779,16 @@ def missing_lines(t: Table, root_display: str) -> list[str]:
   return lines
 
 
-def paired_list_lines(t: Table, spec: dict, bar: float, ctx: dict) -> list[str]:
-  """Per non-baseline row: ✓/✗ against the bar (``spec['bar']``, default ``bar``, in the
-  Δ's unit: Δ ≥ −bar when higher is better, Δ ≤ +bar for a loss), paired Δ ± std (n)
-  and its seeds."""
-  lines = ['', text(t, spec['title'], ctx) + ':', '']
+def paired_list_lines(t: Table, spec: dict, bar: float, ctx: dict,
+                      min_seeds: int = MIN_SEEDS) -> list[str]:
+  """Per non-baseline row: its paired Δ against the bar (``spec['bar']``, default ``bar``,
+  in the Δ's unit: Δ ≥ −bar when higher is better, Δ ≤ +bar for a loss) by the page's
+  rule (:func:`assess`: ✓ met, ✗ not met, ? provisional), paired Δ ± std (n) and seeds."""
+  lines = ['', text(t, spec['title'], ctx) + ' — ✓ by the verdict rule (mean ∓ one standard '
+           f'error within the bar, n ≥ {min_seeds}), ✗ not, ? fewer seeds:', '']
   metric = spec.get('metric', 'final_acc')
   unit, edge = runs_lib.METRICS[metric], -better(metric) * spec.get('bar', bar)
+  op = '>=' if better(metric) > 0 else '<='
   for g in t.groups:
     if g == t.base_gid:
       continue
@@ -675,16 +797,15 @@ def paired_list_lines(t: Table, spec: dict, bar: float, ctx: dict) -> list[str]:
     if st.mean is None:
       lines.append(f'- {name}: not measured yet')
       continue
+    a = assess(t, g, f'paired:{metric}', op, edge, min_seeds)
     total = sum(p.group == g for p in t.points)
-    s = (('✓' if better(metric) * (st.mean - edge) >= 0 else '✗')
+    s = ({'met': '✓', 'not met': '✗'}.get(a.status, '?')
          + f' {name}: {tables_lib.fmt_points(st.mean, st.std, st.n, unit)}')
     s += f', {st.n} of {total} seeds' if st.n < total else ''
     if len(per_seed) > 1:
       s += ' — per seed: ' + ', '.join(f'{k}: {tables_lib.fmt_points(v, unit=unit)}'
                                        for k, v in per_seed.items())
-    if st.sem is not None and abs(st.mean - edge) < st.sem:
-      s += ' — within one standard error of the bar'
-    lines.append('- ' + s)
+    lines.append('- ' + s + f' — {a.text}')
   return lines
 
 
@@ -740,6 +861,42 @@ def drift_notes(t: Table) -> list[str]:
   return notes
 
 
+def commits(points: Sequence[Point]) -> tuple[dict, int]:
+  """({short commit (+ '-dirty'): finished runs trained (in part) at it}, runs without a
+  provenance record) over finished ``points``, each run counted once per commit of its
+  starts (``summary.json``'s ``provenance``, :mod:`hfl.provenance`)."""
+  seen, unknown = {}, 0
+  for p in points:
+    if p.status != 'done':
+      continue
+    entries = p.run.summary.get('provenance') or []
+    if not entries:
+      unknown += 1
+    for c in dict.fromkeys((e.get('git_commit') or 'unknown')[:7] + ('-dirty' if e.get('git_dirty')
+                                                                      else '') for e in entries):
+      seen[c] = seen.get(c, 0) + 1
+  return seen, unknown
+
+
+def commits_text(points: Sequence[Point]) -> str | None:
+  """'`abc1234` (10 runs), `def5678` (2 runs); not recorded for 5 runs (...)' over the
+  finished ``points``; None when none has finished."""
+  seen, unknown = commits(points)
+  if not seen and not unknown:
+    return None
+  parts = [f'`{c}` ({n} run{"s" if n > 1 else ""})' for c, n in seen.items()]
+  if unknown:
+    parts.append(f'not recorded for {unknown} run{"s" if unknown > 1 else ""} (trained before '
+                 'summary.json recorded its provenance)')
+  return '; '.join(parts)
+
+
+def commits_note(points: Sequence[Point]) -> str | None:
+  """A section's note naming the commits its finished runs were trained at."""
+  text_ = commits_text(points)
+  return text_ and f'- Code: the commits this section\'s finished runs were trained at: {text_}.'
+
+
 def steps_notes(t: Table) -> list[str]:
   """Finished runs with another number of intra-DC iterations than the baseline's first run."""
   base = next((p for p in t.points if p.group == t.base_gid and p.status == 'done'), None)
@@ -749,6 +906,10 @@ def steps_notes(t: Table) -> list[str]:
   return [f'- ⚠ `{run_label(t, p)}` ran {steps(p)} intra-DC iterations, the baseline '
           f'{steps(base)}: its byte ratios and Δ compare unequal amounts of training.'
           for p in t.points if p.status == 'done' and steps(p) != steps(base)]
+
+
+def _min_seeds(spec_module) -> int:
+  return getattr(spec_module, 'MIN_SEEDS', MIN_SEEDS)
 
 
 def claims_table(judged: Sequence[Judged], sources: dict) -> list[str]:
@@ -787,9 +948,10 @@ def table_block(t: Table, sec: dict, spec_module, ctx: dict, by_name: dict, root
     lines += same_as_lines(t, t.spec['same_as'], by_name)
   for c in sec.get('readings', []) + sec['claims']:
     if c.get('reading') and c['tables'][0] == t.spec['name']:
-      lines += ['', reading_line(judge(c, by_name), t, ctx)]
+      lines += ['', reading_line(judge(c, by_name, _min_seeds(spec_module)), t, ctx)]
   if t.spec.get('paired_list'):
-    lines += paired_list_lines(t, t.spec['paired_list'], spec_module.BAR, ctx)
+    lines += paired_list_lines(t, t.spec['paired_list'], spec_module.BAR, ctx,
+                               _min_seeds(spec_module))
   if t.base_gid is not None and not done(t, t.base_gid):
     lines.append(f'- ⚠ the baseline ({t.labels[t.base_gid]}) has not finished: no Δ, ratios '
                  'or reductions yet')
@@ -815,15 +977,18 @@ def section(sec: dict, by_name: dict, spec_module, published: dict, root_display
     seen_roots.add(t.spec['root'])
     lines += table_block(t, sec, spec_module, extras(t, spec_module, published), by_name,
                          root_display, first)
-  judged = [judge(c, by_name) for c in sec['claims']]
+  judged = [judge(c, by_name, _min_seeds(spec_module)) for c in sec['claims']]
   if judged:  # a section of readings only has no published-vs-ours table
     lines += [f'**Published vs ours** {sec.get("claims_caption", "")}:'.replace(' :', ':'), '']
     lines += claims_table(judged, spec_module.SOURCES)
   notes = [f'- {text(ts[0], n, ctx)}' for n in sec.get('notes', [])]
-  notes += [f'- Not met: {spec_module.SOURCES[j.claim["source"]]["short"]}, '
-            f'{j.claim["quantity"]} — {j.verdict}.' for j in judged if j.met is False]
+  for status in ('not met', 'provisional', 'not judged'):
+    notes += [f'- {status.capitalize()}: {spec_module.SOURCES[j.claim["source"]]["short"]}, '
+              f'{j.claim["quantity"]} — {j.verdict}.' for j in judged if j.status == status]
   for t in ts:
     notes += steps_notes(t) + drift_notes(t)
+  note = commits_note(list({p.spec.workdir: p for t in ts for p in t.points}.values()))
+  notes += [note] if note else []
   lines += ['', 'Notes:', ''] + notes
   return Section(sec['key'], '\n'.join(lines) + '\n', judged, ts)
 
@@ -833,20 +998,22 @@ def section_plots(sec: dict, by_name: dict, plot_dir: str) -> list[str]:
   spec = sec.get('plots')
   if not spec:
     return []
-  curves = []
+  panels = []  # one per table: each comparison against its own baseline
   for name in spec['tables']:
     t = by_name[name]
-    for g in t.groups:
-      runs = [p.run.metrics for p in t.points if p.group == g and p.status == 'done']
-      if runs:
-        tag = t.spec.get('tag')
-        curves.append(plots.Curves(t.labels[g] + (f', {tag}' if tag else ''), runs))
-  if not curves:
+    curves = [plots.Curves(t.labels[g], runs) for g in t.groups
+              if (runs := [p.run.metrics for p in t.points if p.group == g and p.status == 'done'])]
+    if curves:
+      base = f'vs {t.labels[t.base_gid]}' if t.base_gid is not None else ''
+      panels.append((', '.join(x for x in (t.spec.get('tag') or t.spec['name'], base) if x),
+                     curves))
+  if not panels:
     return []
   target = by_name[spec['tables'][0]].target
   axes = [plots.AXIS_BY_KEY[k] for k in spec['axes']] if spec.get('axes') else plots.AXES
-  written = plots.write_plots(curves, plot_dir, target.value, prefix=f'{sec["key"]}_',
-                              title=spec['title'], y=plots.y_axis(target.metric), axes=axes)
+  written = plots.write_plots([], plot_dir, target.value, prefix=f'{sec["key"]}_',
+                              title=spec['title'], y=plots.y_axis(target.metric), axes=axes,
+                              panels=panels)
   if spec.get('factor'):
     path = factor_plot(by_name[spec['factor']['table']], spec['factor'],
                        os.path.join(plot_dir, f'{sec["key"]}_accuracy_vs_ratio.png'))
@@ -960,6 +1127,56 @@ def write_results(spec_module, root: str, out: str, root_display: str | None = N
   return {'results.md': path, 'plots': written, 'sections': sections}
 
 
+SUMMARY_START = '<!-- results-summary: generated by docs/results/make_results.py; do not edit -->'
+SUMMARY_END = '<!-- /results-summary -->'
+
+
+def summary_block(spec_module, sections: Sequence[Section]) -> str:
+  """The README's results summary: every verdict of the page (section, claim,
+  published, ours, verdict with its n), between :data:`SUMMARY_START` and
+  :data:`SUMMARY_END`."""
+  titles = {sec['key']: sec['title'].split(' (')[0] for sec in spec_module.SECTIONS}
+  rows = []
+  for s in sections:
+    for j in s.judged:
+      if j.status == 'not measured':
+        continue
+      ours = j.ours
+      if j.row is not None:
+        ours = (prose(*j.row, j.claim['value']) if j.claim['value'].partition(':')[0] in PER_SEED
+                else fmt_number(j.claim['value'], j.value)) + f' ({_row_name(j.row, j.claim)})'
+      rows.append([f'[{titles[s.key]}](docs/results.md{anchor(_title(spec_module, s.key))})',
+                   j.claim['quantity'], j.claim['published'], ours, j.verdict])
+  counts = {st: sum(j.status == st for s in sections for j in s.judged)
+            for st in ('met', 'not met', 'provisional', 'not judged', 'not measured')}
+  lines = [SUMMARY_START, '',
+           'Every verdict of `docs/results.md` (' + ', '.join(
+               f'{n} {st}' for st, n in counts.items() if n) + '). "Met" needs '
+           f'{_min_seeds(spec_module)} or more seeds paired with the baseline and mean ± one '
+           'standard error inside the published bound; fewer seeds are "provisional". '
+           'Claims without finished runs yet ("not measured") are listed on the page only.', '']
+  lines += tables_lib.markdown_table(('section', 'claim', 'published', 'ours', 'verdict'), rows)
+  return '\n'.join(lines + ['', SUMMARY_END])
+
+
+def _title(spec_module, key: str) -> str:
+  return next(sec['title'] for sec in spec_module.SECTIONS if sec['key'] == key)
+
+
+def write_summary(readme: str, block: str) -> bool:
+  """Replaces the block between the summary markers in ``readme`` with ``block``;
+  False (nothing written) when the file lacks the markers."""
+  with open(readme, encoding='utf-8') as f:
+    text_ = f.read()
+  a, b = text_.find(SUMMARY_START), text_.find(SUMMARY_END)
+  if a < 0 or b < a:
+    return False
+  with open(readme + '.tmp', 'w', encoding='utf-8') as f:
+    f.write(text_[:a] + block + text_[b + len(SUMMARY_END):])
+  os.replace(readme + '.tmp', readme)
+  return True
+
+
 def run_sweeps(spec_module, root: str, parallel: int = 1) -> list:
   """Runs every sweep of the spec, after checking the configs of all their missing runs."""
   todo, missing = {}, {}
@@ -988,7 +1205,8 @@ RECORD_FILES = ('summary.json', 'config.json', 'metrics.jsonl')  # what the page
 def archive_runs(sections, root: str, dest: str) -> int:
   """Copies the record (:data:`RECORD_FILES`, no checkpoints) of every finished run
   of the page from ``ROOT/<path>`` to ``DEST/<path>``, so that ``--root DEST --no-run``
-  rebuilds the same page and ``hfl.sweep`` on DEST skips those runs; returns how many."""
+  rebuilds the same page and ``hfl.sweep`` on DEST skips those runs, and writes
+  ``DEST/README.md`` (:func:`archive_readme`); returns how many."""
   done = {p.spec.workdir for s in sections for t in s.tables for p in t.points
           if p.status == 'done'}
   for workdir in sorted(done):
@@ -997,7 +1215,53 @@ def archive_runs(sections, root: str, dest: str) -> int:
     for name in RECORD_FILES:
       if os.path.isfile(os.path.join(workdir, name)):
         shutil.copy2(os.path.join(workdir, name), os.path.join(target, name))
+  with open(os.path.join(dest, 'README.md'), 'w', encoding='utf-8') as f:
+    f.write(archive_readme(dest))
   return len(done)
+
+
+def archive_readme(dest: str) -> str:
+  """The Markdown of ``DEST/README.md``: per sweep root under ``dest``, its finished runs
+  and where their provenance says they were trained (commits, dates, machines)."""
+  lines = ['# Run records behind docs/results.md', '',
+           'Generated by `python3 docs/results/make_results.py --root workdirs --out docs '
+           '--no-run --archive docs/results/runs` from the runs below; do not edit by hand.',
+           '', 'One directory per finished run, `<sweep root>/<run name>/`, holding what the '
+           'results page reads of it: ' + ', '.join(f'`{f}`' for f in RECORD_FILES) +
+           ' (no checkpoints).', '',
+           '- Rebuild the page from them without training: `python3 docs/results/make_results.py '
+           '--root docs/results/runs --out /tmp/page --no-run`',
+           '- Train only the missing runs: `cp -r docs/results/runs workdirs`, then '
+           '`python3 docs/results/make_results.py --root workdirs --out docs` (finished runs '
+           'are skipped).', '',
+           'Where each run was trained is in its `summary.json` (`provenance`: one entry per '
+           'start of the run, `hfl.provenance`); runs trained before it was recorded have none.',
+           '', '| sweep root | finished runs | commits (runs) | first start – last start (UTC) '
+           '| machines (CPU, device) |', '|---|---:|---|---|---|']
+  for sub in sorted(glob_dirs(dest)) if os.path.isdir(dest) else ():
+    name = os.path.basename(sub)
+    runs = sorted(d for d in glob_dirs(sub) if os.path.isfile(os.path.join(d, 'summary.json')))
+    if not runs:
+      continue
+    entries, points = [], []
+    for d in runs:
+      with open(os.path.join(d, 'summary.json'), encoding='utf-8') as f:
+        summary = json.load(f)
+      entries += summary.get('provenance') or []
+      points.append(Point(None, {}, 'done', runs_lib.Run(d, name, {}, summary, []), ''))
+    starts = sorted(e['started_utc'] for e in entries if e.get('started_utc'))
+    when = f'{starts[0][:16]} – {starts[-1][:16]}'.replace('T', ' ') if starts else 'not recorded'
+    machines = sorted({f'{e.get("cpu_model")}, {e.get("device_kind")} × {e.get("device_count")}'
+                       for e in entries})
+    lines.append(f'| `{name}` | {len(runs)} | {commits_text(points)} | {when} | '
+                 f'{"; ".join(machines) or "not recorded"} |')
+  return '\n'.join(lines) + '\n'
+
+
+def glob_dirs(path: str) -> list[str]:
+  """The directories directly under ``path``."""
+  return [os.path.join(path, d) for d in os.listdir(path)
+          if os.path.isdir(os.path.join(path, d))]
 
 
 def parse_args(argv: Sequence[str] | None = None) -> argparse.Namespace:
@@ -1032,6 +1296,10 @@ def main(argv: Sequence[str] | None = None) -> int:
       return sweep_lib.interrupted()
   written = write_results(spec_module, args.root, args.out)
   print(written['results.md'])
+  if os.path.realpath(args.out) == os.path.join(REPO, 'docs'):  # the repository's page
+    readme = os.path.join(REPO, 'README.md')
+    if write_summary(readme, summary_block(spec_module, written['sections'])):
+      print(f'{readme} (results summary)')
   print('\n'.join(written['plots']))
   if args.archive:
     n = archive_runs(written['sections'], args.root, args.archive)

@@ -23,6 +23,7 @@ import jax.numpy as jnp
 import numpy as np
 
 from hfl.compress import base
+from hfl.compress import chunked
 from hfl.compress import co3
 from hfl.compress import lowrank
 from hfl.compress import minifloat
@@ -79,6 +80,7 @@ def _powersgd_or_dense(shape, rank: int = 2, **hyper) -> base.Compressor:
 register('powersgd', _powersgd_or_dense, ('rank',))
 register('co3', co3.co3, ('fmt', 'gamma', 'coder', 'refit_every'))
 register('e3m0', minifloat.e3m0)
+register('chunked_topk', chunked.chunked_topk, ('density', 'chunk_size', 'gamma', 'value_bits'))
 
 
 def _get(spec, name, default=None):
@@ -98,7 +100,7 @@ def _is_int(v):
 
 # Integer hyper-parameters that must be >= 1, with what they mean.
 _POSITIVE_INTS = {'levels': 'QSGD quantisation levels s', 'bucket_size': 'QSGD entries per norm',
-                  'rank': 'PowerSGD rank r'}
+                  'rank': 'PowerSGD rank r', 'chunk_size': 'chunked top-k entries per chunk'}
 
 
 def _check_hyper(field, name, value):

@@ -127,17 +127,43 @@ def plot_curves(rows: Sequence[Curves], axis: Axis, path: str, target: float | N
     title: figure title; default ``'<y label> vs <x quantity>'``.
     y: which metric.
   """
-  outside = len(rows) > _LEGEND_INSIDE_MAX
-  fig = Figure(figsize=(6.4 + (3.2 if outside else 0.0), 4.4), dpi=120, layout='constrained')
+  return plot_panels([('', rows)], axis, path, target, title, y)
+
+
+def plot_panels(panels: Sequence[tuple[str, Sequence[Curves]]], axis: Axis, path: str,
+                target: float | None = None, title: str | None = None,
+                y: YAxis = ACCURACY) -> str:
+  """Like :func:`plot_curves`, one panel (axes, side by side, the y axis shared) per
+  ``(panel title, rows)``: one comparison per panel, each with its own baseline."""
+  outside = max(len(rows) for _, rows in panels) > _LEGEND_INSIDE_MAX
+  width = (6.4 + (3.2 if outside else 0.0)) * (1 if len(panels) == 1 else 0.8 * len(panels))
+  fig = Figure(figsize=(width, 4.4 + (0.8 if len(panels) > 1 else 0.0)), dpi=120,
+               layout='constrained')
   FigureCanvasAgg(fig)
-  ax = fig.add_subplot()
+  axs = fig.subplots(1, len(panels), sharey=True, squeeze=False)[0]
+  default = f'{y.label.split(" (")[0].capitalize()} vs {axis.label.split(" (")[0]}'
+  for ax, (name, rows) in zip(axs, panels):
+    _draw_panel(ax, rows, axis, y, target, outside and len(panels) == 1)
+    if len(panels) > 1:
+      ax.set_title(name, fontsize='medium')
+  axs[0].set_ylabel(y.label)
+  if len(panels) == 1:
+    axs[0].set_title(title or default)
+  else:
+    fig.suptitle(title or default)
+  fig.savefig(path)
+  return path
+
+
+def _draw_panel(ax, rows: Sequence[Curves], axis: Axis, y: YAxis, target: float | None,
+                outside: bool) -> None:
+  """One panel's lines, target line, scale, labels and legend."""
   drawn, banded = _draw_lines(ax, rows, axis, y)
   if target is not None:
     ax.axhline(y.scale * target, color='0.4', linestyle='--', linewidth=1, label='target '
                + (f'{100 * target:.1f}%' if y is ACCURACY else f'{target:.3g} nats/char'))
   ax.set_xscale('log' if axis.log else 'linear')
-  ax.set(xlabel=axis.label, ylabel=y.label,
-         title=title or f'{y.label.split(" (")[0].capitalize()} vs {axis.label.split(" (")[0]}')
+  ax.set(xlabel=axis.label)
   ax.grid(True, which='major', alpha=0.3)
   if drawn == 0:
     ax.text(0.5, 0.5, 'no evaluations', transform=ax.transAxes, ha='center', va='center')
@@ -148,8 +174,6 @@ def plot_curves(rows: Sequence[Curves], axis: Axis, path: str, target: float | N
            else dict(loc='best'))
   ax.legend(fontsize='small', title_fontsize='small',
             title='shaded: ±1 std over seeds' if banded else None, **where)
-  fig.savefig(path)
-  return path
 
 
 def plot_name(y: YAxis, axis: Axis, prefix: str = '') -> str:
@@ -159,10 +183,13 @@ def plot_name(y: YAxis, axis: Axis, prefix: str = '') -> str:
 
 def write_plots(rows: Sequence[Curves], out_dir: str, target: float | None = None,
                 prefix: str = '', title: str | None = None, y: YAxis = ACCURACY,
-                axes: Sequence[Axis] = AXES) -> list[str]:
+                axes: Sequence[Axis] = AXES,
+                panels: Sequence[tuple[str, Sequence[Curves]]] | None = None) -> list[str]:
   """Writes ``y`` vs each of ``axes`` as ``out_dir/``:func:`plot_name` (titles
-  ``'<title>: <y> vs ...'`` when ``title`` is given); returns their paths."""
+  ``'<title>: <y> vs ...'`` when ``title`` is given); returns their paths. With
+  ``panels`` (``(panel title, rows)`` pairs; ``rows`` is then ignored) each figure has
+  one panel per comparison (:func:`plot_panels`)."""
   os.makedirs(out_dir, exist_ok=True)
   name = lambda a: f'{title}: {y.label.split(" (")[0]} vs {a.label.split(" (")[0]}'
-  return [plot_curves(rows, a, os.path.join(out_dir, plot_name(y, a, prefix)),
+  return [plot_panels(panels or [('', rows)], a, os.path.join(out_dir, plot_name(y, a, prefix)),
                       target, title=title and name(a), y=y) for a in axes]

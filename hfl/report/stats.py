@@ -8,8 +8,8 @@ mean over its runs, with the sample std (ddof = 1), n and the standard error
 std / √n. A *paired* Δ compares a group with a baseline seed by seed (same
 initialisation and data order, which removes most of the seed-to-seed spread):
 ours − baseline for every seed both have, × ``scale`` (100: accuracy fractions
-to points), then mean ± sample std. Reduction = 1 − ours / baseline; factor =
-baseline / ours.
+to points), then mean ± sample std; the same pairing gives each seed's reduction (1 − ours /
+baseline), factor (baseline / ours) and relative change (ours / baseline − 1).
 """
 
 import json
@@ -36,12 +36,14 @@ class Stat(NamedTuple):
 
 
 def stat(values: Iterable[Any]) -> Stat:
-  """The :class:`Stat` of the finite values among ``values`` (None / NaN skipped)."""
+  """The :class:`Stat` of the finite values among ``values`` (None / NaN skipped); the
+  std of equal values is exactly 0 (pandas' summation can leave ~1e-16)."""
   v = pd.to_numeric(pd.Series(list(values), dtype=object), errors='coerce').astype(float)
   v = v[np.isfinite(v)]
   if v.empty:
     return Stat(None, None, 0)
-  return Stat(float(v.mean()), float(v.std()) if len(v) > 1 else None, int(len(v)))
+  std = (0.0 if v.min() == v.max() else float(v.std())) if len(v) > 1 else None
+  return Stat(float(v.mean()), std, int(len(v)))
 
 
 def group_ids(frame: pd.DataFrame, by: Sequence[str] | None = None,
@@ -95,10 +97,33 @@ def group_stat(summary: pd.DataFrame, group: str, metric: str) -> Stat:
   return Stat(get(metric), get(f'{metric}_std'), int(get(f'{metric}_n') or 0))
 
 
+COMPARISONS = ('delta', 'reduction', 'factor', 'change')
+
+
+def compare(kind: str, ours: float, base: float, scale: float = 1.0) -> float | None:
+  """One seed's comparison of ``ours`` with its ``base`` run: ``delta`` scale × (ours −
+  base); ``reduction`` 1 − ours / base; ``factor`` base / ours; ``change`` ours / base − 1.
+  None where it is undefined (a ratio to a base ≤ 0, a factor of ours ≤ 0) or an input
+  is not finite (e.g. a bandwidth no value suffices for)."""
+  if kind not in COMPARISONS:
+    raise ValueError(f'unknown comparison {kind!r}; allowed: {", ".join(COMPARISONS)}')
+  if not (math.isfinite(ours) and math.isfinite(base)):
+    return None
+  if kind == 'delta':
+    return scale * (ours - base)
+  if kind == 'factor':
+    return base / ours if ours > 0 else None
+  if base <= 0:
+    return None
+  return 1.0 - ours / base if kind == 'reduction' else ours / base - 1.0
+
+
 def paired(frame: pd.DataFrame, groups: pd.Series, group: str, base: str,
            metric: str = 'final_acc', scale: float = 100.0,
-           pairs: pd.Series | None = None) -> tuple[Stat, dict]:
-  """The paired Δ of ``metric``, ``group`` vs ``base``: (its :class:`Stat`, {seed: Δ}).
+           pairs: pd.Series | None = None, kind: str = 'delta') -> tuple[Stat, dict]:
+  """The paired comparison of ``metric``, ``group`` vs ``base``: (its :class:`Stat`,
+  {seed: value}); ``kind`` (:func:`compare`): the Δ (default), or the reduction, factor
+  or relative change of each seed's run against the baseline run of the same seed.
 
   ``pairs``: per run, what pairs it with a baseline run (default its ``seed``; rows of
   chosen keys pair on the others, :func:`group_ids`; the dict is then keyed by those).
@@ -110,8 +135,11 @@ def paired(frame: pd.DataFrame, groups: pd.Series, group: str, base: str,
     s = rows[metric].set_axis(rows['seed'] if pairs is None else pairs[groups == g])
     s = s[~s.index.duplicated()]
     return pd.to_numeric(s, errors='coerce').astype(float)
-  d = (scale * (by_seed(group) - by_seed(base))).dropna().sort_index()
-  return stat(d.values), {k: float(v) for k, v in d.items()}
+  ours, base_ = by_seed(group), by_seed(base)
+  both = sorted(set(ours.dropna().index) & set(base_.dropna().index))
+  d = {k: compare(kind, float(ours[k]), float(base_[k]), scale) for k in both}
+  d = {k: v for k, v in d.items() if v is not None}
+  return stat(d.values()), d
 
 
 def reduction(ours: float | None, base: float | None) -> float | None:

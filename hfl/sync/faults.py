@@ -1,14 +1,18 @@
 """Simulated datacenter outages: the ``sync.faults`` spec.
 
 Syntax. ``sync.faults`` is a comma-separated list of ``dc:round`` or
-``dc:first-last`` entries; DC ids and round indices are 0-based integers, ranges
-are inclusive, whitespace is ignored, and the empty string means no outages.
-Entries may overlap (their union is taken). Example::
+``dc:first-last`` entries; DC ids count from 0 (``mesh.num_dcs`` DCs: 0..D-1),
+rounds from 1, ranges are inclusive, whitespace is ignored, and the empty string
+means no outages. Entries may overlap (their union is taken). Example::
 
     '1:10-12,2:5'   # DC 1 misses rounds 10, 11, 12; DC 2 misses round 5
 
-A *round* is one inter-DC round, counted from 0 by the training loop (the round
-whose aggregation produces the (r+1)-th global model is round r).
+A *round* is one inter-DC round, numbered from 1 as everywhere a run shows one
+(round r is the r-th; its aggregation produces the r-th global model; after it
+the run has done r rounds: metrics.jsonl's ``round`` and ``dc_rounds[*].round``,
+the progress line). Configs written before this numbering counted them from 0:
+``'1:0'`` is refused, ``'1:2'`` now names the round that was ``'1:1'``, and a
+run with outages checkpointed then is not continued (hfl.train.check_fault_rounds).
 
 Semantics of an absent DC ``d`` in round ``r``:
 
@@ -45,7 +49,7 @@ _ENTRY = re.compile(r'^([0-9]+):([0-9]+)(?:-([0-9]+))?$')
 
 
 class Outage(NamedTuple):
-  """DC ``dc`` is absent in rounds ``first..last`` (inclusive, 0-based)."""
+  """DC ``dc`` is absent in rounds ``first..last`` (inclusive, numbered from 1)."""
   dc: int
   first: int
   last: int
@@ -63,8 +67,9 @@ def parse_faults(spec: str, num_dcs: int) -> tuple[Outage, ...]:
 
   Raises:
     ValueError: naming ``sync.faults`` if the string is malformed, a DC id is
-      outside ``[0, num_dcs)``, a range is reversed, or some round would have
-      every DC absent; or naming ``mesh.num_dcs`` if ``num_dcs < 1``.
+      outside ``[0, num_dcs)``, a round is 0 (rounds are numbered from 1), a
+      range is reversed, or some round would have every DC absent; or naming
+      ``mesh.num_dcs`` if ``num_dcs < 1``.
   """
   if isinstance(num_dcs, bool) or not isinstance(num_dcs, (int, np.integer)):
     raise ValueError(f'mesh.num_dcs must be an integer, got {num_dcs!r}.')
@@ -82,7 +87,7 @@ def parse_faults(spec: str, num_dcs: int) -> tuple[Outage, ...]:
     if m is None:
       raise ValueError(
           f'sync.faults: malformed entry {entry!r} in {spec!r}; expected '
-          '"dc:round" or "dc:first-last" with non-negative integers, e.g. '
+          '"dc:round" or "dc:first-last" (DC ids from 0, rounds from 1), e.g. '
           '"1:10-12,2:5".')
     dc, first = int(m.group(1)), int(m.group(2))
     last = int(m.group(3)) if m.group(3) is not None else first
@@ -93,6 +98,10 @@ def parse_faults(spec: str, num_dcs: int) -> tuple[Outage, ...]:
     if last < first:
       raise ValueError(
           f'sync.faults: reversed round range in {entry!r} ({first} > {last}).')
+    if first < 1:
+      raise ValueError(
+          f'sync.faults: round 0 in {entry!r}: rounds are numbered from 1 (round 1 is '
+          'the first; metrics.jsonl\'s dc_rounds show the same numbers), e.g. "1:1-2".')
     outages.append(Outage(dc, first, last))
   # If some round has every DC absent, the earliest such round is the start
   # of one of the outages, so it suffices to check those starts.
@@ -106,60 +115,61 @@ def parse_faults(spec: str, num_dcs: int) -> tuple[Outage, ...]:
 
 
 def present_mask(outages: tuple[Outage, ...], num_dcs: int,
-                 round_index: int) -> np.ndarray:
+                 round_number: int) -> np.ndarray:
   """Which DCs take part in a round.
 
   Args:
     outages: from :func:`parse_faults`.
     num_dcs: number of DCs D.
-    round_index: 0-based inter-DC round index, >= 0.
+    round_number: the inter-DC round's number, >= 1 (the first round is 1).
 
   Returns:
     bool [D], True where the DC is present.
 
   Raises:
-    ValueError: if ``round_index`` is not a non-negative integer.
+    ValueError: if ``round_number`` is not a positive integer.
   """
-  if (isinstance(round_index, bool)
-      or not isinstance(round_index, (int, np.integer)) or round_index < 0):
+  if (isinstance(round_number, bool)
+      or not isinstance(round_number, (int, np.integer)) or round_number < 1):
     raise ValueError(
-        f'round index must be a non-negative integer, got {round_index!r}.')
+        f'round number must be a positive integer (rounds are numbered from 1), got '
+        f'{round_number!r}.')
   mask = np.ones((num_dcs,), dtype=bool)
   for o in outages:
-    if o.first <= round_index <= o.last:
+    if o.first <= round_number <= o.last:
       mask[o.dc] = False
   return mask
 
 
 def unreached(spec: str, num_dcs: int, num_rounds: int) -> tuple[Outage, ...]:
-  """The outages of ``spec`` that a run of ``num_rounds`` rounds (0..num_rounds-1)
-  never reaches, wholly or in part (``last >= num_rounds``): a configured fault
+  """The outages of ``spec`` that a run of ``num_rounds`` rounds (1..num_rounds)
+  never reaches, wholly or in part (``last > num_rounds``): a configured fault
   that did not happen, which the run warns about at its end.
 
   Raises:
     ValueError: as :func:`parse_faults`.
   """
-  return tuple(o for o in parse_faults(spec, num_dcs) if o.last >= num_rounds)
+  return tuple(o for o in parse_faults(spec, num_dcs) if o.last > num_rounds)
 
 
 def make_present_fn(spec: str, num_dcs: int) -> Callable[[int], np.ndarray]:
-  """Parses ``sync.faults`` and returns ``present(round) -> bool [D]``.
+  """Parses ``sync.faults`` and returns ``present(round_number) -> bool [D]``.
 
   Args:
     spec: the ``sync.faults`` string.
     num_dcs: number of DCs D (``mesh.num_dcs``).
 
   Returns:
-    A pure function of the 0-based round index returning a fresh bool [D]
+    A pure function of the round's number (from 1) returning a fresh bool [D]
     array (True = present); at least one entry is always True.
 
   Raises:
     ValueError: as :func:`parse_faults` (at construction), and from the
-      returned function for a negative or non-integer round.
+      returned function for a round number below 1 or not an integer.
   """
   outages = parse_faults(spec, num_dcs)
 
-  def present(round_index: int) -> np.ndarray:
-    return present_mask(outages, num_dcs, round_index)
+  def present(round_number: int) -> np.ndarray:
+    return present_mask(outages, num_dcs, round_number)
 
   return present

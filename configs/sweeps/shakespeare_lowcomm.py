@@ -1,0 +1,28 @@
+"""The 2025-26 low-communication methods on the character LM (issue 53), 3 seeds each,
+paired against data parallel (K = 1): DiLoCo (Nesterov outer, H = 16), SparseLoCo
+(configs/sparseloco.py), MuLoCo (Muon inner, DiLoCo outer) with float32 and with 2-bit
+chunked pseudo-gradients. Not run yet: about 12 minutes per run on a 2-core CPU, 15 runs.
+
+  python -m hfl.sweep --sweep=configs/sweeps/shakespeare_lowcomm.py \\
+      --root=workdirs/shakespeare_lowcomm
+"""
+
+DILOCO = {'sync.outer.name': 'nesterov', 'sync.outer.learning_rate': 0.7,
+          'sync.outer.momentum': 0.5}
+MUON = {'optimizer.name': 'muon', 'optimizer.momentum': 0.95, 'optimizer.learning_rate': 0.02,
+        'optimizer.weight_decay': 0.0}
+TWO_BIT = {'compression.wan.name': 'chunked_topk', 'compression.wan.density': 1.0,
+           'compression.wan.value_bits': 2, 'compression.wan.gamma': 1.0}
+
+
+def get_sweep():
+  seeds = {'seed': [0, 1, 2]}
+  return 'configs/shakespeare.py', [
+      dict(seeds, **{'sync.k': 1}),
+      dict(seeds, **DILOCO),
+      dict(seeds, **{'sync.outer.name': 'sgd', 'sync.outer.learning_rate': 1.0,
+                     'sync.outer.momentum': 0.0, 'compression.wan.name': 'chunked_topk',
+                     'compression.wan.density': 0.02, 'compression.wan.gamma': 0.95}),
+      dict(seeds, **DILOCO, **MUON),
+      dict(seeds, **DILOCO, **MUON, **TWO_BIT),
+  ]
