@@ -92,6 +92,11 @@ def get_config(arg: str | None = None) -> ml_collections.ConfigDict:
   c.compression.wan = _compressor('identity')       # DC -> global (pseudo-gradient, all tensors)
   c.compression.small_threshold = 0  # leaves with fewer entries (or ndim < 2) use `small`
   c.compression.small = 'float32'    # float32 | bfloat16 | float16: precision of small leaves
+  # How a round's new global model reaches each DC's workers (hfl.step.broadcast_leaves):
+  # 'downlink' (the thesis's design): the PS sends the correction through the downlink
+  # compressor with its own error feedback wherever that is lossy (bitwise 'gather'
+  # where it is lossless); 'gather': the global model itself (float32 for identity WAN).
+  c.compression.broadcast = 'downlink'
   # Deep Gradient Compression options (Lin et al., ICLR 2018; hfl.compress.dgc).
   c.compression.dgc = ml_collections.ConfigDict()
   c.compression.dgc.momentum = 0.0       # momentum correction m (0: off); needs optimizer.name='sgd'

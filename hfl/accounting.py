@@ -6,7 +6,10 @@ to collectives (``Compressor.wire_bits``; exact integers, hfl.step.host_metrics)
 parameter slices), ``down_bits`` (PS downlink x workers, and with ZeRO-1 the
 W - 1 parameter slices each worker receives), ``wan_bits`` (the DC's
 pseudo-gradient payload) and ``round_down_bits`` (the round's result reaching the
-DC's W workers: W x what each worker holds after the re-gather over 'worker').
+DC's W workers: W x what each worker holds after the re-gather over 'worker' at
+the leaves whose downlink compressor is lossless or with ``compression.broadcast``
+= 'gather', and W x the correction's downlink payload at the others,
+hfl.step.broadcast_correction).
 The training loop turns them into bytes per link:
 
   intra_up   = sum over DCs and iterations of up_bits / 8
@@ -31,6 +34,7 @@ from collections import defaultdict
 import numpy as np
 
 from hfl import collectives
+from hfl import step as step_lib
 from hfl.compress import policy
 
 _DTYPE_BITS = {'f64': 64, 'f32': 32, 'bf16': 16, 'f16': 16, 'f8E5M2': 8, 'f8E4M3FN': 8,
@@ -162,10 +166,21 @@ def static_bits(comps, params_shape, num_w: int,
   return int(up), int(down), int(sum(policy.static_bits(c) for c in comps.wan))
 
 
-def round_down_bits(comps, num_w: int, num_present: int) -> int:
+def round_down_bits(comps, num_w: int, num_present: int, broadcast: str = 'gather') -> int:
   """Planning estimate of ``hfl.step.host_metrics``' ``round_down_bits`` (one DC,
   one round, ``num_present`` DCs present), from payload shapes (nothing runs):
-  W x (the all-reduced WAN leaves' bits + num_present x the all-gathered ones)."""
-  summed = sum(policy.static_bits(c) for c in comps.wan if collectives.reduces(c))
-  gathered = sum(policy.static_bits(c) for c in comps.wan if not collectives.reduces(c))
-  return int(num_w * (summed + num_present * gathered))
+  W x (at the leaves whose update goes through the downlink,
+  ``hfl.step.broadcast_leaves(comps.down, broadcast)``, the downlink payload's bits;
+  at the others the all-reduced WAN leaves' bits + num_present x the all-gathered
+  ones).
+
+  Raises:
+    ValueError: ``broadcast`` not one of ``hfl.step.BROADCASTS``.
+  """
+  sent = step_lib.broadcast_leaves(comps.down, broadcast)
+  summed = sum(policy.static_bits(c) for c, s in zip(comps.wan, sent)
+               if collectives.reduces(c) and not s)
+  gathered = sum(policy.static_bits(c) for c, s in zip(comps.wan, sent)
+                 if not collectives.reduces(c) and not s)
+  corrected = sum(policy.static_bits(c) for c, s in zip(comps.down, sent) if s)
+  return int(num_w * (summed + num_present * gathered + corrected))

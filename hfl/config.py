@@ -151,6 +151,7 @@ def validate(config: ml_collections.ConfigDict, paths: bool = True
   _int(config, 'compression.small_threshold', 0)
   for link in ('uplink', 'downlink', 'wan'):
     policy.check_spec(config.compression[link], f'compression.{link}')
+  validate_broadcast(config)
   validate_dgc(config)
   validate_shard_state(config)
   validate_heterogeneity_options(config)
@@ -220,6 +221,36 @@ def check_budget_warmup(config: ml_collections.ConfigDict, t_d, c_d, schedule=No
 
 
 LR_SCALINGS = ('none', 'inverse_k')  # hfl.train.round_lr_scale
+BROADCASTS = ('downlink', 'gather')  # hfl.step.BROADCASTS
+LOSSLESS_NAMES = ('identity', 'float32')  # registry names of hfl.compress.base.identity
+
+
+def validate_broadcast(config: ml_collections.ConfigDict) -> None:
+  """Checks ``compression.broadcast`` (absent: 'gather', how older runs ran;
+  hfl.step.broadcast_leaves).
+
+  Raises:
+    ValueError: not one of :data:`BROADCASTS`; or 'downlink' with a downlink that may
+      be lossy (``compression.downlink.name`` not identity/float32, or
+      ``compression.small`` not float32) under Streaming DiLoCo
+      (hfl.sync.streaming.enabled): a fragment's merge adopts the global fragment as
+      it is, so the round's update would have to be re-gathered there.
+  """
+  c = config.compression
+  mode = c.get('broadcast', 'gather')
+  _choice(mode, 'compression.broadcast', BROADCASTS)
+  lossy = c.downlink.name not in LOSSLESS_NAMES or c.small != 'float32'
+  if mode == 'downlink' and lossy and streaming.enabled(config.sync):
+    s = config.sync
+    raise ValueError(
+        f"compression.broadcast='downlink' sends the round's update through the lossy "
+        f'downlink (compression.downlink.name={c.downlink.name!r}, compression.small='
+        f'{c.small!r}), which Streaming DiLoCo (sync.fragments={s.get("fragments", 1)}, '
+        f'sync.overlap_steps={s.get("overlap_steps", 0)}, sync.mixing_alpha='
+        f'{s.get("mixing_alpha", 0.0)}, sync.eager={s.get("eager", False)}) does not '
+        "support: its fragments merge the global model as it is. Set "
+        "compression.broadcast='gather', or a lossless downlink (compression.downlink.name="
+        "'identity' and compression.small='float32'), or turn streaming off")
 
 
 def validate_heterogeneity_options(config: ml_collections.ConfigDict) -> None:

@@ -13,7 +13,9 @@ where ``up_bits_d``/``down_bits_d`` are the totals over the DC's workers, taken 
 the payloads actually sent (hfl.accounting), never from a formula.
 
 After an inter-DC round, the round's result reaches the DC's W workers over the
-same LAN (hfl.step's re-gather over 'worker', ``round_down_bits``): it costs
+same LAN (``round_down_bits``: hfl.step's re-gather over 'worker' of the WAN result,
+or, where ``compression.broadcast='downlink'`` and the downlink compressor is lossy,
+the PS's correction through the downlink compressor, W x its payload): it costs
 ``round_down_bits_d / lan_bps + lan_latency_s`` (:func:`lan_time`), added to the
 DC's round communication time.
 

@@ -46,7 +46,14 @@ iteration (as MaxText's DiLoCo wraps its inner step)::
      hfl.collectives.run_fused), decoded and combined with the per-DC weights in
      float32 (FedAvg n_d/n over present DCs, or FedNova's rescaled weights).
   6. the outer optimizer (hfl.sync.outer.apply_outer) applies Σ_d s_d Δ̂_d to
-     x_global; every DC restarts from the new x_global.
+     x_global; every DC restarts from the new x_global' — as it is (the re-gather
+     of step 5) at a leaf whose downlink compressor is lossless, and through the
+     downlink at a lossy one (:func:`broadcast_correction`; ``broadcast='gather'``
+     in :func:`init_state` re-gathers every leaf): the DC's PS sends the workers
+     the correction c = (x_global' - x_global) + Δ_d with its own error feedback
+     (p = c + e, payload = C_down(p), e <- p - D(payload)); the workers add
+     D(payload), and the model they then hold is the next round's reference point
+     x_ref, against which Δ_d is taken (x_ref = x_global at re-gathered leaves).
 
 Bits on every link are those of the payloads handed to the collectives
 (``Compressor.wire_bits``): Python ints fixed when the program is traced
@@ -56,7 +63,11 @@ Every collective of both programs is a link's: the uplink over 'worker', the
 ZeRO-1 parameter all-gather over 'worker' (each worker pushes its slice to the PS,
 intra_up, which forwards it to the other W - 1 workers, intra_down), the WAN
 exchange over 'dc' (inter_dc) and the round's re-gather over 'worker' (charged to
-intra_down as ``round_down_bits``). A dense (linear) downlink reaches each worker
+intra_down as ``round_down_bits`` at the leaves the round reaches as the gathered
+global model; at the leaves whose update goes through the downlink the re-gather
+only assembles x_global' on the replicated PS, and ``round_down_bits`` charges
+W x the correction's payload instead, which, like the PS downlink, crosses no
+collective of the simulation). A dense (linear) downlink reaches each worker
 as its slice only with ZeRO-1 (hfl.accounting.static_bits). Non-finite
 gradients, payloads and residuals are flagged per link and leaf
 (:func:`finiteness_flags`).
@@ -119,6 +130,15 @@ class TrainState(NamedTuple):
   # Streaming DiLoCo's eager stand-in x~_d (hfl.sync.streaming), leaves f32[D, ...],
   # P('dc'); () unless sync.eager.
   eager: Any = ()
+  # The round's update through the downlink (:func:`broadcast_leaves`): the PS's
+  # error-feedback state of the post-round correction, a LinkState whose leaves are
+  # [D, ...], P('dc') (residual None at a lossless leaf), and the reference point
+  # x_ref: the model the DC's workers hold at the round's start, leaves f32[D, ...],
+  # P('dc'), None at every leaf the round reaches as the gathered global model. Both
+  # () when no leaf goes through the downlink (lossless downlink, or
+  # init_state(..., broadcast='gather')): such runs' checkpoints do not grow.
+  bcast: Any = ()
+  ref: Any = ()
 
 
 class Compressors(NamedTuple):
@@ -155,7 +175,8 @@ def state_specs(state_like: TrainState) -> TrainState:
   return TrainState(
       params=P(DC), opt_state=P(DC, WORKER) if is_sharded(state_like) else P(DC),
       global_params=P(), outer_state=P(), up=P(DC, WORKER), down=P(DC), wan=P(DC),
-      local_steps=P(DC), step=P(), key=P(), dgc_velocity=P(DC, WORKER), eager=P(DC))
+      local_steps=P(DC), step=P(), key=P(), dgc_velocity=P(DC, WORKER), eager=P(DC),
+      bcast=P(DC), ref=P(DC))
 
 
 def state_shardings(mesh: Mesh, state_like: TrainState) -> TrainState:
@@ -184,13 +205,51 @@ def init_link(comps: Sequence[base.Compressor], params, lead) -> LinkState:
   return LinkState(_stack(residual, lead), _stack([c.init() for c in comps], lead))
 
 
+# How the round's new global model reaches a DC's workers (``compression.broadcast``).
+BROADCASTS = ('downlink', 'gather')
+# The round's correction of its j-th leaf draws fold_in(fold_in(dc key, 2000), j).
+BROADCAST_KEY_OFFSET = 2000
+
+
+def broadcast_leaves(down: Sequence[base.Compressor], broadcast: str = 'downlink') -> list:
+  """Per parameter leaf, whether the round's update reaches the DC's workers through
+  the downlink compressor (True) or as the re-gathered global model (False).
+
+  'downlink' (the thesis's design): after the inter-DC exchange the DC's PS sends its
+  workers the correction through the leaf's downlink compressor with its own error
+  feedback (:func:`broadcast_correction`), wherever that compressor is lossy; a leaf
+  with a lossless downlink (identity) gets the re-gathered global model exactly as
+  with 'gather', so lossless configurations are bitwise unchanged. 'gather': every
+  leaf is re-gathered (the global model in full, whatever the downlink compressor).
+
+  Raises:
+    ValueError: ``broadcast`` not one of :data:`BROADCASTS`.
+  """
+  if broadcast not in BROADCASTS:
+    raise ValueError(f'broadcast={broadcast!r} must be one of {BROADCASTS}')
+  return [broadcast == 'downlink' and not c.lossless for c in down]
+
+
+def _state_broadcast(comps: Compressors, state_like) -> tuple:
+  """Per leaf, whether ``state_like`` (built by :func:`init_state`) sends the round's
+  update through the downlink: its lossy downlink leaves when it holds a broadcast
+  link state, else none."""
+  if isinstance(state_like.bcast, tuple) and state_like.bcast == ():
+    return tuple(False for _ in comps.down)
+  return tuple(broadcast_leaves(comps.down, 'downlink'))
+
+
 def check_links(comps: Compressors, state_like) -> None:
   """Raises ValueError when a link's compressors are not one per parameter leaf, or a
   lossy compressor's leaf has no residual in the state (a state built by
-  :func:`init_state` for other compressors). Leaves are named by their path."""
+  :func:`init_state` for other compressors), or the round's correction (``bcast``,
+  :func:`broadcast_leaves`) has a lossy downlink leaf without its residual and
+  reference point. Leaves are named by their path."""
   paths, treedef = jax.tree_util.tree_flatten_with_path(state_like.params)
-  for link in ('up', 'down', 'wan'):
-    link_comps = getattr(comps, link)
+  sent = _state_broadcast(comps, state_like) if len(comps.down) == len(paths) else ()
+  links = ('up', 'down', 'wan') + (('bcast',) if any(sent) else ())
+  for link in links:
+    link_comps = getattr(comps, 'down' if link == 'bcast' else link)
     if len(link_comps) != len(paths):
       raise ValueError(f'make_step: {len(link_comps)} {link} compressors for '
                        f'{len(paths)} parameter leaves')
@@ -202,13 +261,22 @@ def check_links(comps: Compressors, state_like) -> None:
             f'compressor {c.name!r}, which needs an error-feedback residual, but the state '
             'holds none (it was built for a lossless compressor there); build the state '
             'with init_state(...) for the same compressors')
+  if any(sent):
+    ref = treedef.flatten_up_to(state_like.ref)
+    for i, (b, r, (path, _)) in enumerate(zip(sent, ref, paths)):
+      if b and r is None:
+        raise ValueError(
+            f'make_step: the round\'s correction of leaf {i} ({jax.tree_util.keystr(path)}) '
+            'goes through its lossy downlink compressor but the state holds no reference '
+            'point there; build the state with init_state(...) for the same compressors')
 
 
 def init_state(params, optimizer: optax.GradientTransformation,
                outer: optax.GradientTransformation, comps: Compressors,
                num_dcs: int, workers_per_dc: int, key,
                dgc_momentum: bool = False, shard_state: bool = False,
-               stream: streaming.Spec | None = None) -> TrainState:
+               stream: streaming.Spec | None = None,
+               broadcast: str = 'downlink') -> TrainState:
   """Builds the initial state from one set of global parameters (all DCs start equal).
 
   Pure; call under ``jax.jit(..., out_shardings=...)`` to allocate it sharded.
@@ -228,8 +296,24 @@ def init_state(params, optimizer: optax.GradientTransformation,
     stream: Streaming DiLoCo (hfl.sync.streaming.Spec): ``outer_state`` is then a
       tuple of per-fragment outer states, and with ``eager`` ``eager`` holds the
       per-DC stand-ins (leaves f32[D, ...]).
+    broadcast: how the round's update reaches the workers (:func:`broadcast_leaves`,
+      :data:`BROADCASTS`). Where a leaf goes through its lossy downlink compressor,
+      ``bcast`` holds the correction's link state (zero residual, fresh compressor
+      state, leaves [D, ...]) and ``ref`` the workers' model (x_global at the start);
+      both are () when no leaf does.
+
+  Raises:
+    ValueError: an unknown ``broadcast``; Streaming DiLoCo (``stream``) with a lossy
+      downlink leaf and broadcast='downlink' (a fragment's merge adopts the global
+      fragment as it is: use broadcast='gather').
   """
   d, w = num_dcs, workers_per_dc
+  sent = broadcast_leaves(comps.down, broadcast)
+  if any(sent) and stream is not None:
+    raise ValueError(
+        "init_state: broadcast='downlink' with a lossy downlink compressor cannot be "
+        "combined with Streaming DiLoCo (fragments merge the global model as it is); "
+        "use broadcast='gather'")
   if shard_state:
     per_worker = jax.vmap(lambda i: optimizer.init(
         collectives.split_tree(params, w, i)))(jnp.arange(w))
@@ -244,6 +328,11 @@ def init_state(params, optimizer: optax.GradientTransformation,
       dgc_velocity=_stack(jax.tree.map(jnp.zeros_like, params), (d, w)) if dgc_momentum
       else (),
       eager=_stack(params, (d,)) if stream is not None and stream.eager else ())
+  if any(sent):
+    leaves, treedef = jax.tree.flatten(params)
+    state = state._replace(
+        bcast=init_link(comps.down, params, (d,)),
+        ref=_stack(treedef.unflatten([x if b else None for b, x in zip(sent, leaves)]), (d,)))
   if stream is not None:
     state = state._replace(outer_state=streaming.init_outer(outer, params, stream.fragments))
   return state
@@ -468,6 +557,8 @@ class Setup(NamedTuple):
   dgc: dgc.Options    # DGC momentum correction / local clipping
   prox_mu: float = 0.0  # FedProx proximal coefficient mu (0: off), local_gradient
   stream: Any = None  # hfl.sync.streaming.Spec (Streaming DiLoCo), or None
+  # per leaf, the round's update goes through the downlink (broadcast_leaves); () none
+  bcast: tuple = ()
 
 
 class Keys(NamedTuple):
@@ -648,7 +739,9 @@ def intra_dc_iteration(setup: Setup, state: TrainState, images, labels, active, 
   Returns:
     (new state — step + 1, local_steps + active —, loss f32[], IterationCharge).
   """
-  loss, grads = local_gradient(setup, state.params, images, labels, state.global_params)
+  # FedProx's anchor is the model the workers started the round from (x_ref).
+  anchor = round_reference(setup, state) if float(setup.prox_mu) > 0 else state.global_params
+  loss, grads = local_gradient(setup, state.params, images, labels, anchor)
   up, velocity = uplink(setup, grads, state.up, state.dgc_velocity, keys.worker)
   down, down_grads, down_bits = ps_downlink(setup, up.agg, state.down, keys.dc)
   params, opt_state, gather = apply_inner(setup, state.params, state.opt_state, down_grads,
@@ -670,10 +763,20 @@ class RoundCharge(NamedTuple):
   wan_sum: int     # static bits of the all-reduced WAN leaves
   wan_gather: int  # static bits of the all-gathered WAN leaves
   # f32[2], this worker's share (hfl.collectives.share) of this DC's
-  # ||x_d - x_global||_2^2 before the round (the pseudo-gradient's squared norm) and
-  # ||x_d - x_global'||_2^2 after it (x_global' the new global model); the host sums
-  # the W shares (host_metrics).
+  # ||x_d - x_ref||_2^2 before the round (the pseudo-gradient's squared norm; x_ref =
+  # x_global unless the update goes through the downlink) and ||x_d - x_global'||_2^2
+  # after it (x_global' the new global model); the host sums the W shares
+  # (host_metrics).
   drift: Any = None
+  # The round's update reaching the DC's workers (:func:`broadcast_leaves`): the
+  # correction's payload through the downlink (static: one payload's bits, which
+  # each of the W workers receives; dynamic and flags per leaf, 0 at a re-gathered
+  # leaf), and the re-gathered leaves' WAN payload bits, all-reduced / all-gathered
+  # (static; the dynamic ones are the WAN's at the leaves of ``regathered``).
+  bcast: LinkCharge | None = None
+  regather_sum: int = 0
+  regather_gather: int = 0
+  regathered: tuple = ()  # per leaf, re-gathered (True) or through the downlink
 
 
 def inter_dc_round(setup: Setup, state: TrainState, weights, key):
@@ -694,22 +797,102 @@ def inter_dc_round(setup: Setup, state: TrainState, weights, key):
     RoundCharge).
   """
   present = weights[jax.lax.axis_index(DC)] > 0
-  pseudo = jax.tree.map(lambda x0, x: x0 - x, state.global_params, state.params)
+  start = round_reference(setup, state)
+  pseudo = jax.tree.map(lambda x0, x: x0 - x, start, state.params)
   wan = exchange(setup.comps.wan, pseudo, state.wan, key, DC, setup.num_dcs, weights=weights,
                  split_axis=WORKER, split_size=setup.num_workers,
                  key_offset=WAN_KEY_OFFSET, fuse=True)
   global_params, outer_state = outer_lib.apply_outer(setup.outer, state.global_params,
                                                      wan.agg, state.outer_state)
   part = (jax.lax.axis_index(WORKER), setup.num_workers)
-  drift = jnp.stack([squared_distance(state.params, state.global_params, part),
+  drift = jnp.stack([squared_distance(state.params, start, part),
                      squared_distance(state.params, global_params, part)])
   new = state._replace(params=global_params, global_params=global_params,
                        outer_state=outer_state, wan=_keep(present, wan.link, state.wan),
                        local_steps=jnp.zeros_like(state.local_steps))
+  new, bcast = broadcast_correction(setup, new, state.params, state.global_params, pseudo, key)
+  sent = setup.bcast or (False,) * len(setup.comps.wan)
   static = [(int(b), reduces(c)) for c, b in zip(setup.comps.wan, wan.bits) if _is_static(b)]
+  again = [(int(b), reduces(c)) for c, b, s in zip(setup.comps.wan, wan.bits, sent)
+           if _is_static(b) and not s]
   return new, RoundCharge(link_charge(wan.bits, wan.flags),
                           sum(b for b, r in static if r), sum(b for b, r in static if not r),
-                          drift)
+                          drift, bcast, sum(b for b, r in again if r),
+                          sum(b for b, r in again if not r), tuple(not s for s in sent))
+
+
+def round_reference(setup: Setup, state: TrainState):
+  """x_ref, the model the DC's workers started the round from (per-device view): the
+  state's reference point at the leaves whose round update goes through the
+  downlink (:func:`broadcast_leaves`), x_global at the others. The round's
+  pseudo-gradient is Δ_d = x_ref - x_d, the DC's own progress: what the workers
+  have not yet received of x_global (still in the PS's residual) is neither lost
+  nor counted as the DC's."""
+  if not any(setup.bcast):
+    return state.global_params
+  g, treedef = jax.tree.flatten(state.global_params)
+  ref = treedef.flatten_up_to(state.ref)
+  return treedef.unflatten([r if b else x for b, r, x in zip(setup.bcast, ref, g)])
+
+
+def broadcast_correction(setup: Setup, state: TrainState, params, global_params, pseudo,
+                         key):
+  """The round's update reaching the DC's workers through the downlink (per device).
+
+  At a leaf of :func:`broadcast_leaves` the DC's PS sends the correction
+
+      c = (x_global' - x_global) + Δ_d = x_global' - (x_global - Δ_d),
+
+  what the workers must add to the model they hold (x_ref - Δ_d) to reach
+  x_global' had they started the round from x_global, through the leaf's downlink
+  compressor with its own error feedback (:func:`downlink`, hfl.compress.ef):
+  p = c + γ e, payload = C_down(p), e <- p - D(payload); every worker adds
+  x_d <- x_d + D(payload), which becomes the next round's reference point x_ref.
+  With γ = 1 the workers' model is then x_global' - e exactly up to float32
+  rounding (e: what the residual still holds), and Σ_rounds c = Σ D(payload) + e.
+  The PS runs replicated on the DC's workers (SPMD), so no collective carries the
+  payload; each worker decodes the same one, and checks its share of the
+  finiteness flags. An absent DC (weight 0) gets its correction too: its own
+  progress Δ_d, which the round discarded, is undone by it. Every other leaf takes
+  x_global' as it is (the re-gather over 'worker' of :func:`inter_dc_round`).
+
+  Args:
+    setup: :class:`Setup`; state: the TrainState after the outer step, whose
+      ``params`` and ``global_params`` are x_global'; params: x_d before the round;
+      global_params: x_global before it; pseudo: Δ_d (pytree like the parameters,
+      f32); key: ``Keys.dc`` (the correction's j-th leaf draws
+      fold_in(fold_in(key, BROADCAST_KEY_OFFSET), j)).
+
+  Returns:
+    (state with ``params``, ``ref`` and ``bcast`` of the correction's leaves set,
+    LinkCharge of one payload: static bits, dynamic bits and flags per leaf, 0 at the
+    re-gathered leaves).
+  """
+  n = len(setup.comps.down)
+  if not any(setup.bcast):
+    return state, no_charge(n)
+  idx = [i for i, b in enumerate(setup.bcast) if b]
+  leaves = lambda tree: jax.tree.leaves(tree)
+  new_g, treedef = jax.tree.flatten(state.global_params)
+  old_g, x, delta = leaves(global_params), leaves(params), leaves(pseudo)
+  res = treedef.flatten_up_to(state.bcast.residual)
+  cstates = list(state.bcast.compressor_state)
+  corr = [(new_g[i] - old_g[i]) + delta[i] for i in idx]
+  wk = jax.lax.axis_index(WORKER)
+  out = downlink([setup.comps.down[i] for i in idx], corr,
+                 LinkState([res[i] for i in idx], [cstates[i] for i in idx]),
+                 jax.random.fold_in(key, BROADCAST_KEY_OFFSET),
+                 [(wk, setup.num_workers)] * len(idx))
+  new_x, new_ref = list(new_g), treedef.flatten_up_to(state.ref)
+  bits, flags = [0] * n, [jnp.int32(0)] * n
+  for j, i in enumerate(idx):
+    new_x[i] = x[i] + out.agg[j]
+    new_ref[i] = new_x[i]
+    res[i], cstates[i] = out.link.residual[j], out.link.compressor_state[j]
+    bits[i], flags[i] = out.bits[j], out.flags[j]
+  state = state._replace(params=treedef.unflatten(new_x), ref=treedef.unflatten(new_ref),
+                         bcast=LinkState(treedef.unflatten(res), cstates))
+  return state, link_charge(bits, flags)
 
 
 def squared_distance(a, b, part=None) -> jax.Array:
@@ -805,8 +988,10 @@ def stream_event(setup: Setup, state: TrainState, weights, key, event: streaming
   if event.merge >= 0:
     state = state._replace(params=merge_fragment(spec, state, spec.fragments[event.merge]))
   static = [(int(b), reduces(c)) for c, b in zip(setup.comps.wan, bits) if _is_static(b)]
-  return state, RoundCharge(link_charge(bits, flags), sum(b for b, r in static if r),
-                            sum(b for b, r in static if not r))
+  wan_sum, wan_gather = sum(b for b, r in static if r), sum(b for b, r in static if not r)
+  # Every fragment leaf is re-gathered (Streaming DiLoCo refuses the downlink path).
+  return state, RoundCharge(link_charge(bits, flags), wan_sum, wan_gather, None,
+                            no_charge(n), wan_sum, wan_gather, (True,) * n)
 
 
 class ProgramInfo(NamedTuple):
@@ -822,11 +1007,22 @@ class ProgramInfo(NamedTuple):
   wan_sum: int    # static bits of one DC's WAN payload leaves that are all-reduced
   wan_gather: int  # static bits of one DC's WAN payload leaves that are all-gathered
   num_leaves: int
+  # The round's update reaching a DC's workers (RoundCharge): static bits of the
+  # correction's payload through the downlink (one worker receives it), and of the
+  # re-gathered leaves' WAN payloads (all-reduced / all-gathered); per leaf, whether
+  # it is re-gathered (() without a round: every leaf).
+  bcast: int = 0
+  regather_sum: int = 0
+  regather_gather: int = 0
+  regathered: tuple = ()
+
+
+NUM_LINKS = 4  # uplink, downlink, WAN, the round's correction (LINK_NAMES)
 
 
 def metrics_size(num_leaves: int) -> int:
   """Entries of one device's packed metrics vector (see :func:`make_step`)."""
-  return 1 + 6 * num_leaves + NUM_DRIFT
+  return 1 + 2 * NUM_LINKS * num_leaves + NUM_DRIFT
 
 
 NUM_DRIFT = 2  # RoundCharge.drift entries
@@ -911,7 +1107,8 @@ def make_step(apply_fn: Callable, optimizer: optax.GradientTransformation,
     do_round: static bool, end the iteration with an inter-DC round (or an
       Event: :func:`stream_event`; one program per event).
   and returns the new state and the metrics: int32[D, W, metrics_size(L)] (L
-  leaves, :func:`pack_metrics` of the uplink, downlink and WAN), sharded
+  leaves, :func:`pack_metrics` of the uplink, downlink, WAN and the round's
+  correction through the downlink), sharded
   P('dc', 'worker'); no collective is spent on them. Read them with
   :func:`host_metrics` and ``step.info[do_round]`` (a :class:`ProgramInfo`, set
   when the program is traced).
@@ -924,11 +1121,17 @@ def make_step(apply_fn: Callable, optimizer: optax.GradientTransformation,
   opts = dgc_options or dgc.Options()
   _check_options(state_like, opts)
   check_links(comps, state_like)
+  sent = _state_broadcast(comps, state_like)
+  if any(sent) and stream is not None:
+    raise ValueError('make_step: the state sends the round\'s update through a lossy '
+                     'downlink (init_state(..., broadcast=\'downlink\')), which Streaming '
+                     'DiLoCo cannot; build it with broadcast=\'gather\'')
 
   loss_fn = lambda params, images, labels: optax.softmax_cross_entropy_with_integer_labels(
       apply_fn(params, images), labels).mean()
   setup = Setup(loss_fn, optimizer, outer, comps, mesh.shape[DC], mesh.shape[WORKER],
-                is_sharded(state_like), opts, prox_mu=float(prox_mu), stream=stream)
+                is_sharded(state_like), opts, prox_mu=float(prox_mu), stream=stream,
+                bcast=sent if any(sent) else ())
   num_leaves = jax.tree.structure(state_like.params).num_leaves
   specs, info = state_specs(state_like), {}
 
@@ -938,9 +1141,11 @@ def make_step(apply_fn: Callable, optimizer: optax.GradientTransformation,
     local, loss, it = intra_dc_iteration(setup, to_local(state, specs), images[0, 0],
                                          labels[0, 0], act, keys, lr_scale)
     local, rnd = _end_iteration(setup, local, weights, keys.dc, do_round, num_leaves)
-    info[do_round] = ProgramInfo(syncs(do_round), it.up.static, it.down.static, rnd.wan_sum,
-                                 rnd.wan_gather, num_leaves)
-    packed = pack_metrics(loss, (it.up, it.down, rnd.wan), rnd.drift)
+    info[do_round] = ProgramInfo(
+        syncs(do_round), it.up.static, it.down.static, rnd.wan_sum, rnd.wan_gather,
+        num_leaves, rnd.bcast.static, rnd.regather_sum, rnd.regather_gather,
+        rnd.regathered or (True,) * num_leaves)
+    packed = pack_metrics(loss, (it.up, it.down, rnd.wan, rnd.bcast), rnd.drift)
     return from_local(local, specs), packed[None, None]
 
   def build(do_round):
@@ -977,7 +1182,7 @@ def _end_iteration(setup: Setup, state: TrainState, weights, key, do_round, num_
     return stream_event(setup, state, weights, key, do_round)
   if do_round:
     return inter_dc_round(setup, state, weights, key)
-  return state, RoundCharge(no_charge(num_leaves), 0, 0)
+  return state, RoundCharge(no_charge(num_leaves), 0, 0, None, no_charge(num_leaves))
 
 
 def program_key(do_round):
@@ -1008,21 +1213,24 @@ def host_metrics(info: ProgramInfo, metrics, active, weights=None) -> dict:
     (int64, the PS downlink to all W workers), ``wan_bits`` (int64, the DC's
     pseudo-gradient payload; 0 without a round or for an absent DC) and
     ``round_down_bits`` (int64, the round's result reaching the DC's W workers
-    over the LAN: W x (the all-reduced WAN leaves' payload + every present DC's
-    all-gathered WAN payload), the bits each worker holds after the re-gather over
-    'worker'; 0 without a round); ``flags`` int32[D, W, 3, L] (finiteness
-    flags of the uplink, downlink and WAN per leaf); ``update_l2`` and
-    ``drift_l2`` (float64 [D], :attr:`RoundCharge.drift`: ||x_d - x_global||_2
+    over the LAN, 0 without a round: W x, at the leaves whose update goes through
+    the downlink (:func:`broadcast_leaves`), the DC's correction payload, and at the
+    others the all-reduced WAN leaves' payload + every present DC's all-gathered
+    WAN payload, the bits each worker holds after the re-gather over 'worker');
+    ``flags`` int32[D, W, NUM_LINKS, L] (finiteness flags of the uplink, downlink,
+    WAN and the round's correction per leaf); ``update_l2`` and
+    ``drift_l2`` (float64 [D], :attr:`RoundCharge.drift`: ||x_d - x_ref||_2
     before the round and ||x_d - x_global'||_2 after it: the W workers' float32
     sums of squares over their slices, added in float64; 0 without a round).
-    Downlink and WAN flags are each worker's share of its DC's values
+    Downlink, WAN and correction flags are each worker's share of its DC's values
     (:func:`finiteness_flags` ``part``): OR them over the workers for the DC's.
   """
   m = np.asarray(metrics)
   d, w, _ = m.shape
-  n = info.num_leaves
+  n, k = info.num_leaves, NUM_LINKS
   loss = np.ascontiguousarray(m[..., 0]).view(np.float32).astype(np.float64).mean(axis=1)
-  dyn = m[..., 1:1 + 3 * n].astype(np.int64).reshape(d, w, 3, n).sum(axis=-1)
+  dyn_leaf = m[..., 1:1 + k * n].astype(np.int64).reshape(d, w, k, n)
+  dyn = dyn_leaf.sum(axis=-1)
   active = np.asarray(active, bool)
   zero = np.zeros(d, np.int64)
   up = np.where(active, w * info.up + dyn[:, :, 0].sum(axis=1), zero)
@@ -1032,30 +1240,36 @@ def host_metrics(info: ProgramInfo, metrics, active, weights=None) -> dict:
     present = np.asarray(weights) > 0
     gathered = np.where(present, info.wan_gather + dyn[:, 0, 2], zero)  # same on every worker
     wan = np.where(present, info.wan_sum + gathered, zero)
-    round_down = np.full(d, w * (info.wan_sum + int(gathered.sum())), np.int64)
-  shares = np.ascontiguousarray(m[..., 1 + 6 * n:]).view(np.float32).astype(np.float64)
+    again = np.asarray(info.regathered or (True,) * n, bool)
+    regathered = np.where(present, info.regather_gather + dyn_leaf[:, 0, 2, again].sum(-1),
+                          zero)
+    # Every worker decodes the same correction payload (the replicated PS's).
+    round_down = (w * (info.regather_sum + int(regathered.sum())) + w * info.bcast
+                  + dyn[:, :, 3].sum(axis=1))
+  shares = np.ascontiguousarray(m[..., 1 + 2 * k * n:]).view(np.float32).astype(np.float64)
   drift = np.sqrt(shares.sum(axis=1))  # [D, 2]: the W workers' shares summed
-  return dict(loss=loss, up_bits=up, down_bits=down, wan_bits=wan, round_down_bits=round_down,
-              flags=m[..., 1 + 3 * n:1 + 6 * n].reshape(d, w, 3, n),
+  return dict(loss=loss, up_bits=up, down_bits=down, wan_bits=wan,
+              round_down_bits=np.asarray(round_down, np.int64),
+              flags=m[..., 1 + k * n:1 + 2 * k * n].reshape(d, w, k, n),
               update_l2=drift[:, 0], drift_l2=drift[:, 1])
 
 
-LINK_NAMES = ('uplink', 'downlink', 'WAN')
+LINK_NAMES = ('uplink', 'downlink', 'WAN', "round's correction through the downlink")
 
 
 def first_nonfinite(flags, leaf_names: Sequence[str] | None = None) -> str | None:
   """Where the first non-finite value of one iteration was, in words, or None.
 
   Args:
-    flags: int32[D, W, 3, L] from :func:`host_metrics`.
+    flags: int32[D, W, NUM_LINKS, L] from :func:`host_metrics`.
     leaf_names: the L leaves' pytree paths (default: their indices).
 
   Returns:
     e.g. ``"input of leaf ['Dense_0']['kernel'] on the uplink (DC 0, worker 2)"``
     (the input is the gradient on the uplink, the aggregate on the downlink, the
-    pseudo-gradient on the WAN; the downlink and WAN name the DC only, whose
-    workers each check a share of them) — links in the order uplink, downlink,
-    WAN; None when every value was finite.
+    pseudo-gradient on the WAN, the correction on the round's correction; all but
+    the uplink name the DC only, whose workers each check a share of them) — links
+    in the order of :data:`LINK_NAMES`; None when every value was finite.
   """
   flags = np.asarray(flags)
   for link in range(flags.shape[2]):

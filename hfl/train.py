@@ -302,8 +302,16 @@ def planned_times(config, net: network.NetworkModel, comps, params_shape
   up, down, wan = accounting.static_bits(comps, params_shape, w, shard_state(config))
   t_d = network.iteration_time(net, np.full(d, up * w), np.full(d, down * w))
   c_d = (network.round_comm_time(net, np.full(d, wan))
-         + network.lan_time(net, np.full(d, accounting.round_down_bits(comps, w, d))))
+         + network.lan_time(net, np.full(d, accounting.round_down_bits(
+             comps, w, d, broadcast(config)))))
   return t_d, c_d
+
+
+def broadcast(config) -> str:
+  """How the round's update reaches the workers: ``compression.broadcast``
+  (hfl.step.broadcast_leaves); 'gather' when absent (a config older than the field,
+  which ran that way: hfl.train.ADDED_SECTIONS)."""
+  return config.compression.get('broadcast', 'gather')
 
 
 def _sample_input(dataset):
@@ -427,9 +435,11 @@ ADDED_SECTIONS = {('compression', 'dgc'): dict(momentum=0.0, clip_norm=0.0, warm
                   ('sync', 'progress_test'): 'endpoints',
                   ('sync', 'fragments'): 1, ('sync', 'overlap_steps'): 0,
                   ('sync', 'mixing_alpha'): 0.0, ('sync', 'eager'): False,
-                  **{('compression', link, field): value
-                     for link in ('uplink', 'downlink', 'wan')
-                     for field, value in (('chunk_size', 4096), ('value_bits', 2))}}
+                   # Runs before issue 48 re-gathered the round's global model.
+                   ('compression', 'broadcast'): 'gather',
+                   **{('compression', link, field): value
+                      for link in ('uplink', 'downlink', 'wan')
+                      for field, value in (('chunk_size', 4096), ('value_bits', 2))}}
 
 
 def upgrade_config(old: dict) -> dict:
@@ -857,7 +867,7 @@ def _init_fn(s: Setup) -> Callable:
     return step_lib.init_state(params, s.optimizer, s.outer, s.comps, s.num_dcs,
                                s.workers_per_dc, jax.random.fold_in(key, 1),
                                dgc_momentum=s.dgc.momentum > 0, shard_state=s.shard_state,
-                               stream=s.stream)
+                               stream=s.stream, broadcast=broadcast(s.config))
   return init
 
 
@@ -1068,8 +1078,9 @@ def round_diagnostics(rnd: int, actives, present, batch: int, weights, m) -> dic
 
   Returns:
     ``{'round', 'samples': [D] ints (K_d x W x B; 0 for an absent DC, whose work
-    is discarded), 'weight': [D] s_d, 'update_l2': [D] ||x_d - x_global||_2 at
-    the round's end (its pseudo-gradient), 'drift_l2': [D] ||x_d - x_global'||_2
+    is discarded), 'weight': [D] s_d, 'update_l2': [D] ||x_d - x_ref||_2 at
+    the round's end (its pseudo-gradient; x_ref = x_global unless the round's update
+    goes through a lossy downlink, hfl.step.round_reference), 'drift_l2': [D] ||x_d - x_global'||_2
     from the new global model (float32 norms), 'contribution': [D]
     s_d ||Delta_d|| / sum_e s_e ||Delta_e|| (each DC's share of the weighted
     update norms; 0s when all are 0)}``.

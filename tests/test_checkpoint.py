@@ -341,9 +341,11 @@ def test_checkpoint_with_residuals_of_lossless_links_restores_without_them(tmp_p
   leaves = jax.tree.leaves(params)
   ident = [base.identity(l.shape) for l in leaves]
   bf16 = [base.cast(l.shape, jnp.bfloat16) for l in leaves]
-  # The old state: the same structure with a (lossy-shaped) residual on every link.
+  # The old state: the same structure with a (lossy-shaped) residual on every link
+  # (and, as before issue 48, the round's global model re-gathered: no broadcast state).
   old = step_lib.init_state(params, optax.adam(0.1), optax.sgd(1.0),
-                            step_lib.Compressors(bf16, bf16, bf16), 1, 2, jax.random.PRNGKey(0))
+                            step_lib.Compressors(bf16, bf16, bf16), 1, 2, jax.random.PRNGKey(0),
+                            broadcast='gather')
   old = old._replace(params=jax.tree.map(lambda x: x + 0.5, old.params))
   now = step_lib.init_state(params, optax.adam(0.1), optax.sgd(1.0),
                             step_lib.Compressors(ident, ident, bf16), 1, 2, jax.random.PRNGKey(0))

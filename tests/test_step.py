@@ -20,26 +20,29 @@ LR = 0.1
 
 
 def _setup(comp_up=None, comp_wan=None, optimizer=None, outer=None, model='mlp',
-           shard_state=False, dgc_momentum=0.0):
+           shard_state=False, dgc_momentum=0.0, comp_down=None, broadcast='downlink'):
   mesh = mesh_lib.make_mesh(D, W)
   net = models.get_model(model, 10)
   params = net.init(jax.random.PRNGKey(0), jnp.zeros((1, 8, 8, 1)))['params']
   leaves = jax.tree.leaves(params)
   comp_up = comp_up or base.identity
   comp_wan = comp_wan or base.identity
+  comp_down = comp_down or base.identity
   comps = step_lib.Compressors([comp_up(l.shape) for l in leaves],
-                               [base.identity(l.shape) for l in leaves],
+                               [comp_down(l.shape) for l in leaves],
                                [comp_wan(l.shape) for l in leaves])
   optimizer = optimizer or optax.sgd(LR)
   outer = outer or optax.sgd(1.0)
   params = jax.tree.map(np.array, params)
   state = step_lib.init_state(params, optimizer, outer, comps, D, W, jax.random.PRNGKey(1),
-                              shard_state=shard_state, dgc_momentum=dgc_momentum > 0)
+                              shard_state=shard_state, dgc_momentum=dgc_momentum > 0,
+                              broadcast=broadcast)
   state = jax.device_put(state, step_lib.state_shardings(mesh, state))
   apply_fn = lambda p, x: net.apply({'params': p}, x)
   fn = step_lib.make_step(apply_fn, optimizer, outer, comps, mesh, state,
                           dgc.Options(momentum=dgc_momentum))
   fn.comps = comps
+  fn.sent = step_lib.broadcast_leaves(comps.down, broadcast)  # leaves not re-gathered
   # The step donates its state: keep a host copy of the initial parameters.
   return mesh, jax.tree.map(np.array, params), apply_fn, state, fn
 
@@ -174,7 +177,11 @@ def assert_every_collective_counted(fn, text, mesh, m, do_round):
     sum over DCs of up_bits / 8; in a round program also the re-gather of the
     round's result, per DC the all-reduced WAN leaves' payload plus the D DCs'
     all-gathered payloads, each array padded to a multiple of W (each worker
-    re-gathers 1/W of it), counted as round_down_bits = W x the same, unpadded.
+    re-gathers 1/W of it), counted as round_down_bits = W x the same, unpadded —
+    except at the leaves whose update goes through a lossy downlink (``fn.sent``,
+    hfl.step.broadcast_leaves): there the re-gather only assembles x_global' on the
+    replicated PS, and round_down_bits counts W x the correction's downlink payload,
+    which (like the PS downlink) no collective carries.
   'dc' — in a round program the D DCs' WAN payloads, padded likewise, each DC's
     counted once (unpadded) as wan_bits.
   Nothing else: no collective for metrics, none on another axis.
@@ -195,10 +202,14 @@ def assert_every_collective_counted(fn, text, mesh, m, do_round):
   assert totals['dc'] == d * (summed + gathered), totals
   unpadded = lambda c: policy.static_bits(c)
   assert list(m['wan_bits']) == [sum(unpadded(c) for c in wan)] * d
-  assert list(m['round_down_bits']) == [
-      w * sum(unpadded(c) * (1 if collectives.reduces(c) else d) for c in wan)] * d
+  sent = getattr(fn, 'sent', None) or [False] * len(wan)
+  regathered = sum(unpadded(c) * (1 if collectives.reduces(c) else d)
+                   for c, s in zip(wan, sent) if not s)
+  corrected = sum(unpadded(c) for c, s in zip(fn.comps.down, sent) if s)
+  assert list(m['round_down_bits']) == [w * (regathered + corrected)] * d
   # Padding is less than W entries per fused buffer.
-  assert 0 <= regather * 8 - m['round_down_bits'][0] // w
+  if not any(sent):
+    assert 0 <= regather * 8 - m['round_down_bits'][0] // w
 
 
 @pytest.mark.parametrize('up,wan', [(base.identity, base.identity),
@@ -226,6 +237,36 @@ def test_counted_bytes_equal_hlo_collectives(up, wan):
       assert dtypes == ({'f32>'} if wan is base.identity else {'ui8>'})
       assert {op for op, _, _ in coll['dc']} == ({'all_reduce'} if wan is base.identity
                                                  else {'all_gather'})
+
+
+@pytest.mark.parametrize('down,wan', [('topk', 'identity'), ('bf16', 'topk')])
+def test_round_with_compressed_downlink_bytes_equal_hlo_collectives(down, wan):
+  """Issue 48: with a lossy downlink the round's update reaches the workers as the
+  PS's correction through the downlink compressor. Both programs move exactly the
+  counted bytes per axis (assert_every_collective_counted), the round program's
+  collectives are byte for byte those of the re-gathered round ('gather': no
+  collective is added for the correction), and round_down_bits is W x the
+  correction's downlink payload per DC, where 'gather' counts the re-gathered
+  WAN result (with a top-k WAN, D sparse payloads)."""
+  comp = {'topk': lambda s: sparse.topk(s, 0.05), 'bf16': lambda s: base.cast(s, jnp.bfloat16),
+          'identity': base.identity}
+  totals, rounds = {}, {}
+  for mode in ('downlink', 'gather'):
+    mesh, params, apply_fn, state, fn = _setup(comp_down=comp[down], comp_wan=comp[wan],
+                                               broadcast=mode)
+    assert any(fn.sent) == (mode == 'downlink')
+    for do_round in (False, True):
+      text, m, state = _lowered(fn, mesh, state, do_round)
+      assert_every_collective_counted(fn, text, mesh, m, do_round)
+    totals[mode] = accounting.collective_totals(text, mesh)
+    rounds[mode] = int(m['round_down_bits'][0])
+  assert totals['downlink'] == totals['gather']
+  leaves = jax.tree.leaves(params)
+  assert rounds['downlink'] == W * sum(policy.static_bits(comp[down](l.shape)) for l in leaves)
+  # Against an identity WAN (float32 global model) the correction is far cheaper; a
+  # sparse WAN's re-gathered payloads can be cheaper than a bf16 correction, which
+  # compression.broadcast='gather' then keeps (README, "Links and bytes").
+  assert (rounds['downlink'] < rounds['gather']) == (wan == 'identity')
 
 
 def test_default_config_every_collective_is_counted():
@@ -485,7 +526,7 @@ def test_non_finite_gradient_is_flagged_per_link_and_leaf():
   xs[0, 1, 2, 0, 3, 3, 0] = np.inf
   state, m = _run(mesh, fn, state, xs, ys, [[True, True]], [0.5, 0.5], [False])
   flags = m['flags']
-  assert flags.shape == (D, W, 3, len(jax.tree.leaves(params)))
+  assert flags.shape == (D, W, step_lib.NUM_LINKS, len(jax.tree.leaves(params)))
   assert np.all(flags[0] == 0)
   assert np.all(flags[1, :, 0][[0, 1, 3]] == 0) and np.any(flags[1, 2, 0] & step_lib.BAD_INPUT)
   down = np.bitwise_or.reduce(flags[1, :, 1], axis=0) & step_lib.BAD_INPUT
