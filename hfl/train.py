@@ -435,22 +435,27 @@ ADDED_SECTIONS = {('compression', 'dgc'): dict(momentum=0.0, clip_norm=0.0, warm
                   ('sync', 'progress_test'): 'endpoints',
                   ('sync', 'fragments'): 1, ('sync', 'overlap_steps'): 0,
                   ('sync', 'mixing_alpha'): 0.0, ('sync', 'eager'): False,
-                   # Runs before issue 48 re-gathered the round's global model.
-                   ('compression', 'broadcast'): 'gather',
+                   # Runs before issue 48 re-gathered the round's global model:
+                   # 'gather' where the downlink is lossy; where it is lossless both
+                   # modes are bitwise the same run, so the default.
+                   ('compression', 'broadcast'): lambda old: (
+                       'gather' if config_lib.lossy_downlink(old['compression'])
+                       else 'downlink'),
                    **{('compression', link, field): value
                       for link in ('uplink', 'downlink', 'wan')
                       for field, value in (('chunk_size', 4096), ('value_bits', 2))}}
 
 
 def upgrade_config(old: dict) -> dict:
-  """An older run's config.json with the :data:`ADDED_SECTIONS` it lacks filled in."""
+  """An older run's config.json with the :data:`ADDED_SECTIONS` it lacks filled in
+  (a callable default is called with the older config)."""
   old = copy.deepcopy(old)
   for (*parents, leaf), default in ADDED_SECTIONS.items():
     sub = old
     for p in parents:
       sub = sub.get(p, {}) if isinstance(sub, dict) else {}
     if isinstance(sub, dict) and parents and leaf not in sub:
-      sub[leaf] = copy.deepcopy(default)
+      sub[leaf] = default(old) if callable(default) else copy.deepcopy(default)
   return old
 
 

@@ -7,6 +7,7 @@ assumes it sent, and the model they then hold is the reference point of the next
 round's pseudo-gradient. Lossless downlinks keep the re-gathered global model.
 """
 
+import copy
 import jax
 import jax.numpy as jnp
 import numpy as np
@@ -334,13 +335,20 @@ def test_config_refuses_an_unknown_broadcast_and_lossy_broadcast_with_streaming(
 
 
 def test_an_older_runs_config_ran_with_the_gathered_model():
-  """A config.json from before the field (issue 48) upgrades to 'gather', how it ran."""
+  """A config.json from before the field (issue 48) upgrades to 'gather', how it ran,
+  where its downlink is lossy; to the default 'downlink' where it is lossless (both
+  train bitwise the same run: test_lossless_downlink_is_bitwise_the_gathered_global_model),
+  so that an older lossless run resumes under today's default."""
+  import ml_collections  # pylint: disable=g-import-not-at-top
   old = default_config.get_config().to_dict()
   del old['compression']['broadcast']
-  up = train.upgrade_config(old)
-  assert up['compression']['broadcast'] == 'gather'
-  import ml_collections  # pylint: disable=g-import-not-at-top
-  assert train.broadcast(ml_collections.ConfigDict(old)) == 'gather'
+  assert train.upgrade_config(old)['compression']['broadcast'] == 'downlink'
+  for name, small in (('topk', 'float32'), ('identity', 'bfloat16')):
+    lossy = copy.deepcopy(old)
+    lossy['compression']['downlink']['name'] = name
+    lossy['compression']['small'] = small
+    assert train.upgrade_config(lossy)['compression']['broadcast'] == 'gather'
+    assert train.broadcast(ml_collections.ConfigDict(lossy)) == 'gather'
 
 
 @pytest.mark.slow

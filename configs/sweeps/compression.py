@@ -7,6 +7,10 @@ the downlink at densities 2% (≈95% fewer intra-DC bytes), 1%, 0.3% and 0.1%, w
 leaves under 2^14 entries (and every 1-D leaf) sent in bf16. Uncompressed, 2%,
 1%, 0.3% and 0.1% also run with seeds 1 and 2; uncompressed and 2% also under a
 100 Mbit/s LAN, seeds 0-2 (every verdict of the results page needs 3 paired seeds).
+These top-k points re-gather the round's new global model in float32
+(``compression.broadcast=gather``, how hfl ran before issue 48). The compressed
+broadcast (``compression.broadcast=downlink``: the round's correction through the top-k
+downlink with the PS's error feedback) runs at 2%, 1% and 0.3%, seeds 0-2, on both LANs.
 
   python -m hfl.sweep --sweep=configs/sweeps/compression.py --root=workdirs/compression
 """
@@ -19,9 +23,10 @@ def get_sweep():
       'compression.uplink.name': 'topk', 'compression.downlink.name': 'topk',
       'compression.small': 'bfloat16', 'compression.small_threshold': 16384,
   }
+  gather = dict(sparse, **{'compression.broadcast': 'gather'})
   runs = [dict(FIXED, **{'compression.uplink.name': 'identity'})]
   for d in (0.02, 0.01, 0.003, 0.001):  # the downlink density follows the uplink's
-    runs.append(dict(FIXED, **sparse, **{'compression.uplink.density': d,
+    runs.append(dict(FIXED, **gather, **{'compression.uplink.density': d,
                                          'compression.downlink.density': d}))
   # Seeds 1 and 2 of the comparison points, to tell a 0.5-point difference from
   # seed noise (seed 0 is the runs above: the default config's seed).
@@ -35,4 +40,12 @@ def get_sweep():
   runs.append(dict(runs[4], seed=[1, 2]))
   for run in runs[-3:-1]:
     runs.append(dict(run, seed=[1, 2]))
+  # Issue 48: the round's update through the compressed downlink, both LANs.
+  broadcast = dict(sparse, **{'compression.broadcast': 'downlink'})
+  for lan in (1.0, 0.1):
+    for d in (0.02, 0.01, 0.003):
+      point = dict(FIXED, **broadcast, **{'compression.uplink.density': d,
+                                          'compression.downlink.density': d,
+                                          'network.lan_bandwidth_gbps': lan})
+      runs += [point, dict(point, seed=[1, 2])]
   return 'configs/default.py', runs

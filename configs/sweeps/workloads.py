@@ -12,7 +12,11 @@ seed (paired Δ):
    fastest DC for each strategy.
 2. ``compression``: bidirectional top-k (2% density on the uplink and the
    downlink) with leaves under 2^14 entries (and 1-D leaves) in bf16, against
-   uncompressed, on a 1 Gbit/s LAN (configs/sweeps/compression.py's setting).
+   uncompressed, on a 1 Gbit/s LAN (configs/sweeps/compression.py's setting), the
+   round's new global model re-gathered in float32 (``compression.broadcast=gather``,
+   as hfl ran before issue 48); and the compressed broadcast (``downlink``: the
+   round's correction through the top-k downlink with the PS's error feedback) at
+   the densities the sweep file names.
 3. ``co3``: CO3 (fp4 [1,2,1], Huffman) on the uplink with error-feedback decay
    γ ∈ {0, 0.9} against uncompressed in the CO3 paper's setting: a synchronous
    PS (K = 1), IID shards, plain SGD at lr 0.01 without a schedule or weight
@@ -43,14 +47,19 @@ def semisync(eval_iters: int) -> list:
           point('semi_sync', max(1, eval_iters // 10))]
 
 
-def compression() -> list:
-  """Bidirectional top-k 2% + bf16 small leaves vs uncompressed, 1 Gbit/s LAN."""
+def compression(broadcast_densities=(0.02,)) -> list:
+  """Bidirectional top-k 2% + bf16 small leaves vs uncompressed, 1 Gbit/s LAN: the
+  round's model re-gathered (``gather``), and the compressed broadcast at each of
+  ``broadcast_densities`` (up = down)."""
   lan = {'network.lan_bandwidth_gbps': 1.0}
   sparse = {'compression.uplink.name': 'topk', 'compression.downlink.name': 'topk',
             'compression.uplink.density': 0.02, 'compression.downlink.density': 0.02,
             'compression.small': 'bfloat16', 'compression.small_threshold': 16384}
   return [dict(lan, seed=SEEDS, **{'compression.uplink.name': 'identity'}),
-          dict(lan, seed=SEEDS, **sparse)]
+          dict(lan, seed=SEEDS, **sparse, **{'compression.broadcast': 'gather'})] + [
+              dict(lan, seed=SEEDS, **dict(sparse, **{
+                  'compression.uplink.density': d, 'compression.downlink.density': d,
+                  'compression.broadcast': 'downlink'})) for d in broadcast_densities]
 
 
 def co3(paper_optimizer: bool) -> list:
