@@ -288,8 +288,16 @@ _SEMISYNC_BUDGET = dict(
 
 _SPARSE_LABELS = [
     ({'compression.uplink.name': 'identity'}, 'uncompressed'),
+    ({'compression.broadcast': 'downlink'},
+     'top-k ρ={compression.uplink.density:pct} up/down, bf16 small, compressed broadcast'),
     ({}, 'top-k ρ={compression.uplink.density:pct} up/down, bf16 small'),
 ]
+
+# A point's short name (paired lists, plot markers): its density, and how the round's
+# model reaches the workers where that is the compressed broadcast (issue 48).
+_SPARSE_NAMES = [({'compression.broadcast': 'downlink'},
+                  'ρ={compression.uplink.density:pct}, compressed broadcast'),
+                 ({}, 'ρ={compression.uplink.density:pct}')]
 
 _COMPRESSION = dict(
     key='compression',
@@ -298,7 +306,11 @@ _COMPRESSION = dict(
     'workers) at the same density, small leaves in bf16, against the uncompressed '
     'hierarchical PS, on a {lan} LAN so that intra-DC communication matters, and the time '
     'saving again under a 100 Mbit/s LAN. Baseline: **{baseline}** (same LAN). One row per '
-    'point, mean ± sample std over its finished seeds.',
+    'point, mean ± sample std over its finished seeds. Rows marked *compressed broadcast* '
+    'send each round\'s new global model to the workers as a correction through the top-k '
+    'downlink with the PS\'s error feedback (`compression.broadcast=downlink`, issue 48); the '
+    'others re-gather it in float32 after every round (`gather`, as hfl ran before), which '
+    'bounds their intra-DC saving whatever the density.',
     tables=[
         dict(name='compression', sweep='configs/sweeps/compression.py', root='compression',
              where={'network.lan_bandwidth_gbps': 1.0}, heading='**{lan} LAN**:',
@@ -319,7 +331,7 @@ _COMPRESSION = dict(
                  ('sim time (total)', 'sim_time_s'),
              ],
              paired_list=dict(title='Per density (paired Δ, mean ± std over n seeds; ✓ = '
-                              'loses ≤ {bar} pts)', name='ρ={compression.uplink.density:pct}')),
+                              'loses ≤ {bar} pts)', name=_SPARSE_NAMES)),
         dict(name='compression_100mbit', sweep='configs/sweeps/compression.py',
              root='compression', where={'network.lan_bandwidth_gbps': 0.1}, tag='100 Mbit/s LAN',
              heading='**100 Mbit/s LAN** (same training, PS NIC at 100 Mbit/s: the network '
@@ -381,7 +393,7 @@ _COMPRESSION = dict(
     ],
     plots=dict(tables=['compression', 'compression_100mbit'], title='bidirectional top-k',
                factor=dict(table='compression', x='factor:bytes.intra',
-                           name='ρ={compression.uplink.density:pct}',
+                           name=_SPARSE_NAMES,
                            title='Accuracy vs compression: bidirectional top-k + bf16 small '
                            '({lan} LAN)',
                            xlabel='intra-DC compression factor (uncompressed / ours, up + down '
@@ -623,7 +635,8 @@ def _workload(key, name, prefix, lm):
                     ('time reduction', 'reduction:time_to_target_s'),
                     ('sim time (total)', 'sim_time_s')],
            paired_list=dict(title='Paired Δ (mean ± std over n seeds; ✓ = within ' + within
-                            + ')', name='top-k ρ={compression.uplink.density:pct}', **bar)),
+                            + ')', name=[(want, 'top-k ' + n) for want, n in _SPARSE_NAMES],
+                            **bar)),
       dict(name=f'{prefix}_co3', **sweep('co3'), baseline=_IDENTITY, labels=_CO3_LABELS,
            heading='### 3. CO3 fp4 vs uncompressed, synchronous PS over {partition} shards '
            '(`{optimizer.name}`, lr {optimizer.learning_rate})', tag='comparison 3',

@@ -183,8 +183,9 @@ def _points(sweep_path: str, sweep_root: str) -> tuple[list, Any, str]:
 
 
 def _label(rules, flat: dict) -> str:
-  """The template of the first label rule whose config values match."""
-  for want, template in rules:
+  """The template of the first label rule whose config values match (a string: the
+  template itself)."""
+  for want, template in ([({}, rules)] if isinstance(rules, str) else rules):
     if _matches(flat, want):
       return Template(flat).format(template)
   raise ValueError(f'no label rule of the results spec matches {flat.get("seed")=} and '
@@ -792,7 +793,7 @@ def paired_list_lines(t: Table, spec: dict, bar: float, ctx: dict,
   for g in t.groups:
     if g == t.base_gid:
       continue
-    name = Template(t.flats[g]).format(spec['name'])
+    name = _label(spec['name'], t.flats[g])
     st, per_seed = paired(t, g, metric)
     if st.mean is None:
       lines.append(f'- {name}: not measured yet')
@@ -1032,7 +1033,7 @@ def factor_plot(t: Table, spec: dict, path: str) -> str | None:
     if acc.mean is None or x is None:
       continue
     st = paired(t, g, 'final_acc')[0]
-    name = t.labels[g] if g == t.base_gid else Template(t.flats[g]).format(spec['name'])
+    name = t.labels[g] if g == t.base_gid else _label(spec['name'], t.flats[g])
     pts.append(factor_plot_lib.FactorPoint(name, x, acc.mean, acc.std, acc.n, st.mean, st.std, st.n))
   ctx = dict(lan=_lan(t.flats[t.groups[0]].get('network.lan_bandwidth_gbps')))
   return factor_plot_lib.plot_accuracy_vs_factor(
