@@ -44,11 +44,12 @@ FIXED_OVERRIDES = {'train.num_steps': 600, 'train.eval_every': 10,
                    'network.lan_bandwidth_gbps': 1.0}
 
 
-def _sparse_overrides(d, seed=None, lan=None):
+def _sparse_overrides(d, seed=None, lan=None, broadcast='gather'):
   o = dict(FIXED_OVERRIDES, **{
       'compression.uplink.name': 'topk', 'compression.downlink.name': 'topk',
       'compression.small': 'bfloat16', 'compression.small_threshold': 16384,
-      'compression.uplink.density': d, 'compression.downlink.density': d})
+      'compression.uplink.density': d, 'compression.downlink.density': d,
+      'compression.broadcast': broadcast})
   if seed is not None:
     o['seed'] = seed
   if lan is not None:
@@ -56,14 +57,15 @@ def _sparse_overrides(d, seed=None, lan=None):
   return o
 
 
-def sparse_name(d, seed=None, lan=None):
-  """Workdir of a top-k point: over 200 characters, so cut + hashed."""
-  readable = ('compression.downlink.density={d}__compression.downlink.name='
-              'topk__compression.small=bfloat16__compression.small_threshold='
+def sparse_name(d, seed=None, lan=None, broadcast='gather'):
+  """Workdir of a top-k point: over 200 characters, so cut + hashed. ``broadcast``:
+  'gather' for the points from before issue 48 (pinned), 'downlink' for its arms."""
+  readable = ('compression.broadcast={b}__compression.downlink.density={d}__compression.'
+              'downlink.name=topk__compression.small=bfloat16__compression.small_threshold='
               '16384__compression.uplink.density={d}__compression.uplink.name='
               'topk__network.lan_bandwidth_gbps={lan}__').format(
-                  d=d, lan=1.0 if lan is None else lan)
-  name = sweep.run_name(_sparse_overrides(d, seed, lan))
+                  b=broadcast, d=d, lan=1.0 if lan is None else lan)
+  name = sweep.run_name(_sparse_overrides(d, seed, lan, broadcast))
   assert len(readable) > 200 and name.startswith(readable[:200] + '-')
   return name
 
@@ -77,6 +79,10 @@ IDENTITY_SLOW = ('compression.uplink.name=identity__network.lan_bandwidth_gbps='
 IDENTITY_SLOW_SEED = ('compression.uplink.name=identity__network.lan_bandwidth_gbps='
                       '0.1__seed={s}__train.eval_every=10__train.num_steps=600')
 TOPK = 'top-k ρ={}% up/down, bf16 small'
+# Issue 48's compressed-broadcast arms of configs/sweeps/compression.py, in its order.
+BTOPK = TOPK + ', compressed broadcast'
+BROADCAST_POINTS = [sparse_name(d, s, lan, 'downlink') for lan in (None, 0.1)
+                    for d in (0.02, 0.01, 0.003) for s in (None, 1, 2)]
 # configs/sweeps/co3_paper.py (SGD) and co3_iid.py (SGD + IID, K = 1).
 SGD_OVERRIDES = dict(FIXED_OVERRIDES, **{'optimizer.name': 'sgd',
                                          'optimizer.learning_rate': 0.01})
@@ -353,14 +359,15 @@ def test_sweep_points_land_in_the_expected_workdirs(root):
       + [IDENTITY_SLOW, sparse_name(0.02, lan=0.1)]
       + [sparse_name(0.001, s) for s in (1, 2)]
       + [IDENTITY_SLOW_SEED.format(s=s) for s in (1, 2)]
-      + [sparse_name(0.02, s, lan=0.1) for s in (1, 2)])
+      + [sparse_name(0.02, s, lan=0.1) for s in (1, 2)]
+      + BROADCAST_POINTS)
   assert [p.status for p in comp.all_points] == (
       ['done'] * 4 + ['pending'] + ['done'] * 3 + ['partial', 'done', 'done', 'pending',
-                                                   'pending'] + ['done'] * 2 + ['pending'] * 6)
+                                                   'pending'] + ['done'] * 2 + ['pending'] * 24)
   assert [p.spec.name for p in slow.points] == [IDENTITY_SLOW, sparse_name(0.02, lan=0.1)] + [
       IDENTITY_SLOW_SEED.format(s=s) for s in (1, 2)] + [sparse_name(0.02, s, lan=0.1)
-                                                         for s in (1, 2)]
-  assert len(comp.points) == 15
+                                                         for s in (1, 2)] + BROADCAST_POINTS[9:]
+  assert len(comp.points) == 24
   semi = by_name['semisync']
   # configs/sweeps/semisync.py: seed 0 of every strategy, then seeds 1, 2 of each.
   assert [p.spec.name for p in semi.points] == list(SEMI.values()) + [
@@ -561,7 +568,8 @@ def test_compression_numbers(root):
   sections, by_name = _build(root)
   t = by_name['compression']
   assert [t.labels[g] for g in t.groups] == ['uncompressed'] + [
-      TOPK.format(d) for d in ('2', '1', '0.3', '0.1')]
+      TOPK.format(d) for d in ('2', '1', '0.3', '0.1')] + [
+          BTOPK.format(d) for d in ('2', '1', '0.3')]
   assert _cells(t, 'uncompressed') == [
       'uncompressed', '–', '0, 1, 2', '1.00 GB', '1.00 GB', 'baseline', '90.00 ± 1.00%',
       'baseline', 'baseline', '20.0 s', 'baseline', '60.0 s']
@@ -721,11 +729,12 @@ def test_compression_settings_and_missing_runs(root):
   assert 'seeds 0, 1, 2 (per run)' in md and 'LAN (PS NIC) 1 Gbit/s / 100 Mbit/s' in md
   assert f'- {TOPK.format("2")}, lan_bandwidth_gbps=0.1, seed 0: `python3 main.py' in md
   assert md.index('- **Config**') < md.index('**1 Gbit/s LAN**')
-  missing = md[md.index('**Missing runs (6)**'):md.index('**100 Mbit/s LAN**')]
+  missing = md[md.index('**Missing runs (15)**'):md.index('**100 Mbit/s LAN**')]
   assert [l.split(':')[0] for l in missing.splitlines() if l.startswith('- ')] == [
       f'- {TOPK.format("0.1")}, seed 0', f'- {TOPK.format("2")}, seed 2',
       f'- {TOPK.format("0.3")}, seed 1', f'- {TOPK.format("0.3")}, seed 2',
-      f'- {TOPK.format("0.1")}, seed 1', f'- {TOPK.format("0.1")}, seed 2']
+      f'- {TOPK.format("0.1")}, seed 1', f'- {TOPK.format("0.1")}, seed 2'] + [
+          f'- {BTOPK.format(d)}, seed {s}' for d in ('2', '1', '0.3') for s in (0, 1, 2)]
   assert (f'- {TOPK.format("2")}, seed 2: running or interrupted: step 40/600, round 10, '
           'last test accuracy 85.00%') in md
   assert ('- 1 run predates config fields added to hfl later (absent from its '
@@ -927,13 +936,14 @@ def test_page_structure_plots_and_missing_runs(root, tmp_path):
       '## Sources']
   assert text.count('**Published vs ours**') == 6
   assert text.count('| source | where in the source | claim | published | ours | verdict |') == 6
-  # 84 runs (15 semisync, 30 semisync_budget, 15 compression, 15 co3_iid, 9 co3_paper),
-  # 35 finished (7 semisync, 11 compression, 9 co3_iid, 8 co3_paper), 49 missing; rows not
-  # finished: 2 semisync, 2 x 5 semisync_budget, 1 compression, 1 + 1 CO3; and 99 LM and
-  # CIFAR-10 runs, none here: 35 rows not finished (3 + 2 streaming, 3 + 2 + 3 + 2 x 5
-  # CIFAR-10, 3 + 2 + 3 + 4 Shakespeare).
-  assert 'Incomplete: 35 of 189 runs have finished.' in text
-  assert text.count('| *not finished* |') == 15 + 35
+  # 102 runs (15 semisync, 30 semisync_budget, 33 compression, 15 co3_iid, 9 co3_paper),
+  # 35 finished (7 semisync, 11 compression, 9 co3_iid, 8 co3_paper), 67 missing; rows not
+  # finished: 2 semisync, 2 x 5 semisync_budget, 1 + 3 + 3 compression (issue 48's
+  # broadcast arms on both LANs), 1 + 1 CO3; and 111 LM and CIFAR-10 runs, none here: 39
+  # rows not finished (3 + 2 streaming, 3 + 5 + 3 + 2 x 5 CIFAR-10, 3 + 3 + 3 + 4
+  # Shakespeare).
+  assert 'Incomplete: 35 of 219 runs have finished.' in text
+  assert text.count('| *not finished* |') == 21 + 39
   assert 'Generated 2025-01-02 03:04 UTC' in text
   assert 'python3 docs/results/make_results.py --root' in text
   for claim in ('up to 66%', 'up to 43%', 'up to 92%', '≈ 95%', '270–600×',
@@ -983,12 +993,12 @@ def test_archive_rebuilds_the_same_page_without_checkpoints(root, tmp_path):
 def test_empty_root_lists_everything_as_missing(tmp_path):
   written = results.write_results(SPEC, str(tmp_path / 'none'), str(tmp_path / 'out'), now=NOW)
   text = open(written['results.md'], encoding='utf-8').read()
-  assert 'Incomplete: 0 of 189 runs have finished.' in text
+  assert 'Incomplete: 0 of 219 runs have finished.' in text
   # Every run is listed once per table it is in: the 6 DiLoCo and streaming runs twice.
-  assert text.count(': not started (`') == 189 + 6
-  # Rows: 5 semisync, 5 + 5 semisync_budget, 5 + 2 compression (seed groups), 5 + 5 CO3;
-  # 3 + 2 streaming, 3 + 2 + 3 + 5 + 5 CIFAR-10, 3 + 2 + 3 + 4 Shakespeare.
-  assert text.count('| *not finished* |') == 32 + 35
+  assert text.count(': not started (`') == 219 + 6
+  # Rows: 5 semisync, 5 + 5 semisync_budget, 8 + 5 compression (seed groups), 5 + 5 CO3;
+  # 3 + 2 streaming, 3 + 5 + 3 + 5 + 5 CIFAR-10, 3 + 3 + 3 + 4 Shakespeare.
+  assert text.count('| *not finished* |') == 38 + 39
   assert written['plots'] == [] and text.count('*No plots yet') == 7
   # 15 claims of the Fashion-MNIST sections, 4 streaming, 8 CIFAR-10 budget claims.
   assert text.count('| not measured') == 15 + 4 + 8
@@ -1020,12 +1030,12 @@ def _env():
 
 def test_cli_no_run_from_another_directory(tmp_path):
   """The documented command, run elsewhere: relative --root and --out are the caller's."""
-  write_published_semisync(str(tmp_path / 'workdirs'))  # 5 of 189 runs
+  write_published_semisync(str(tmp_path / 'workdirs'))  # 5 of 219 runs
   p = subprocess.run([sys.executable, SCRIPT, '--no-run', '--root', 'workdirs', '--out', 'o'],
                      cwd=tmp_path, capture_output=True, text=True, timeout=600, check=False)
   assert p.returncode == 0, p.stderr
   assert p.stdout.splitlines()[0] == os.path.join('o', 'results.md')
-  assert '184 runs not finished' in p.stderr
+  assert '214 runs not finished' in p.stderr
   text = (tmp_path / 'o' / 'results.md').read_text(encoding='utf-8')
   assert 'make_results.py --root workdirs --out o' in text
   assert '--workdir=workdirs/semisync/sync.strategy=sync__train.eval_every=40' in text
@@ -1035,7 +1045,7 @@ def test_cli_no_run_from_another_directory(tmp_path):
 
 def test_cli_runs_the_missing_sweeps_first(tmp_path, caplog, monkeypatch):
   root = str(tmp_path / 'workdirs')
-  write_published_semisync(root)  # 5 of 189 runs finished
+  write_published_semisync(root)  # 5 of 219 runs finished
   launched = []
   monkeypatch.setattr(results.sweep_lib, 'run_sweep',
                       lambda base, grid, r, **kw: launched.append(
@@ -1054,11 +1064,11 @@ def test_cli_runs_the_missing_sweeps_first(tmp_path, caplog, monkeypatch):
                                                 'shakespeare_semisync',
                                                 'shakespeare_compression', 'shakespeare_co3',
                                                 'shakespeare_diloco')]
-  # Said once, before the first launch: 184 runs are missing (seeds 1, 2 of semisync).
+  # Said once, before the first launch: 214 runs are missing (seeds 1, 2 of semisync).
   assert launched[0][1][0].startswith(
-      f'184 runs missing (semisync: 10, semisync_budget: 30, compression: 21, co3_iid: 15, co3_paper: 9, '
-      'shakespeare_streaming: 9, cifar10_semisync: 9, cifar10_compression: 6, cifar10_co3: 9, '
-      'cifar10_semisync_budget: 30, shakespeare_semisync: 9, shakespeare_compression: 6, shakespeare_co3: 9, '
+      f'214 runs missing (semisync: 10, semisync_budget: 30, compression: 39, co3_iid: 15, co3_paper: 9, '
+      'shakespeare_streaming: 9, cifar10_semisync: 9, cifar10_compression: 15, cifar10_co3: 9, '
+      'cifar10_semisync_budget: 30, shakespeare_semisync: 9, shakespeare_compression: 9, shakespeare_co3: 9, '
       f'shakespeare_diloco: 12) under {root}: launching')
 
 
