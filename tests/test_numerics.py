@@ -1,9 +1,13 @@
-"""Numerics of the compressors at float32's edges (issue 51, fault 2).
+"""Numerics of the compressors at float32's edges (issue 51, faults 2 and 4).
 
 Fault 2: every compressor that computes a norm or a scale must give, for every
 finite input up to float32's max, a finite payload, a finite decode and a finite
 residual ``x - decode``, compiled and eager alike (pre-scaling by a power of two
 of the max-abs, as BLAS ``nrm2`` does: :mod:`hfl.compress.base`).
+
+Fault 4: error feedback with memory weight 0 (CO3's and chunked top-k's ``gamma``,
+an explicit ``decay = 0``) must not feed anything back, not even a non-finite
+residual (0 * NaN = NaN).
 
 References are independent of hfl: numpy in float64 (which holds float32's max
 squared) for norms and means.
@@ -14,7 +18,7 @@ import jax.numpy as jnp
 import numpy as np
 import pytest
 
-from hfl.compress import base, dgc, ef, gennorm, minifloat, policy, quantize
+from hfl.compress import base, co3, dgc, ef, gennorm, minifloat, policy, quantize
 
 KEY = jax.random.PRNGKey(7)
 F32_MAX = float(np.finfo(np.float32).max)
@@ -345,3 +349,69 @@ def test_dgc_clip_local_on_a_tree_whose_norm_overflows():
   bad = {'a': jnp.asarray(_mixed('e30')).at[0, 0].set(jnp.inf)}
   assert not np.all(np.isfinite(np.asarray(jax.jit(
       lambda t: dgc.clip_local(t, max_norm, workers))(bad)['a'])))
+
+
+# ---------------------------------------------- error feedback with memory weight 0
+
+
+def _gamma0(name):
+  """(compressor, step(x, e, state, key) -> (payload, residual, state)) with memory
+  weight 0: CO3's and chunked top-k's state ``ef_gamma`` (as hfl.step feeds back,
+  hfl.compress.ef.tree_ef_step with no decay), an explicit decay = 0 of ef_step,
+  and co3_ef_step's gamma."""
+  if name in ('co3', 'chunked_topk'):
+    c = _build(dict(COMPRESSORS['co3_fp4' if name == 'co3' else name], gamma=0.0))
+    def step(x, e, s, k):
+      p, r, s = ef.tree_ef_step([c], [x], [e], [s], k)
+      return p[0], r[0], s[0]
+    return c, step
+  if name == 'co3_ef_step':
+    c = _build(COMPRESSORS['co3_fp4'])  # gamma 0.9 in its state, 0 given
+    def step(x, e, s, k):
+      p, _, r, s = co3.co3_ef_step(c, x, e, s, k, gamma=0.0)
+      return p, r, s
+    return c, step
+  c = _build(COMPRESSORS[name])
+  return c, lambda x, e, s, k: ef.ef_step(c, x, e, s, k, decay=0.0)
+
+
+@pytest.mark.parametrize('name', ['co3', 'chunked_topk', 'co3_ef_step', 'qsgd_512', 'topk',
+                                  'sign', 'e3m0'])
+def test_zero_memory_weight_never_feeds_a_non_finite_residual_back(name):
+  """Step 1 holds +inf: its payload or residual is non-finite and hfl.step flags it.
+  Step 2, finite, with step 1's residual and state: with weight 0 its payload,
+  decode and residual are finite, unflagged, and bitwise those of step 2 without
+  any residual (before: p = x + 0 * NaN = NaN, flagged again)."""
+  from hfl import step as step_lib  # pylint: disable=g-import-not-at-top
+  c, step = _gamma0(name)
+  step = jax.jit(step)
+  x1 = _mixed('e30')
+  x1[3, 7] = np.inf
+  x2 = np.random.default_rng(9).standard_normal(SHAPE).astype(np.float32)
+  zero = jnp.zeros(SHAPE, jnp.float32)
+  k1, k2 = jax.random.split(KEY)
+  p1, r1, s1 = step(jnp.asarray(x1), zero, c.init(), k1)
+  flags1 = int(step_lib.finiteness_flags(x1, p1, c.decode(p1), r1))
+  assert flags1 & (step_lib.BAD_PAYLOAD | step_lib.BAD_RESIDUAL)
+  assert not np.all(np.isfinite(np.asarray(r1)))
+  p2, r2, s2 = step(jnp.asarray(x2), r1, s1, k2)
+  d2 = c.decode(p2)
+  assert int(step_lib.finiteness_flags(x2, p2, d2, r2)) == 0
+  p_ref, r_ref, s_ref = step(jnp.asarray(x2), zero, s1, k2)
+  _assert_close((p2, r2, s2, d2), (p_ref, r_ref, s_ref, c.decode(p_ref)),
+                f'{name}: step 2 with vs without the residual', 0.0)
+
+
+def test_a_nonzero_memory_weight_feeds_the_non_finite_residual_back():
+  """Documented (hfl.compress.ef): with weight > 0 a non-finite residual is carried,
+  as classic error feedback carries every error, and the next step is flagged too
+  (the run stops at the round's end naming the first flagged iteration)."""
+  from hfl import step as step_lib  # pylint: disable=g-import-not-at-top
+  c = _build(COMPRESSORS['co3_fp4'])  # gamma 0.9
+  step = jax.jit(lambda x, e, s, k: ef.tree_ef_step([c], [x], [e], [s], k))
+  x1 = _mixed('e30')
+  x1[3, 7] = np.inf
+  zero = jnp.zeros(SHAPE, jnp.float32)
+  _, [r1], [s1] = step(jnp.asarray(x1), zero, c.init(), KEY)
+  [p2], [r2], _ = step(jnp.asarray(_mixed('e30')), r1, s1, KEY)
+  assert int(step_lib.finiteness_flags(zero, p2, c.decode(p2), r2)) != 0

@@ -57,7 +57,7 @@ state therefore carries ``ef_gamma`` (a float32 scalar) and :func:`co3_ef_step`
 does the whole correct-convert step. A generic EF loop may instead read
 ``getattr(state, 'ef_gamma', 1.0)`` and apply ``p = g + ef_gamma * e``: the two are
 identical. gamma = 0 disables the memory (e is still returned as the current
-error, but never fed back).
+error, but never fed back: ``p = g`` exactly, a non-finite e included).
 """
 
 import functools
@@ -69,6 +69,7 @@ import numpy as np
 
 from hfl.compress import base
 from hfl.compress import coding
+from hfl.compress import ef
 from hfl.compress import floatgrid
 from hfl.compress import gennorm
 from hfl.compress.base import Compressor
@@ -400,7 +401,8 @@ def co3_ef_step(compressor: Compressor, g: jax.Array, e: jax.Array, state: CO3St
 
   ``p = g + gamma e; payload = encode(p); g_hat = decode(payload); e' = p - g_hat``
   (the CO3 paper's "correct" step). With gamma = 1 this is plain EF (Stich et
-  al. 2018), with gamma = 0 there is no memory (``p = g``).
+  al. 2018), with gamma = 0 there is no memory: ``p = g`` exactly, even where
+  ``e`` is non-finite (:func:`hfl.compress.ef.feed_back`).
 
   Args:
     compressor: a CO3 (or any) :class:`Compressor`.
@@ -415,8 +417,7 @@ def co3_ef_step(compressor: Compressor, g: jax.Array, e: jax.Array, state: CO3St
   """
   if gamma is None:
     gamma = getattr(state, 'ef_gamma', 1.0)
-  g = jnp.asarray(g, jnp.float32)
-  p = g + jnp.asarray(gamma, jnp.float32) * jnp.asarray(e, jnp.float32)
+  p = ef.feed_back(jnp.asarray(g, jnp.float32), jnp.asarray(e, jnp.float32), gamma)
   payload, state = compressor.encode(p, state, key)
   g_hat = compressor.decode(payload)
   return payload, g_hat, p - g_hat, state

@@ -122,8 +122,14 @@ def clip_local(grads, max_norm: float, num_workers: int):
 
 
 def accumulate(state: DGCState, g: jax.Array, momentum: float) -> DGCState:
-  """Momentum correction (Lin et al. eq. 7): u <- m u + g; v <- v + u."""
-  u = jnp.float32(momentum) * state.u + g.astype(jnp.float32)
+  """Momentum correction (Lin et al. eq. 7): u <- m u + g; v <- v + u.
+
+  With m = 0, u = g exactly, whatever the old u holds (no 0 * NaN: a velocity of
+  weight 0 contributes nothing, as a residual of weight 0, hfl.compress.ef.feed_back).
+  """
+  m = jnp.asarray(momentum, jnp.float32)
+  g = g.astype(jnp.float32)
+  u = jnp.where(m == 0, g, m * state.u + g)
   return DGCState(u=u, v=state.v + u)
 
 
