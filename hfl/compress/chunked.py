@@ -21,9 +21,12 @@ entries keeps them all). With ``value_bits = 2`` each kept value is sent as its 
 and one bit saying whether its magnitude exceeds the mean magnitude of its chunk's
 kept values; the chunk's two magnitudes (the means of the kept magnitudes at or
 below, and above, that mean; 0 for an empty class) are sent as bfloat16, so a
-decoded value is ``±scale[class]``. An all-zero chunk decodes to zeros, and within
-a chunk the decoded magnitudes of each class sum to the kept ones (up to the
-bfloat16 rounding of the scales); error feedback carries the rest.
+decoded value is ``±scale[class]``. The means are computed overflow-safe
+(:func:`hfl.compress.base.mean_abs`) and saturate to bfloat16's max (3.39e38), so
+every finite input gives finite scales (the excess stays in the error-feedback
+residual). An all-zero chunk decodes to zeros, and within a chunk the decoded
+magnitudes of each class sum to the kept ones (up to the bfloat16 rounding of the
+scales); error feedback carries the rest.
 
 Payload (static shapes; ``wire_bits`` = their sizes x widths, exact)::
 
@@ -46,6 +49,7 @@ import jax.numpy as jnp
 from jax import lax
 import numpy as np
 
+from hfl.compress import base
 from hfl.compress.base import Compressor
 from hfl.compress.quantize import pack_bits, unpack_bits
 from hfl.compress.sparse import num_kept
@@ -125,11 +129,12 @@ def chunked_topk(shape, density: float = 0.02, chunk_size: int = 4096, gamma: fl
       payload['values'] = vals
       return payload, state
     mag = jnp.abs(vals)
-    count = jnp.maximum(jnp.sum(real, axis=1, keepdims=True), 1)
-    large = real & (mag > jnp.sum(mag, axis=1, keepdims=True) / count)
+    # Means of magnitudes, overflow-safe (base.mean_abs: the plain sum / count where
+    # that sum is a normal float, else pre-scaled): finite for every finite x, and
+    # saturated to bfloat16's max before the cast (3.4e38 would round to inf).
+    large = real & (mag > base.mean_abs(mag, axis=1, where=real)[:, None])
     small = real & ~large
-    mean = lambda m: (jnp.sum(jnp.where(m, mag, 0.0), axis=1)
-                      / jnp.maximum(jnp.sum(m, axis=1), 1))
+    mean = lambda m: base.saturate(base.mean_abs(mag, axis=1, where=m), jnp.bfloat16)
     payload.update(signs=pack_bits((vals < 0).reshape(-1)), large=pack_bits(large.reshape(-1)),
                    scales=jnp.stack([mean(small), mean(large)], axis=1).astype(jnp.bfloat16))
     return payload, state

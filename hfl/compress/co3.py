@@ -57,7 +57,7 @@ state therefore carries ``ef_gamma`` (a float32 scalar) and :func:`co3_ef_step`
 does the whole correct-convert step. A generic EF loop may instead read
 ``getattr(state, 'ef_gamma', 1.0)`` and apply ``p = g + ef_gamma * e``: the two are
 identical. gamma = 0 disables the memory (e is still returned as the current
-error, but never fed back).
+error, but never fed back: ``p = g`` exactly, a non-finite e included).
 """
 
 import functools
@@ -67,7 +67,9 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
+from hfl.compress import base
 from hfl.compress import coding
+from hfl.compress import ef
 from hfl.compress import floatgrid
 from hfl.compress import gennorm
 from hfl.compress.base import Compressor
@@ -187,16 +189,24 @@ def convert(x: jax.Array, beta: jax.Array, codec: CO3Codec):
 
   Returns:
     (symbols uint8[...], scale float32[], beta_idx uint8[]). ``scale`` is 1 when
-    ``x`` has no non-zero finite entry (then every finite entry is symbol 0).
+    ``x`` has no non-zero finite entry (then every finite entry is symbol 0) or
+    when it would exceed float32's range (entries of ~1e-38 and below); otherwise
+    at least :func:`hfl.compress.base.min_scale` of the grid's max, so that every
+    symbol decodes to a finite value (entries near float32's max saturate to the
+    top level; error feedback keeps the rest). mean|x| is computed overflow-safe
+    (:func:`hfl.compress.base.mean_abs`): finite for every finite ``x``.
   """
   x = jnp.asarray(x, jnp.float32)
   finite = jnp.isfinite(x)
-  n = jnp.maximum(jnp.sum(finite), 1).astype(jnp.float32)
-  mean_abs = jnp.sum(jnp.where(finite, jnp.abs(x), 0.0)) / n
-  alpha = gennorm.alpha_from_beta(mean_abs, beta)
+  # mean|x| over the finite entries, overflow-safe (base.mean_abs: the plain mean
+  # where its sum is a normal float, else pre-scaled by a power of two); alpha can
+  # still overflow (Gamma(1/beta) / Gamma(2/beta) > 1 for beta > 1), giving scale 0.
+  alpha = gennorm.alpha_from_beta(base.mean_abs(x, where=finite), beta)
   scale = gennorm.prescale(beta, codec.table) / jnp.where(alpha > 0, alpha, 1.0)
-  scale = jnp.where((alpha > 0) & jnp.isfinite(scale) & (scale > 0), scale, 1.0)
-  scale = scale.astype(jnp.float32)
+  # Raised to base.min_scale, so that decode's level / scale is finite for every
+  # level: entries near float32's max then saturate to the top level.
+  scale = jnp.where((alpha > 0) & jnp.isfinite(scale),
+                    jnp.maximum(scale, base.min_scale(codec.grid.max)), 1.0).astype(jnp.float32)
   sym = floatgrid.quantize(x * scale, codec.grid)
   return sym, scale, gennorm.beta_index(beta, codec.table).astype(jnp.uint8)
 
@@ -391,7 +401,8 @@ def co3_ef_step(compressor: Compressor, g: jax.Array, e: jax.Array, state: CO3St
 
   ``p = g + gamma e; payload = encode(p); g_hat = decode(payload); e' = p - g_hat``
   (the CO3 paper's "correct" step). With gamma = 1 this is plain EF (Stich et
-  al. 2018), with gamma = 0 there is no memory (``p = g``).
+  al. 2018), with gamma = 0 there is no memory: ``p = g`` exactly, even where
+  ``e`` is non-finite (:func:`hfl.compress.ef.feed_back`).
 
   Args:
     compressor: a CO3 (or any) :class:`Compressor`.
@@ -406,8 +417,7 @@ def co3_ef_step(compressor: Compressor, g: jax.Array, e: jax.Array, state: CO3St
   """
   if gamma is None:
     gamma = getattr(state, 'ef_gamma', 1.0)
-  g = jnp.asarray(g, jnp.float32)
-  p = g + jnp.asarray(gamma, jnp.float32) * jnp.asarray(e, jnp.float32)
+  p = ef.feed_back(jnp.asarray(g, jnp.float32), jnp.asarray(e, jnp.float32), gamma)
   payload, state = compressor.encode(p, state, key)
   g_hat = compressor.decode(payload)
   return payload, g_hat, p - g_hat, state

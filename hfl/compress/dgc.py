@@ -44,6 +44,7 @@ from typing import NamedTuple
 import jax
 import jax.numpy as jnp
 
+from hfl.compress import base
 from hfl.compress.base import Compressor
 
 
@@ -86,18 +87,49 @@ def clip_local(grads, max_norm: float, num_workers: int):
     num_workers: N, the number of workers whose gradients are summed.
 
   Returns:
-    pytree like ``grads``. All-zero gradients stay zero (no NaN).
+    pytree like ``grads``. All-zero gradients stay zero (no NaN); a non-finite
+    tree stays non-finite. A finite tree whose sum of squares overflows float32
+    (entries beyond ~1e19) is clipped like any other: its norm is then computed
+    from the values pre-scaled by a power of two of their max-abs
+    (:func:`hfl.compress.base.pow2_scale`, as BLAS ``nrm2`` pre-scales), and the
+    result has global norm ``max_norm / sqrt(N)`` up to float32 rounding. Where
+    the plain sum of squares is finite the result is bitwise the plain
+    ``x * min(1, thr / norm)``.
   """
   thr = jnp.float32(max_norm) / jnp.sqrt(jnp.float32(num_workers))
   leaves = jax.tree.leaves(grads)
-  norm = jnp.sqrt(sum(jnp.sum(jnp.square(x.astype(jnp.float32))) for x in leaves))
+  if not leaves:
+    return grads
+  sum_sq = sum(jnp.sum(jnp.square(x.astype(jnp.float32))) for x in leaves)
+  norm = jnp.sqrt(sum_sq)
   scale = jnp.minimum(1.0, thr / jnp.maximum(norm, 1e-30))
-  return jax.tree.map(lambda x: x * scale.astype(x.dtype), grads)
+  # Where the sum of squares overflows but every entry is finite: the norm of the
+  # tree times 2^-k (base.pow2_scale; exact), norm_s = norm 2^-k, which does not
+  # overflow, and x thr / norm = (x 2^-k) (thr / norm_s).
+  amax = jnp.max(jnp.stack([base.max_abs(x) for x in leaves]))
+  rescue = ~jnp.isfinite(sum_sq) & jnp.isfinite(amax)
+  down, _ = base.pow2_scale(amax)
+  norm_s = jnp.sqrt(sum(jnp.sum(jnp.square(x.astype(jnp.float32) * down)) for x in leaves))
+  clip_s = norm_s > thr * down
+  ratio = thr / jnp.where(clip_s, norm_s, 1.0)
+
+  def clip(x):
+    xs = x.astype(jnp.float32) * down
+    rescued = jnp.where(clip_s, xs * ratio, x.astype(jnp.float32)).astype(x.dtype)
+    return jnp.where(rescue, rescued, x * scale.astype(x.dtype))
+
+  return jax.tree.map(clip, grads)
 
 
 def accumulate(state: DGCState, g: jax.Array, momentum: float) -> DGCState:
-  """Momentum correction (Lin et al. eq. 7): u <- m u + g; v <- v + u."""
-  u = jnp.float32(momentum) * state.u + g.astype(jnp.float32)
+  """Momentum correction (Lin et al. eq. 7): u <- m u + g; v <- v + u.
+
+  With m = 0, u = g exactly, whatever the old u holds (no 0 * NaN: a velocity of
+  weight 0 contributes nothing, as a residual of weight 0, hfl.compress.ef.feed_back).
+  """
+  m = jnp.asarray(momentum, jnp.float32)
+  g = g.astype(jnp.float32)
+  u = jnp.where(m == 0, g, m * state.u + g)
   return DGCState(u=u, v=state.v + u)
 
 

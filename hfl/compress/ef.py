@@ -6,7 +6,18 @@ with memory"; Karimireddy et al. 2019; the decaying memory of the CO3 paper)::
     p = x + decay * e;  payload = encode(p);  e <- p - decode(payload)
 
 so that, with decay = 1, sum_t decode(payload_t) + e_T = sum_t x_t exactly (up to
-float rounding): nothing is ever lost, only delayed.
+float rounding): nothing is ever lost, only delayed. With decay = 0 there is no
+memory: ``p = x`` exactly, whatever ``e`` holds (the product 0 * e is never
+formed, so a non-finite residual is not fed back as 0 * inf = NaN).
+
+Non-finite values. A non-finite entry of ``x`` makes the payload or the residual
+non-finite; hfl.step flags it on its link and leaf (hfl.step.finiteness_flags)
+and the run stops at the end of that round, naming the first flagged iteration
+(hfl.train). With decay > 0 the non-finite residual is fed back, as classic error
+feedback carries every error, so the iterations after it in the same round (which
+run before the host reads the round's flags) are flagged too: the stop message
+names the first. With decay = 0 the next step's payload is that of its own ``x``
+alone, finite for a finite ``x``.
 
 Aggregation over W members: payloads are all-gathered in their wire
 dtype and each one is DECODED before the float32 (weighted) sum
@@ -42,7 +53,8 @@ def ef_step(compressor: Compressor, x: jax.Array, residual: jax.Array, state,
       compressor passes it through, so it may be None there (hfl.step.init_link).
     state: the compressor's state.
     key: PRNG key for stochastic compressors.
-    decay: gamma in p = x + gamma * e (1.0: classic EF; CO3 uses 0.9); None
+    decay: gamma in p = x + gamma * e (1.0: classic EF; CO3 uses 0.9; 0: no
+      memory, ``p = x`` even where ``e`` is non-finite, :func:`feed_back`); None
       (default): the compressor state's ``ef_gamma`` when it has one, else 1.
 
   Returns:
@@ -51,10 +63,30 @@ def ef_step(compressor: Compressor, x: jax.Array, residual: jax.Array, state,
   if compressor.lossless:
     payload, state = compressor.encode(x.astype(jnp.float32), state, key)
     return payload, residual, state
-  p = (x.astype(jnp.float32)
-       + jnp.float32(_decay_of(state, decay)) * residual.astype(jnp.float32))
+  p = feed_back(x, residual, _decay_of(state, decay))
   payload, state = compressor.encode(p, state, key)
   return payload, p - compressor.decode(payload), state
+
+
+def feed_back(x: jax.Array, residual: jax.Array, gamma) -> jax.Array:
+  """``p = x + gamma * e`` in float32, and exactly ``x`` where ``gamma`` is 0.
+
+  A residual whose weight is 0 contributes nothing, not even a non-finite value
+  (``0 * inf`` and ``0 * NaN`` are NaN in IEEE arithmetic): ``jnp.where`` on the
+  weight, which may be traced (a compressor state's ``ef_gamma``); for a nonzero
+  weight the value is bitwise ``x + gamma * e``.
+
+  Args:
+    x: f32[shape] the new value.
+    residual: f32[shape] the error memory e.
+    gamma: the memory weight: a Python float or a float32[] (traced or not).
+
+  Returns:
+    f32[shape].
+  """
+  x = x.astype(jnp.float32)
+  gamma = jnp.asarray(gamma, jnp.float32)
+  return jnp.where(gamma == 0, x, x + gamma * residual.astype(jnp.float32))
 
 
 def aggregate(compressor: Compressor, gathered, num_workers: int,

@@ -45,6 +45,7 @@ import jax.numpy as jnp
 import numpy as np
 from scipy import integrate, optimize, special, stats
 
+from hfl.compress import base
 from hfl.compress import floatgrid
 
 BETA_MIN = 0.2
@@ -90,6 +91,12 @@ def fit_moments(x: jax.Array, beta_range=(BETA_MIN, BETA_MAX)) -> GenNormFit:
   Returns:
     :class:`GenNormFit` of float32 scalars. If no finite non-zero entry exists
     (empty, all zero, all non-finite) beta is ``clip(2, *beta_range)`` and alpha 0.
+    Where a plain moment (``sum |x| / n``, ``sum x^2 / n``) overflows or underflows
+    (entries beyond ~1e19, whose squares overflow, or below ~1e-19), both are taken
+    from the values pre-scaled by a power of two of their max-abs
+    (:func:`hfl.compress.base.pow2_scale`; exact): beta is then that of ``x``
+    scaled into range (the ratio m2 / m1^2 is scale-free), alpha is scaled back and
+    saturates to float32's max; ordinary fits are bitwise the plain ones.
   """
   x = jnp.asarray(x, jnp.float32).reshape(-1)
   finite = jnp.isfinite(x)
@@ -97,13 +104,23 @@ def fit_moments(x: jax.Array, beta_range=(BETA_MIN, BETA_MAX)) -> GenNormFit:
   n = jnp.maximum(jnp.sum(finite), 1).astype(jnp.float32)
   m1 = jnp.sum(jnp.abs(xf)) / n
   m2 = jnp.sum(jnp.square(xf)) / n
-  ok = m1 > 0
-  log_r = jnp.log(jnp.where(ok, m2, 1.0)) - 2 * jnp.log(jnp.where(ok, m1, 1.0))
+  # The same moments of x * 2^-k (base.pow2_scale), which neither overflow nor
+  # underflow, used where a plain one is not a normal float.
+  down, up = base.pow2_scale(jnp.max(jnp.abs(xf), initial=0.0))
+  xs = xf * down
+  m1s = jnp.sum(jnp.abs(xs)) / n
+  m2s = jnp.sum(jnp.square(xs)) / n
+  plain = ((m1 >= base.FLOAT32_TINY) & (m2 >= base.FLOAT32_TINY)
+           & (m1 <= base.FLOAT32_MAX) & (m2 <= base.FLOAT32_MAX))
+  ok = jnp.where(plain, m1 > 0, m1s > 0)
+  r1, r2 = jnp.where(plain, m1, m1s), jnp.where(plain, m2, m2s)
+  log_r = jnp.log(jnp.where(ok, r2, 1.0)) - 2 * jnp.log(jnp.where(ok, r1, 1.0))
   # jnp.interp needs increasing xp: reverse the decreasing log-ratio table.
   beta = jnp.interp(log_r, jnp.asarray(_LOG_RATIOS[::-1], jnp.float32),
                     jnp.asarray(_RATIO_BETAS[::-1], jnp.float32))
   beta = jnp.clip(jnp.where(ok, beta, 2.0), *beta_range)
-  alpha = alpha_from_beta(m1, beta)
+  alpha = jnp.where(plain, alpha_from_beta(m1, beta),
+                    jnp.minimum(alpha_from_beta(m1s, beta) * up, base.FLOAT32_MAX))
   return GenNormFit(beta.astype(jnp.float32), jnp.where(ok, alpha, 0.0))
 
 

@@ -24,8 +24,19 @@ the LAST axis (Dense [in, out], Conv [h, w, in, out]), so a leaf of shape
 
 Orthogonalisation uses a Householder QR (``jnp.linalg.qr``), which stays finite
 on rank-deficient or zero P (the paper's Gram-Schmidt would divide by zero).
-A column of Q that becomes exactly zero (zero gradient) is re-drawn from the
-initial Gaussian Q so the warm start cannot get stuck at zero.
+A column of Q that becomes exactly zero (zero gradient) or non-finite (a
+non-finite gradient, flagged by the step that sent it) is re-drawn from the
+initial Gaussian Q so the warm start can get stuck neither at zero nor at NaN.
+
+Range (hfl's). P = M Q grows like |M|^2 over the warm-started steps, so M and the
+warm start Q are each pre-scaled by a power of two of their max-abs
+(:func:`hfl.compress.base.pow2_scale`) before the products; orthogonalisation is
+scale-invariant and the scaling exact, so the factors are those of the unscaled
+products whenever these do not overflow. The sent Q = M^T P_hat is clipped
+elementwise to ``+-(FLOAT32_MAX - max|M|) / (2 r)``, so that the decoded
+P_hat Q^T (|P_hat| <= 1) and the residual M - P_hat Q^T are finite for every finite
+M; the bound is far above any Q of a trainable gradient (it binds only within a
+factor 2r of float32's max).
 """
 
 from typing import NamedTuple
@@ -34,6 +45,7 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
+from hfl.compress import base
 from hfl.compress.base import Compressor
 
 
@@ -102,10 +114,18 @@ def powersgd(shape, rank: int = 2, seed: int = 0, **unused) -> Compressor:
   def encode(x, state, key):
     del key
     mat = x.reshape(m, n).astype(jnp.float32)
-    p = mat @ state.q
+    amax = base.max_abs(mat)
+    down, up = base.pow2_scale(amax)
+    mat_s = mat * down
+    p = mat_s @ (state.q * base.pow2_scale(base.max_abs(state.q))[0])
     p_hat, _ = jnp.linalg.qr(p)
-    q = mat.T @ p_hat
-    alive = jnp.any(q != 0, axis=0, keepdims=True)
+    q = (mat_s.T @ p_hat) * up
+    bound = (base.FLOAT32_MAX - jnp.minimum(amax, base.FLOAT32_MAX)) / (2 * r)
+    q = jnp.where(jnp.isfinite(amax), jnp.clip(q, -bound, bound), q)
+    # A zero column (zero gradient) or a non-finite one (a non-finite M, which this
+    # step's payload already shows) restarts from the initial Gaussian Q.
+    alive = (jnp.any(q != 0, axis=0, keepdims=True)
+             & jnp.all(jnp.isfinite(q), axis=0, keepdims=True))
     return {'p': p_hat, 'q': q}, PowerSGDState(q=jnp.where(alive, q, q0()))
 
   def decode(payload):

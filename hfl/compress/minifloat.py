@@ -43,6 +43,7 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
+from hfl.compress import base
 from hfl.compress import floatgrid
 from hfl.compress.base import Compressor, EmptyState
 
@@ -76,10 +77,17 @@ def unpack_symbols(packed: jax.Array, bits: int, n: int) -> jax.Array:
 
 
 def absmax_scale(x: jax.Array, grid: floatgrid.FloatGrid) -> jax.Array:
-  """float32[] ``grid.max / max|x|`` over the finite entries; 1 if none is non-zero."""
+  """float32[] ``grid.max / max|x|`` over the finite entries (1 if none is non-zero,
+  or if the quotient overflows: entries of ~1e-38 and below), raised to at least
+  :func:`hfl.compress.base.min_scale` of ``grid.max`` so that decode's
+  ``level / scale`` is finite for every level: where ``max|x|`` is within a factor
+  ``grid.max`` of float32's max (possible for e2m1, whose max is 3, and otherwise
+  a float32 subnormal that the CPU flushes to 0), the largest entries saturate to
+  the top level instead of decoding to NaN."""
   amax = jnp.max(jnp.where(jnp.isfinite(x), jnp.abs(x), 0.0), initial=0.0)
   scale = jnp.float32(grid.max) / jnp.where(amax > 0, amax, 1.0)
-  return jnp.where((amax > 0) & jnp.isfinite(scale), scale, 1.0).astype(jnp.float32)
+  return jnp.where((amax > 0) & jnp.isfinite(scale),
+                   jnp.maximum(scale, base.min_scale(grid.max)), 1.0).astype(jnp.float32)
 
 
 def float_cast(shape, fmt='e3m0') -> Compressor:

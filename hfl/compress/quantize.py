@@ -21,6 +21,7 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
+from hfl.compress import base
 from hfl.compress.base import Compressor, EmptyState
 
 _BIT_WEIGHTS = (128, 64, 32, 16, 8, 4, 2, 1)  # MSB first, like np.packbits
@@ -80,7 +81,11 @@ def qsgd(shape, levels: int = 16, bucket_size: int | None = 512,
   None: the whole leaf) sends its L2
   norm (float32) and, per entry, a sign bit and a level l in {0..s} on
   ``level_bits(s)`` bits, packed as bit planes. Unbiased: E[decode] = x.
-  An all-zero bucket has norm 0 and decodes to zeros (no NaN).
+  An all-zero bucket has norm 0 and decodes to zeros (no NaN). The norm is
+  computed overflow-safe (:func:`hfl.compress.base.l2_norm`); a finite bucket whose
+  norm exceeds float32's range sends ``FLOAT32_MAX`` instead, still >= every
+  entry, so the code stays unbiased and the payload finite (the variance bound of
+  the paper's Lemma 3.1 then holds with that value for ||v||_2).
 
   Wire cost: ``32 * num_buckets + 8 * (1 + level_bits(s)) * ceil(size / 8)`` bits,
   i.e. ~(1 + ceil(log2(s + 1))) bits per entry (6 for s = 16).
@@ -119,9 +124,13 @@ def qsgd(shape, levels: int = 16, bucket_size: int | None = 512,
     if padded != size:
       flat = jnp.pad(flat, (0, padded - size))
     v = flat.reshape(nb, bucket)
-    norm = jnp.sqrt(jnp.sum(v * v, axis=1))
-    safe = jnp.where(norm > 0, norm, 1.0)
-    r = jnp.clip(jnp.abs(v) / safe[:, None] * levels, 0.0, float(levels))
+    norm = base.l2_norm(v, axis=1)
+    # |v| / norm with both pre-scaled by the same power of two (exact): the divisor
+    # is then in [1, 4), never near float32's max, where XLA:CPU's division (a
+    # multiply by the flushed-to-zero reciprocal) would give 0.
+    down = base.pow2_scale(norm)[0][:, None]
+    safe = jnp.where(norm[:, None] > 0, norm[:, None] * down, 1.0)
+    r = jnp.clip(jnp.abs(v) * down / safe * levels, 0.0, float(levels))
     low = jnp.floor(r)
     u = jax.random.uniform(key, r.shape)
     lvl = (low + (u < r - low)).astype(jnp.uint32).reshape(-1)[:size]
@@ -149,7 +158,8 @@ def sign(shape, **unused) -> Compressor:
 
   decode = mean(|x|) * s, with s_i = +1 if x_i >= 0 else -1: sign(0) is +1, so
   the code is strictly binary (never a third value). Biased; use with
-  error feedback (Karimireddy et al. 2019).
+  error feedback (Karimireddy et al. 2019). The mean is computed overflow-safe
+  (:func:`hfl.compress.base.mean_abs`): finite for every finite ``x``.
 
   Wire cost: ``32 + 8 * ceil(size / 8)`` bits.
 
@@ -168,7 +178,7 @@ def sign(shape, **unused) -> Compressor:
   def encode(x, state, key):
     del key
     flat = x.reshape(-1).astype(jnp.float32)
-    scale = jnp.mean(jnp.abs(flat))
+    scale = base.mean_abs(flat)
     return {'scale': scale, 'signs': pack_bits(flat >= 0)}, state
 
   def decode(payload):
