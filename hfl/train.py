@@ -453,7 +453,8 @@ def upgrade_config(old: dict) -> dict:
   for (*parents, leaf), default in ADDED_SECTIONS.items():
     sub = old
     for p in parents:
-      sub = sub.get(p, {}) if isinstance(sub, dict) else {}
+      sub = sub.get(p) if isinstance(sub, dict) else None
+    # A section the config lacks gets nothing (a callable default may read it).
     if isinstance(sub, dict) and parents and leaf not in sub:
       sub[leaf] = default(old) if callable(default) else copy.deepcopy(default)
   return old
