@@ -53,6 +53,7 @@ def get_config(arg: str | None = None) -> ml_collections.ConfigDict:
   c.train = ml_collections.ConfigDict()
   c.train.num_steps = 800            # intra-DC iterations of the fastest DC (0 = unset)
   c.train.sim_time_budget_s = 0.0    # or: stop at this simulated time, s (0 = unset; hfl.budget)
+  c.train.sample_budget = 0          # or: stop at this many samples of all DCs (0 = unset)
   c.train.batch_size = 32            # per worker
   c.train.eval_every = 25            # inter-DC rounds between evaluations
   c.train.checkpoint_every = 50      # inter-DC rounds between checkpoints (0: only at the end)

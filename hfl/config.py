@@ -10,7 +10,7 @@ in :func:`hfl.train.setup`, still before anything is compiled or written: the
 data (the files' contents; a batch larger than a worker's shard, also
 :func:`hfl.data.partition_dataset`), the model's shapes (what a compressor's
 factory refuses, e.g. CO3's gamma; Streaming DiLoCo's fragments; the payload
-sizes, which tighten the time-budget warm-up check of
+sizes and the K schedule's plan, which tighten the budgets' warm-up check of
 :func:`check_budget_warmup`) and the devices (the mesh's device count).
 
 Also the config-file helpers main.py and :mod:`hfl.sweep` share:
@@ -109,7 +109,7 @@ def validate(config: ml_collections.ConfigDict, paths: bool = True
       'sync.k'? ...``, all such fields in one message); else the first invalid
       field, e.g. ``sync.k=0 must be >= 1``, or any float field that is
       ``inf``/``nan``; a ``dataset.data_dir`` that does not exist; an optimizer
-      warm-up the time budget cannot finish (:func:`check_budget_warmup`).
+      warm-up the time or sample budget cannot finish (:func:`check_budget_warmup`).
   """
   check_fields(config)  # first: a misspelled section is not reported as a missing one
   for key in REQUIRED:
@@ -125,7 +125,7 @@ def validate(config: ml_collections.ConfigDict, paths: bool = True
   d = config.mesh.num_dcs
   net = network.from_config(config.network, d)
   _choice(config.model.name, 'model.name', models.MODELS)
-  budget_lib.from_config(config.train, config.optimizer)  # num_steps or the time budget
+  budget_lib.from_config(config.train, config.optimizer)  # num_steps, time or sample budget
   optim.make_optimizer(config.optimizer, config.train.num_steps)
   validate_task(config)
   if config.dataset.partition == 'dirichlet' and not float(config.dataset.dirichlet_alpha) > 0:
@@ -170,14 +170,17 @@ def validate(config: ml_collections.ConfigDict, paths: bool = True
 
 def check_budget_warmup(config: ml_collections.ConfigDict, t_d, c_d, schedule=None,
                         how: str = 'hfl.train.planned_times') -> None:
-  """Refuses an ``optimizer.warmup_steps`` that a time budget cannot finish: under
-  ``train.sim_time_budget_s`` the counterpart of "optimizer.warmup_steps must be <
-  train.num_steps" (:func:`hfl.optim.make_schedule`).
+  """Refuses an ``optimizer.warmup_steps`` that a budget cannot finish: under
+  ``train.sim_time_budget_s`` or ``train.sample_budget`` the counterpart of
+  "optimizer.warmup_steps must be < train.num_steps" (:func:`hfl.optim.make_schedule`).
 
-  No DC runs more than :func:`hfl.budget.max_iterations` iterations (optimizer
-  steps) within the budget, from the fastest DC's iteration time ``min(t_d)``, the
-  least round communication time ``min(c_d)`` (0 with ``sync.faults``: a round with
-  one DC present exchanges nothing) and the most iterations K a round can hold:
+  No DC runs more iterations (optimizer steps) within the budget than
+  :func:`hfl.budget.max_iterations` (time: from the fastest DC's iteration time
+  ``min(t_d)`` and the least round communication time ``min(c_d)``, 0 with
+  ``sync.faults``: a round with one DC present exchanges nothing) or
+  :func:`hfl.budget.max_iterations_of_samples` (samples: from W x B samples per
+  iteration and the fewest DCs present in a round, ``mesh.num_dcs``, 1 with
+  ``sync.faults``), with K the most iterations a round can hold:
   ``sync.k_max`` where K adapts (AdaComm, ``sync.progress_aware``) or, for
   'semi_sync', without ``schedule``; else the schedule's K (1 for 'sync', ``sync.k``
   for 'periodic' without one). A warm-up of at least that many steps would end the
@@ -187,7 +190,8 @@ def check_budget_warmup(config: ml_collections.ConfigDict, t_d, c_d, schedule=No
   Args:
     config: a config whose other fields are valid.
     t_d, c_d: float [D] seconds per DC of an iteration and of a round's communication
-      (lower bounds will do: they only loosen the bound).
+      (lower bounds will do: they only loosen the bound; the sample budget does not
+      use them).
     schedule: the run's K schedule (:mod:`hfl.sync.schedule`, built with the
       planned times), or None.
     how: where ``t_d`` and ``c_d`` come from, for the message.
@@ -197,16 +201,31 @@ def check_budget_warmup(config: ml_collections.ConfigDict, t_d, c_d, schedule=No
   """
   stop = budget_lib.from_config(config.train)
   warm = config.optimizer.get('warmup_steps', 0)
-  if stop.governed_by != 'sim_time_budget_s' or not warm:
+  if stop.governed_by == 'num_steps' or not warm:
     return
   s = config.sync
   if (s.strategy == 'adacomm' or s.progress_aware
       or (schedule is None and s.strategy == 'semi_sync')):
-    k = s.k_max
+    k, k_from = s.k_max, 'sync.k_max'
   elif schedule is None:
-    k = 1 if s.strategy == 'sync' else s.k
+    k, k_from = (1, "sync.strategy='sync'") if s.strategy == 'sync' else (s.k, 'sync.k')
   else:
-    k = int(np.max(schedule.plan(schedule.init()).k_d))
+    k, k_from = int(np.max(schedule.plan(schedule.init()).k_d)), "the K schedule's plan"
+  if stop.governed_by == 'sample_budget':
+    per_it = config.mesh.workers_per_dc * config.train.batch_size
+    p, p_from = (1, 'sync.faults') if s.faults else (config.mesh.num_dcs, 'mesh.num_dcs')
+    most = budget_lib.max_iterations_of_samples(stop.sample_budget, per_it, k, p)
+    if warm >= most:
+      raise ValueError(
+          f'optimizer.warmup_steps={warm} must be < {most}, the most iterations a DC can '
+          f'run within train.sample_budget={stop.sample_budget}: the run would end before '
+          'reaching optimizer.learning_rate. The bound is floor((S K - 1) / (W B (K + P '
+          f'- 1))) + K with W B = {per_it} samples per iteration (mesh.workers_per_dc x '
+          f'train.batch_size), K = {k} the most iterations of a round ({k_from}) and P = '
+          f'{p} the fewest DCs present in a round ({p_from}; '
+          'the last round may cross the budget). Lower optimizer.warmup_steps or raise '
+          'train.sample_budget')
+    return
   t, c = float(np.min(t_d)), 0.0 if s.faults else float(np.min(c_d))
   most = budget_lib.max_iterations(stop.sim_time_budget_s, t, c, k)
   if most is not None and warm >= most:
@@ -306,7 +325,8 @@ def validate_streaming(config: ml_collections.ConfigDict) -> None:
     ValueError: a field out of range (:func:`hfl.sync.streaming.check`); streaming
       with another ``sync.strategy`` than 'periodic', FedNova, progress-aware K,
       ``sync.faults``, ``sync.prox_mu``, ``sync.lr_scaling``, a
-      ``train.sim_time_budget_s`` (streaming stops at ``train.num_steps``) or a
+      ``train.sim_time_budget_s`` or ``train.sample_budget`` (streaming stops at
+      ``train.num_steps``) or a
       ``train.num_steps`` that is not a multiple of
       ``sync.k / sync.fragments``.
   """
@@ -324,7 +344,9 @@ def validate_streaming(config: ml_collections.ConfigDict) -> None:
                                 ('sync.prox_mu', s.get('prox_mu', 0.0), 0.0),
                                 ('sync.lr_scaling', s.get('lr_scaling', 'none'), 'none'),
                                 ('train.sim_time_budget_s',
-                                 config.train.get('sim_time_budget_s', 0.0), 0.0)):
+                                 config.train.get('sim_time_budget_s', 0.0), 0.0),
+                                ('train.sample_budget', config.train.get('sample_budget', 0),
+                                 0)):
     if value != allowed:
       raise ValueError(f'{field}={value!r}: {what} needs {field}={allowed!r}')
   if config.train.num_steps % (s.k // p):

@@ -50,9 +50,11 @@ from hfl.sync import streaming
 
 # Fields that may change between a run and its resumption (they do not change what
 # is computed up to the restored step).
-RESUMABLE_FIELDS = ('train.num_steps', 'train.eval_every', 'train.checkpoint_every',
-                    'train.log_every', 'train.target_accuracy', 'train.target_loss',
-                    'dataset.cache_dir')
+# ``train.sample_budget``: rounds run whole, so a run extended to a larger budget trains
+# bitwise as the fresh run of it (check_resumed_samples refuses one the run went past).
+RESUMABLE_FIELDS = ('train.num_steps', 'train.sample_budget', 'train.eval_every',
+                    'train.checkpoint_every', 'train.log_every', 'train.target_accuracy',
+                    'train.target_loss', 'dataset.cache_dir')
 # Path fields: two spellings of one path (a trailing slash, '~', 'a/../b') are the same.
 PATH_FIELDS = ('dataset.data_dir',)
 # Compressor names that send float32 unchanged.
@@ -67,7 +69,7 @@ LINKS = metrics_lib.LINKS  # ('intra_up', 'intra_down', 'inter_dc')
 
 class LoopConfig(NamedTuple):
   """The loop's own fields of ``config.train`` (and the few others it needs)."""
-  num_steps: int         # intra-DC iterations in all (0: the time budget governs)
+  num_steps: int         # intra-DC iterations in all (0: a budget governs)
   batch_size: int        # per worker
   eval_every: int        # rounds between evaluations
   checkpoint_every: int  # rounds between checkpoints (0: only at the end)
@@ -76,7 +78,7 @@ class LoopConfig(NamedTuple):
   seed: int
   augment: str           # dataset.augment
   aggregation: str       # sync.aggregation: 'fedavg' | 'fednova'
-  stop: budget_lib.Stop = budget_lib.Stop(1, 0.0)  # train.num_steps / sim_time_budget_s
+  stop: budget_lib.Stop = budget_lib.Stop(1, 0.0)  # num_steps / sim_time / sample budget
   lr_scaling: str = 'none'  # sync.lr_scaling: 'none' | 'inverse_k' (round_lr_scale)
   prox_mu: float = 0.0      # sync.prox_mu: FedProx's mu (hfl.step.local_gradient)
 
@@ -247,7 +249,7 @@ def setup(config: ml_collections.ConfigDict) -> Setup:
   batch per worker, :func:`_check_batch_fits`, the partition and
   :func:`hfl.data.check_batch_size`), the model's shapes (the compressors'
   factories, Streaming DiLoCo's fragments) and the planned times (semi_sync's K_d;
-  a warm-up the time budget cannot finish, :func:`hfl.config.check_budget_warmup`).
+  a warm-up a budget cannot finish, :func:`hfl.config.check_budget_warmup`).
 
   Raises:
     ValueError / FileNotFoundError: bad config or data, naming the field.
@@ -368,6 +370,11 @@ class LoopState(NamedTuple):
       hold the old end's transfer charged in full).
     provenance: one :func:`hfl.provenance.collect` entry per start of the run that
       trained (fresh or resumed), oldest first: the summary's ``provenance``.
+    samples: training samples processed so far, summed over the DCs and rounds
+      (each round's ``dc_rounds[*].samples``, :func:`round_diagnostics`: K_d x W x B
+      per present DC); what ``train.sample_budget`` stops. None: unknown (a
+      checkpoint written before it existed whose metrics.jsonl cannot give it,
+      :func:`samples_from_log`).
   """
   step: int
   round: int
@@ -387,6 +394,7 @@ class LoopState(NamedTuple):
   resumed_changes: tuple[dict, ...] = ()
   at_stop: AtStop | None = None
   provenance: tuple[dict, ...] = ()
+  samples: int | None = 0
 
 
 def new_loop_state(schedule: schedule_lib.Schedule, num_dcs: int) -> LoopState:
@@ -416,7 +424,7 @@ def to_host(ls: LoopState, wall_time_s: float) -> dict:
               at_stop=None if ls.at_stop is None else dict(
                   clock_s=ls.at_stop.clock.time_s.tolist(),
                   idle_s=ls.at_stop.clock.idle_s.tolist(), exposed_s=ls.at_stop.exposed_s),
-              provenance=list(ls.provenance))
+              provenance=list(ls.provenance), samples=ls.samples)
 
 
 # Config fields added after runs may have started: absent from an older run's
@@ -430,7 +438,8 @@ ADDED_SECTIONS = {('compression', 'dgc'): dict(momentum=0.0, clip_norm=0.0, warm
                   ('optimizer', 'schedule'): 'constant', ('optimizer', 'warmup_steps'): 0,
                   ('optimizer', 'decay_steps'): 0, ('optimizer', 'final_lr_ratio'): 0.0,
                   ('train', 'target_loss'): tasks.TARGET_FIELDS['language_model'][1],
-                  ('train', 'sim_time_budget_s'): 0.0, ('sync', 'k_min_ratio'): 0.0,
+                  ('train', 'sim_time_budget_s'): 0.0, ('train', 'sample_budget'): 0,
+                  ('sync', 'k_min_ratio'): 0.0,
                   ('sync', 'lr_scaling'): 'none', ('sync', 'prox_mu'): 0.0,
                   ('sync', 'progress_test'): 'endpoints',
                   ('sync', 'fragments'): 1, ('sync', 'overlap_steps'): 0,
@@ -453,7 +462,8 @@ def upgrade_config(old: dict) -> dict:
   for (*parents, leaf), default in ADDED_SECTIONS.items():
     sub = old
     for p in parents:
-      sub = sub.get(p, {}) if isinstance(sub, dict) else {}
+      sub = sub.get(p) if isinstance(sub, dict) else None
+    # A section the config lacks gets nothing (a callable default may read it).
     if isinstance(sub, dict) and parents and leaf not in sub:
       sub[leaf] = default(old) if callable(default) else copy.deepcopy(default)
   return old
@@ -461,7 +471,8 @@ def upgrade_config(old: dict) -> dict:
 
 def from_host(host: Mapping[str, Any], schedule: schedule_lib.Schedule) -> LoopState:
   """Inverse of :func:`to_host`, also for checkpoints of older versions: those
-  without ``bits`` (exact totals are derived from ``bytes``) or ``best_test_loss``."""
+  without ``bits`` (exact totals are derived from ``bytes``), ``best_test_loss`` or
+  ``samples`` (None: :func:`restore_or_init` derives it from metrics.jsonl)."""
   bits = ({k: int(v) for k, v in host['bits'].items()} if 'bits' in host else
           {k: int(round(float(v) * 8)) for k, v in host['bytes'].items()})
   sched = schedule_lib.state_from_json(host['schedule'])
@@ -473,7 +484,8 @@ def from_host(host: Mapping[str, Any], schedule: schedule_lib.Schedule) -> LoopS
       tuple(host['round_loss']), float(host['wall_time_s']),
       tuple(host.get('dc_rounds', ())), host.get('wan'),
       tuple(host.get('resumed_changes', ())), _at_stop(host.get('at_stop')),
-      tuple(host.get('provenance', ())))
+      tuple(host.get('provenance', ())),
+      None if host.get('samples') is None else int(host['samples']))
 
 
 def _at_stop(host: Mapping[str, Any] | None) -> AtStop | None:
@@ -556,7 +568,8 @@ def check_workdir_config(workdir: str, config) -> list[str]:
   :func:`_stored_config`; one stopped before its first checkpoint is none: any config
   starts it over), or more iterations done (its newest complete
   checkpoint, hfl.checkpoint.newest_complete_step) than ``train.num_steps`` when
-  that governs.
+  that governs (a ``train.sample_budget`` the run went past is refused once its
+  checkpoint is read, :func:`check_resumed_samples`).
 
   Returns:
     The RESUMABLE_FIELDS that changed, as 'field: old -> new' strings.
@@ -621,11 +634,15 @@ def _only_reported(workdir: str, stop: budget_lib.Stop) -> bool:
 
 
 def _stopped(summary: Mapping[str, Any], stop: budget_lib.Stop) -> bool:
-  """Whether the run of ``summary`` (its iterations and simulated time) is one ``stop``
-  has stopped."""
-  step, now = summary.get('intra_dc_iterations'), summary.get('sim_time_s')
+  """Whether the run of ``summary`` (its iterations, simulated time and samples) is
+  one ``stop`` has stopped (a summary without ``samples``, older than the field, has
+  not stopped under ``train.sample_budget``)."""
+  step, now, samples = (summary.get(k) for k in ('intra_dc_iterations', 'sim_time_s',
+                                                  'samples'))
+  if stop.governed_by == 'sample_budget' and not metrics_lib.finite(samples):
+    return False
   return (metrics_lib.finite(step) and metrics_lib.finite(now)
-          and stop.finished(int(step), float(now)))
+          and stop.finished(int(step), float(now), None if samples is None else int(samples)))
 
 
 # ------------------------------------------------------------------------------
@@ -724,7 +741,8 @@ def account_wan(wan: Mapping[str, Any] | None, wan_bits: np.ndarray, present: np
 def eval_record(ls: LoopState, task: tasks.Task, accuracy: float, loss: float,
                 wall_time_s: float) -> dict:
   """The metrics.jsonl record of an evaluation of the global model at ``ls``."""
-  return dict(step=ls.step, round=ls.round, **tasks.eval_record(task, accuracy, loss),
+  return dict(step=ls.step, round=ls.round, samples=ls.samples,
+              **tasks.eval_record(task, accuracy, loss),
               train_loss=(float(np.mean(ls.round_loss)) if ls.round_loss else None),
               bytes=byte_totals(ls.bits), sim_time_s=ls.clock.now, wall_time_s=wall_time_s,
               k=int(ls.plan.k_base), k_d=[int(k) for k in ls.plan.k_d],
@@ -918,10 +936,11 @@ def _step_fn(rt: Runtime, stage: int | None, step: int) -> Callable:
 
 def restore_or_init(rt: Runtime):
   """``(state, loop_state, restored)``: the newest checkpoint that restores, or a
-  new run's state initialised directly sharded.
+  new run's state initialised directly sharded. A checkpoint older than
+  :attr:`LoopState.samples` gets them from metrics.jsonl (:func:`samples_from_log`).
 
   Raises:
-    ValueError: :func:`check_fault_rounds`.
+    ValueError: :func:`check_resumed_samples`, :func:`check_fault_rounds`.
   """
   restored = ckpt_lib.restore_latest(rt.mngr, ckpt_lib.abstract(rt.state_shape, rt.shardings))
   if restored is None:
@@ -929,9 +948,68 @@ def restore_or_init(rt: Runtime):
     return state, new_loop_state(rt.s.schedule, rt.s.num_dcs), False
   _, state, host = restored
   ls = from_host(host, rt.s.schedule)
-  if not rt.s.loop.stop.finished(ls.step, ls.clock.now):
+  if ls.samples is None:  # a checkpoint older than the count
+    ls = ls._replace(samples=samples_from_log(
+        metrics_lib.read_jsonl(os.path.join(rt.workdir, 'metrics.jsonl')), ls))
+  if rt.s.loop.stop.governed_by == 'sample_budget':  # the budget the run was trained to
+    old = upgrade_config(_stored_config(rt.workdir) or {}).get('train', {})
+    check_resumed_samples(rt.s.loop.stop, ls, old.get('sample_budget', 0), rt.workdir)
+  if not rt.s.loop.stop.finished(ls.step, ls.clock.now, ls.samples):
     check_fault_rounds(rt.s.config.sync.faults, host, rt.workdir)
   return state, ls, True
+
+
+def samples_from_log(records, ls: LoopState) -> int | None:
+  """The samples a run processed up to ``ls`` (a checkpoint written before
+  :attr:`LoopState.samples` existed), summed from the per-round ``dc_rounds`` of
+  its metrics.jsonl ``records`` (rounds up to ``ls.round``) and of ``ls`` (rounds
+  since its last evaluation); None unless every round 1..``ls.round`` is there
+  (older runs did not record them)."""
+  per_round = {}
+  for entry in [e for r in records if isinstance(r, dict)
+                for e in (r.get('dc_rounds') or ())] + list(ls.dc_rounds):
+    if isinstance(entry, dict) and isinstance(entry.get('round'), int) and (
+        1 <= entry['round'] <= ls.round) and isinstance(entry.get('samples'), list):
+      per_round[entry['round']] = sum(int(x) for x in entry['samples'])
+  if len(per_round) != ls.round:
+    return None
+  return sum(per_round.values())
+
+
+def check_resumed_samples(stop: budget_lib.Stop, ls: LoopState, old_budget: int,
+                          workdir: str) -> None:
+  """Refuses to resume under ``train.sample_budget`` a checkpoint (``ls``) whose
+  samples are unknown, or that already processed the budget ``stop.sample_budget``
+  unless it is the end of a run stopped by a budget ``old_budget`` <= it: its last
+  round was then the first to reach the new budget too. (A budget lowered below
+  what the checkpoint processed might have stopped the run rounds earlier; one
+  raised, or lowered above it, is resumed: rounds run whole, so it trains bitwise
+  as the fresh run of the new budget; only an evaluation at the old end, if not
+  due anyway, stays in its history.)
+
+  Args:
+    stop: the run's stopping rule.
+    ls: the restored loop state.
+    old_budget: ``train.sample_budget`` of the config the run was trained with
+      (0: another rule governed it).
+    workdir: for the message.
+
+  Raises:
+    ValueError: naming ``train.sample_budget``, the checkpoint and what to do.
+  """
+  if stop.governed_by != 'sample_budget':
+    return
+  if ls.samples is None:
+    raise ValueError(
+        f'train.sample_budget={stop.sample_budget} governs this run, but the checkpoint of '
+        f'iteration {ls.step} in --workdir={workdir} predates the sample count and its '
+        "metrics.jsonl does not record every round's samples; use a new --workdir.")
+  if ls.samples >= stop.sample_budget and not 0 < old_budget <= stop.sample_budget:
+    raise ValueError(
+        f'train.sample_budget={stop.sample_budget} is not above the {ls.samples} samples '
+        f'--workdir={workdir} has already processed (checkpoint of iteration {ls.step}, '
+        f'round {ls.round}), so the run might have stopped rounds earlier; use a new '
+        'workdir for a smaller budget.')
 
 
 def check_fault_rounds(spec: str, host: Mapping[str, Any], workdir: str) -> None:
@@ -1001,7 +1079,7 @@ def _run_iteration(rt: Runtime, state, step: int, active, weights, do_round: boo
 
 def run_round(rt: Runtime, state, ls: LoopState):
   """Runs one round's iterations (K_d per DC; with ``train.num_steps`` governing, at
-  most ``num_steps`` in all; with a time budget, always the whole round).
+  most ``num_steps`` in all; with a time or sample budget, always the whole round).
 
   The metrics stay on the devices until the round ends: with DCs on different
   hosts, fetching every DC's metrics is an inter-DC collective, which local
@@ -1067,7 +1145,14 @@ def account(rt: Runtime, ls: LoopState, pending, weights, present):
   diag = round_diagnostics(ls.round, [act for _, act, _ in pending], present,
                            s.workers_per_dc * s.loop.batch_size, weights, m)
   diag['train_loss'] = round_loss  # what the K schedule saw (hfl.sync.schedule)
-  return ls._replace(dc_rounds=ls.dc_rounds + (diag,)), losses[-1]
+  return ls._replace(dc_rounds=ls.dc_rounds + (diag,),
+                     samples=add_samples(ls.samples, diag['samples'])), losses[-1]
+
+
+def add_samples(total: int | None, round_samples) -> int | None:
+  """The run's samples after a round that processed ``round_samples`` (ints per DC,
+  :func:`round_diagnostics`'s ``samples``); None stays None (unknown)."""
+  return None if total is None else total + sum(int(x) for x in round_samples)
 
 
 def round_diagnostics(rnd: int, actives, present, batch: int, weights, m) -> dict:
@@ -1174,8 +1259,10 @@ def _log_progress(rt: Runtime, ls: LoopState, at: int, loss: float) -> None:
   if stop.governed_by == 'num_steps':
     total, eta = str(stop.num_steps), f'{(stop.num_steps - at) / max(rate, 1e-9):.0f}s'
     eta = f'<{eta} (this rate includes compiling)' if first and at < stop.num_steps else eta
-  else:  # no iteration count to reach: the budget instead
+  elif stop.governed_by == 'sim_time_budget_s':  # no iteration count: the budget instead
     total, eta = '?', f'at sim {stop.sim_time_budget_s:g}s'
+  else:  # samples counted at each round's end
+    total, eta = '?', f'at {stop.sample_budget} samples ({ls.samples} done)'
   fmt = lambda link: metrics_lib.format_bytes(_bytes(ls.bits[link]), digits=1)
   logging.info(
       'step %d/%s round %d K=%s loss %.4f %s sim %.1fs bytes intra_up %s intra_down %s '
@@ -1191,7 +1278,7 @@ def end_round(rt: Runtime, state, ls: LoopState, loss: float) -> LoopState:
   # Every DC restarts from the global model: checked before it is evaluated or saved.
   if not bool(distributed.to_host(rt.jitted['all_finite'](state.global_params))):
     raise _diverged(rt, ls.step, ls.round, 'the global model has non-finite parameters')
-  last = loop.stop.finished(ls.step, ls.clock.now)
+  last = loop.stop.finished(ls.step, ls.clock.now, ls.samples)
   if ls.round % loop.eval_every == 0 or last:
     ls, rec = evaluate(rt, state, ls)
     logging.info('eval step %d round %d: %s', ls.step, ls.round, ' '.join(
@@ -1241,7 +1328,7 @@ def _resumed(rt: Runtime, ls: LoopState, changed: list[str]) -> dict | None:
   """
   workdir, stop = rt.workdir, rt.s.loop.stop
   summary_path = os.path.join(workdir, 'summary.json')
-  if stop.finished(ls.step, ls.clock.now) and os.path.exists(summary_path):
+  if stop.finished(ls.step, ls.clock.now, ls.samples) and os.path.exists(summary_path):
     logging.info('%s already finished %d iterations; nothing to do.', workdir, ls.step)
     summary = read_json_object(summary_path, _SUMMARY_ADVICE)
     task = rt.s.task
@@ -1282,10 +1369,11 @@ def _resumed(rt: Runtime, ls: LoopState, changed: list[str]) -> dict | None:
 
 
 def summarize(rt: Runtime, state, ls: LoopState) -> dict:
-  """The summary.json of a finished run (the last evaluation's metrics; ``stop``:
-  what stopped it, :mod:`hfl.budget`; ``eval_history``: every evaluation's step,
-  round, simulated time and metrics, to compare runs at equal simulated time or
-  at equal iterations)."""
+  """The summary.json of a finished run (the last evaluation's metrics; ``samples``:
+  training samples processed by all DCs, :attr:`LoopState.samples`; ``stop``: what
+  stopped it, :mod:`hfl.budget`; ``eval_history``: every evaluation's step, round,
+  samples, simulated time and metrics, to compare runs at equal simulated time, at
+  equal work or at equal iterations)."""
   records = metrics_lib.read_jsonl(rt.mw.path)
   if records:
     final = records[-1]
@@ -1297,7 +1385,8 @@ def summarize(rt: Runtime, state, ls: LoopState) -> dict:
   ls = stopped(ls)
   return dict(
       **tasks.summary_fields(rt.s.task, final, ls._asdict()),
-      inter_dc_rounds=ls.round, intra_dc_iterations=ls.step, bytes=byte_totals(ls.bits),
+      inter_dc_rounds=ls.round, intra_dc_iterations=ls.step, samples=ls.samples,
+      bytes=byte_totals(ls.bits),
       sim_time_s=ls.clock.now, idle_s=[float(x) for x in ls.clock.idle_s],
       wall_time_s=rt.wall_s(ls), **to_target(rt.s.task, records),
       step_wall_s=wall_stats(rt.timer.step_wall),
@@ -1344,7 +1433,7 @@ def wan_summary(s: Setup, ls: LoopState) -> dict:
               wan_mbps_for_95pct_without_latency=need.get('_without_latency'))
 
 
-HISTORY_KEYS = ('step', 'round', 'sim_time_s', 'test_accuracy', 'test_loss')
+HISTORY_KEYS = ('step', 'round', 'samples', 'sim_time_s', 'test_accuracy', 'test_loss')
 
 
 def to_target(task: tasks.Task, records) -> dict:
@@ -1360,8 +1449,9 @@ def to_target(task: tasks.Task, records) -> dict:
 
 def eval_history(records) -> list[dict]:
   """summary.json's ``eval_history``: per evaluation of metrics.jsonl, its
-  ``step`` (iterations of the fastest DC), ``round``, ``sim_time_s`` (simulated
-  seconds), ``test_accuracy`` and ``test_loss`` (nats)."""
+  ``step`` (iterations of the fastest DC), ``round``, ``samples`` (processed by all
+  DCs; null in records older than the field), ``sim_time_s`` (simulated seconds),
+  ``test_accuracy`` and ``test_loss`` (nats)."""
   return [{k: r.get(k) for k in HISTORY_KEYS} for r in records]
 
 
@@ -1419,7 +1509,7 @@ def _train_and_evaluate(config: ml_collections.ConfigDict, workdir: str) -> dict
   ls = ls._replace(provenance=ls.provenance + (provenance.collect(ls.step),))
   rt.mw = metrics_lib.MetricsWriter(workdir, resume_step=ls.step)
   rt.log_at = (time.time(), ls.step, True)
-  while not s.loop.stop.finished(ls.step, ls.clock.now):
+  while not s.loop.stop.finished(ls.step, ls.clock.now, ls.samples):
     state, pending, weights, present = run_round(rt, state, ls)
     ls, loss = account(rt, ls, pending, weights, present)
     ls = end_round(rt, state, ls, loss)
@@ -1542,5 +1632,9 @@ def print_results(summary: dict) -> None:
   if stop.get('governed_by') == 'sim_time_budget_s':
     rows.insert(len(metric_rows), ('stopped at', f'simulated-time budget '
                                    f'{stop["sim_time_budget_s"]:g} s (train.sim_time_budget_s)'))
+  elif stop.get('governed_by') == 'sample_budget':
+    rows.insert(len(metric_rows), ('stopped at', f'sample budget {stop["sample_budget"]} '
+                                   f'(train.sample_budget; {summary.get("samples")} '
+                                   'processed)'))
   width = max(len(r[0]) for r in rows)
   print('\n'.join(f'{k:<{width}}  {v}' for k, v in rows), flush=True)

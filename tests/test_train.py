@@ -544,7 +544,7 @@ def test_a_corrupt_summary_of_a_finished_run_is_named_with_what_to_do(tmp_path, 
     f.write(text)
   rt = types.SimpleNamespace(workdir=workdir, s=types.SimpleNamespace(
       loop=train.loop_config(config), task=tasks.from_config(config)))
-  ls = types.SimpleNamespace(step=4, clock=network.new_clock(2))
+  ls = types.SimpleNamespace(step=4, clock=network.new_clock(2), samples=128)
   with pytest.raises(ValueError) as e:
     train._resumed(rt, ls, [])  # pylint: disable=protected-access
   assert str(e.value).startswith(f'{summary} '), str(e.value)
