@@ -17,19 +17,19 @@ from jax.sharding import NamedSharding, PartitionSpec as P
 
 from configs import default as default_config
 from hfl import accounting, mesh as mesh_lib, step as step_lib, train
-from hfl.compress import base, dgc, policy, sparse
+from hfl.compress import base, dgc, policy, registry, sparse
 from tests.helpers import put as _put
 
 U = 2.0**-24
 SHAPE = (12, 10)
-HYPER = dict(density=0.25, levels=16, bucket_size=64, rank=2, fmt='fp4', gamma=0.9)
 NAMES = sorted(policy.REGISTRY)
 
 
 def compressor(name, shape=SHAPE):
-  """The registry's ``name`` for a leaf of ``shape`` (small hyper-parameters)."""
-  spec = dict(name=name, **{h: HYPER[h] for h in policy.REGISTRY[name][1] if h in HYPER})
-  return policy.build(spec, jax.ShapeDtypeStruct(shape, jnp.float32), 0, 'float32')[0]
+  """The registry's ``name`` for a leaf of ``shape``, built from its registered example
+  spec (hfl.compress.registry.example_spec); a name that does not build fails the test."""
+  return policy.build(registry.example_spec(name), jax.ShapeDtypeStruct(shape, jnp.float32),
+                      0, 'float32')[0]
 
 
 # --------------------------------------------------------------------------------

@@ -31,19 +31,19 @@ from jax.sharding import Mesh, NamedSharding, PartitionSpec as P
 
 from hfl import collectives
 from hfl import step as step_lib
-from hfl.compress import base, policy
+from hfl.compress import base, policy, registry
 
 REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 SHAPE = (12, 10)
 U = 2.0**-24
-HYPER = dict(density=0.25, levels=16, bucket_size=64, rank=2, fmt='fp4', gamma=0.9)
 NAMES = sorted(policy.REGISTRY)
 
 
 def compressor(name, shape=SHAPE):
-  """The registry's ``name`` for a leaf of ``shape`` (small hyper-parameters)."""
-  spec = dict(name=name, **{h: HYPER[h] for h in policy.REGISTRY[name][1] if h in HYPER})
-  return policy.build(spec, jax.ShapeDtypeStruct(shape, jnp.float32), 0, 'float32')[0]
+  """The registry's ``name`` for a leaf of ``shape``, built from its registered example
+  spec (hfl.compress.registry.example_spec); a name that does not build fails the test."""
+  return policy.build(registry.example_spec(name), jax.ShapeDtypeStruct(shape, jnp.float32),
+                      0, 'float32')[0]
 
 
 def gamma_of(c):

@@ -18,7 +18,7 @@ import jax.numpy as jnp
 import numpy as np
 import pytest
 
-from hfl.compress import base, co3, dgc, ef, gennorm, minifloat, policy, quantize
+from hfl.compress import base, co3, dgc, ef, gennorm, minifloat, policy, quantize, registry
 
 KEY = jax.random.PRNGKey(7)
 F32_MAX = float(np.finfo(np.float32).max)
@@ -61,32 +61,22 @@ def _mixed(kind, shape=SHAPE, seed=0):
 
 KINDS = ('e30', 'e38', 'max', 'all')
 
-# Every registry compressor, each norm- or scale-computing one with the settings the
-# issue names (QSGD with buckets of 512 and one bucket; CO3 fp4 and fp8; 2-bit and
-# f32 chunked top-k).
-COMPRESSORS = {
-    'identity': dict(name='identity'),
-    'float32': dict(name='float32'),
-    'bf16': dict(name='bf16'),
-    'bfloat16': dict(name='bfloat16'),
-    'fp16': dict(name='fp16'),
-    'float16': dict(name='float16'),
-    'topk': dict(name='topk', density=0.05),
+# Every registry compressor, built from its registered example spec
+# (hfl.compress.registry.example_spec; a registered name that does not build fails
+# the tests), plus the settings the issue names where they differ (QSGD with buckets
+# of 512 and one bucket, 1 level; threshold top-k; CO3 fp8; chunked top-k at density
+# 1 and with f32 values).
+VARIANTS = {
     'topk_thr': dict(name='topk', density=0.05, threshold_variant=True),
-    'randk': dict(name='randk', density=0.05),
     'qsgd_512': dict(name='qsgd', levels=16, bucket_size=512),
     'qsgd_none': dict(name='qsgd', levels=16, bucket_size=None),
     'qsgd_s1': dict(name='qsgd', levels=1, bucket_size=512),
-    'sign': dict(name='sign'),
-    'powersgd': dict(name='powersgd', rank=2),
-    'co3_fp4': dict(name='co3', fmt='fp4', gamma=0.9),
     'co3_fp8': dict(name='co3', fmt='fp8', gamma=0.9),
-    'e3m0': dict(name='e3m0'),
-    'chunked_topk': dict(name='chunked_topk', density=0.05, chunk_size=256),
     'chunked_topk_d1': dict(name='chunked_topk', density=1.0, chunk_size=256),
     'chunked_topk_f32': dict(name='chunked_topk', density=0.05, chunk_size=256,
                              value_bits=32),
 }
+COMPRESSORS = {**{name: registry.example_spec(name) for name in policy.REGISTRY}, **VARIANTS}
 
 
 def _build(spec, shape=SHAPE):
@@ -96,7 +86,8 @@ def _build(spec, shape=SHAPE):
 
 
 def test_every_registry_compressor_is_covered():
-  assert {s['name'] for s in COMPRESSORS.values()} == set(policy.REGISTRY)
+  assert set(policy.REGISTRY) <= set(COMPRESSORS)
+  assert {s['name'] for s in VARIANTS.values()} <= set(policy.REGISTRY)
 
 
 def _float_leaves(tree):
@@ -360,13 +351,13 @@ def _gamma0(name):
   hfl.compress.ef.tree_ef_step with no decay), an explicit decay = 0 of ef_step,
   and co3_ef_step's gamma."""
   if name in ('co3', 'chunked_topk'):
-    c = _build(dict(COMPRESSORS['co3_fp4' if name == 'co3' else name], gamma=0.0))
+    c = _build(dict(COMPRESSORS[name], gamma=0.0))
     def step(x, e, s, k):
       p, r, s = ef.tree_ef_step([c], [x], [e], [s], k)
       return p[0], r[0], s[0]
     return c, step
   if name == 'co3_ef_step':
-    c = _build(COMPRESSORS['co3_fp4'])  # gamma 0.9 in its state, 0 given
+    c = _build(COMPRESSORS['co3'])  # gamma 0.9 in its state, 0 given
     def step(x, e, s, k):
       p, _, r, s = co3.co3_ef_step(c, x, e, s, k, gamma=0.0)
       return p, r, s
@@ -407,7 +398,7 @@ def test_a_nonzero_memory_weight_feeds_the_non_finite_residual_back():
   as classic error feedback carries every error, and the next step is flagged too
   (the run stops at the round's end naming the first flagged iteration)."""
   from hfl import step as step_lib  # pylint: disable=g-import-not-at-top
-  c = _build(COMPRESSORS['co3_fp4'])  # gamma 0.9
+  c = _build(COMPRESSORS['co3'])  # gamma 0.9
   step = jax.jit(lambda x, e, s, k: ef.tree_ef_step([c], [x], [e], [s], k))
   x1 = _mixed('e30')
   x1[3, 7] = np.inf

@@ -12,7 +12,7 @@ from jax.sharding import NamedSharding, PartitionSpec as P
 
 from configs import default as default_config
 from hfl import accounting, collectives, mesh as mesh_lib, models, optim, step as step_lib, train
-from hfl.compress import base, chunked, co3, dgc, lowrank, policy, quantize, sparse
+from hfl.compress import base, co3, dgc, policy, quantize, registry, sparse
 from tests.helpers import B, D, W, step_batches as _batches, host_metrics as _host
 from tests.helpers import put as _put, run_steps as _run
 
@@ -311,46 +311,125 @@ def test_nesterov_outer_step_is_optax_nesterov_on_the_pseudo_gradient():
   chex.assert_trees_all_close(state.global_params, x_global, atol=2e-5, rtol=2e-5)
 
 
-UPLINKS = {
-    'topk': lambda s: sparse.topk(s, 0.05),
-    'topk_thr': lambda s: sparse.topk(s, 0.02, threshold_variant=True),
-    'randk': lambda s: sparse.randk(s, 0.05),
-    'qsgd': lambda s: quantize.qsgd(s, levels=16),
-    'sign': quantize.sign,
-    'powersgd': lambda s: lowrank.powersgd(s, rank=2),
-    'bf16': lambda s: base.cast(s, jnp.bfloat16),
-}
+TOPK = lambda s: sparse.topk(s, 0.05)
+
+# The collective-bytes cases: every registered compressor once (aliases of one factory
+# and example spec once: hfl.compress.registry.distinct_names), built from its
+# registered example spec, plus the threshold-estimated top-k. A registered name that
+# does not build fails its case.
+HLO_CASES = {name: registry.example_spec(name) for name in registry.distinct_names()}
+HLO_CASES['topk_thr'] = dict(name='topk', density=0.02, threshold_variant=True)
+
+_MLIR_DTYPES = {'float32': 'f32', 'bfloat16': 'bf16', 'float16': 'f16', 'uint8': 'ui8',
+                'uint16': 'ui16', 'uint32': 'ui32', 'int8': 'i8', 'int16': 'i16',
+                'int32': 'i32', 'bool': 'i1'}
 
 
-@pytest.mark.parametrize('name', sorted(UPLINKS))
-def test_compressed_uplink_bytes_equal_hlo_collectives(name):
-  """The 'worker' collectives of the local step move exactly the counted uplink bits.
+def _registered(spec):
+  """``shape -> Compressor``: the registered factory of ``spec['name']`` with the spec's
+  (validated) hyper-parameters, for every leaf (biases included: no small-leaf rule)."""
+  name, hyper = policy.check_spec(spec, 'compression.uplink')
+  factory = registry.lookup(name).factory
+  return lambda shape: factory(shape, **hyper)
 
-  Sparse payloads are all-gathered as values + indices, quantised ones as packed
-  uint8 codes + float32 scales, casts in their 16-bit dtype (nothing dense, never
-  a sum of encoded values).
+
+def _ops_kinds(compressors):
+  """The collective ops their payloads travel in: an all-reduce for a float32 sum
+  (identity), an all-gather otherwise."""
+  return {'all_reduce' if collectives.reduces(c) else 'all_gather' for c in compressors}
+
+
+@pytest.mark.parametrize('name', sorted(HLO_CASES))
+def test_every_registry_compressor_bytes_equal_hlo_collectives(name):
+  """Every registered compressor on the uplink and the WAN (the same spec on both).
+
+  Local program (lowered only): the 'worker' collectives move exactly the uplink
+  payloads' static bytes (hfl.compress.policy.static_bits) of every device, each
+  payload array in its own dtype (sparse payloads as values + indices, quantised
+  ones as packed uint8 codes + float32 scales, casts in their 16-bit dtype),
+  all-gathered (never a sum of encoded values) unless the compressor is identity.
+  Round program (lowered and run): in addition the WAN payloads cross 'dc' fused
+  and padded, and their re-gather crosses 'worker' (_fused_padded_bytes). For a
+  static-size payload that is also exactly what hfl counts
+  (assert_every_collective_counted); a variable-length code (CO3) charges its coded
+  length instead, which test_co3_uplink_moves_uint8_symbols_and_charges_the_coded_length
+  and test_co3_as_wan_compressor_of_the_pseudo_gradient check against the real message.
   """
-  mesh, params, apply_fn, state, fn = _setup(comp_up=UPLINKS[name])
-  text, m, state = _lowered(fn, mesh, state, False)
-  assert_every_collective_counted(fn, text, mesh, m, False)
-  ops = _payload_ops(text, mesh)['worker']
+  spec = HLO_CASES[name]
+  make = _registered(spec)
+  mesh, params, apply_fn, state, fn = _setup(comp_up=make, comp_wan=make)
+  d, w = mesh.shape['dc'], mesh.shape['worker']
+  up, wan = fn.comps.up, fn.comps.wan
+  static = all(c.wire_bits is base.payload_bits for c in list(up) + list(wan))
+  leaves = jax.tree.leaves(params)
+  n = sum(l.size for l in leaves)
+
+  # What the payloads' static shapes put on each link (a variable-length code's
+  # payload may hold header fields that the simulated collective need not move:
+  # CO3's beta index, so there at most this).
+  moved = lambda totals, expected: (totals == expected if static else (
+      set(totals) == set(expected) and all(0 < totals[k] <= v for k, v in expected.items())))
+
+  # The local program is only lowered (not compiled); the round program, which runs
+  # the same local step first, is lowered and run, and its metrics count both.
+  local = fn.jitted[False].lower(*_args(mesh, state)).as_text()
+  text, m, state = _lowered(fn, mesh, state, True)
+  moved_up = d * w * sum(policy.static_bits(c) for c in up) // 8
+  totals = accounting.collective_totals(local, mesh)
+  assert moved(totals, {'worker': moved_up}), (totals, moved_up)
+  if static:
+    assert totals == {'worker': int(m['up_bits'].sum()) // 8}
+  else:
+    assert m['up_bits'].all()
+  ops = _payload_ops(local, mesh)['worker']
   per_device = sum(b for _, b, _ in ops)
-  assert m['up_bits'][0] / 8 == W * per_device
-  assert {op for op, _, _ in ops} == {'all_gather'}
+  assert {op for op, _, _ in ops} == _ops_kinds(up)
   dtypes = {t.split('x')[-1] for _, _, t in ops}
-  n = sum(l.size for l in jax.tree.leaves(params))
-  if name.startswith(('topk', 'randk')):
+  payload_dtypes = {_MLIR_DTYPES[jnp.dtype(a.dtype).name] + '>' for c in up
+                    for a in jax.tree.leaves(policy.payload_shape(c))}
+  assert dtypes == payload_dtypes if static else dtypes <= payload_dtypes
+  if not all(c.lossless for c in up):
+    assert per_device < 4 * n
+  if spec['name'] in ('topk', 'randk'):
     assert dtypes == {'f32>', 'ui16>'}  # values, and uint16 indices (leaves <= 2^16)
     assert per_device < 0.2 * 4 * n
-  elif name in ('qsgd', 'sign'):
+  elif spec['name'] in ('qsgd', 'sign'):
     assert dtypes == {'f32>', 'ui8>'}   # scales / norms, packed codes
-    bits_per_entry = 6 if name == 'qsgd' else 1
-    # One f32 scale per leaf (sign) or per bucket of 512 entries (QSGD), plus packing slack.
-    scales = sum(-(-l.size // 512) for l in jax.tree.leaves(params))
-    assert per_device < 4 * scales + bits_per_entry * n / 8 + 8 * len(jax.tree.leaves(params))
-  elif name == 'bf16':
-    assert dtypes == {'bf16>'}
+    if spec['name'] == 'qsgd':
+      bits_per_entry = quantize.level_bits(spec['levels']) + 1  # magnitude + sign
+      scales = sum(-(-l.size // spec['bucket_size']) for l in leaves)  # one norm per bucket
+    else:
+      bits_per_entry, scales = 1, len(leaves)
+    assert per_device < 4 * scales + bits_per_entry * n / 8 + 8 * len(leaves)
+  elif spec['name'] in ('bf16', 'fp16'):
     assert per_device == 2 * n
+
+  summed, gathered = _fused_padded_bytes(wan, w)
+  totals = accounting.collective_totals(text, mesh)
+  assert moved(totals, {'worker': moved_up + d * (summed + d * gathered),
+                        'dc': d * (summed + gathered)}), totals
+  if static:
+    assert_every_collective_counted(fn, text, mesh, m, True)
+  else:
+    assert m['wan_bits'].all()
+  ops = _payload_ops(text, mesh)['dc']
+  assert {op for op, _, _ in ops} == _ops_kinds(wan)
+  counted = int(m['wan_bits'][0]) // 8
+  if spec['name'] == 'topk':
+    # One fused all-gather of bytes; each of the W workers sends 1/W (padded).
+    assert ops[0][2].endswith('xui8>')
+    k = lambda l: sparse.num_kept(l.size, spec['density'])
+    assert counted == sum(k(l) * (4 + jnp.dtype(sparse.index_dtype(l.size)).itemsize)
+                          for l in leaves)
+    assert w * sum(b for _, b, _ in ops) == -(-counted // w) * w
+  elif spec['name'] == 'chunked_topk':
+    # Per leaf: n chunks x k offsets (uint8: chunk <= 256), 2 packed bit-planes, bf16 scales.
+    def leaf_bytes(size):
+      chunk = min(spec['chunk_size'], size)
+      chunks, k = -(-size // chunk), sparse.num_kept(chunk, spec['density'])
+      return chunks * k + 2 * (-(-chunks * k // 8)) + 2 * 2 * chunks
+    assert counted == sum(leaf_bytes(l.size) for l in leaves)
+    assert w * sum(b for _, b, _ in ops) == -(-counted // w) * w
 
 
 def test_co3_uplink_moves_uint8_symbols_and_charges_the_coded_length():
@@ -384,7 +463,7 @@ def test_sharded_state_bytes_equal_hlo_collectives(up):
   leaf the usual all-gather of values + indices — plus the all-gather of the
   updated parameter slices; the round program adds only the WAN exchange and its
   re-gather; the plan's static bits equal the counted ones."""
-  comp_up = base.identity if up == 'identity' else UPLINKS['topk']
+  comp_up = base.identity if up == 'identity' else TOPK
   mesh, params, apply_fn, state, fn = _setup(comp_up=comp_up, optimizer=optax.adam(1e-3),
                                              shard_state=True)
   text, m, state = _lowered(fn, mesh, state, False)
@@ -419,46 +498,10 @@ def test_sharded_state_bytes_equal_hlo_collectives(up):
 def test_dgc_step_every_collective_is_counted():
   """DGC momentum correction (velocity sent through the top-k uplink): both programs
   move exactly the counted bytes per axis."""
-  mesh, params, apply_fn, state, fn = _setup(comp_up=UPLINKS['topk'], dgc_momentum=0.9)
+  mesh, params, apply_fn, state, fn = _setup(comp_up=TOPK, dgc_momentum=0.9)
   for do_round in (False, True):
     text, m, state = _lowered(fn, mesh, state, do_round)
     assert_every_collective_counted(fn, text, mesh, m, do_round)
-
-
-@pytest.mark.parametrize('name', ['topk', 'bf16', 'qsgd', 'powersgd', 'chunked_topk'])
-def test_compressed_wan_bytes_equal_hlo_collectives(name):
-  """All leaves' WAN payloads cross 'dc' in one fused all-gather of bytes
-  (hfl.collectives), and each of the DC's W workers sends 1/W of it (padded to a
-  multiple of W), so the DC's devices put the counted WAN payload on the WAN once,
-  plus < W padding bytes; the re-gather of the D payloads over 'worker' is counted
-  as the round's downlink."""
-  wan = {'topk': lambda s: sparse.topk(s, 0.05), 'bf16': lambda s: base.cast(s, jnp.bfloat16),
-         'qsgd': lambda s: quantize.qsgd(s, levels=16),
-         'powersgd': lambda s: lowrank.powersgd(s, rank=2),
-         'chunked_topk': lambda s: chunked.chunked_topk(s, 0.05, chunk_size=64)}
-  mesh, params, apply_fn, state, fn = _setup(comp_wan=wan[name])
-  text, m, state = _lowered(fn, mesh, state, True)
-  assert_every_collective_counted(fn, text, mesh, m, True)
-  ops = _payload_ops(text, mesh)['dc']
-  leaves = jax.tree.leaves(params)
-  assert {op for op, _, _ in ops} == {'all_gather'}
-  if name == 'topk':
-    assert ops[0][2].endswith('xui8>')
-    arrays = [(sparse.num_kept(l.size, 0.05), 4) for l in leaves] + [
-        (sparse.num_kept(l.size, 0.05), jnp.dtype(sparse.index_dtype(l.size)).itemsize)
-        for l in leaves]
-    counted = int(m['wan_bits'][0]) // 8
-    assert counted == sum(n * size for n, size in arrays)
-    padded = -(-counted // W) * W  # one buffer of bytes
-    assert W * sum(b for _, b, _ in ops) == padded
-  if name == 'chunked_topk':  # per leaf: n chunks x k offsets, 2 packed bit-planes, bf16 scales
-    def leaf_bytes(size):
-      chunk = min(64, size)
-      n, k = -(-size // chunk), sparse.num_kept(chunk, 0.05)
-      return n * k + 2 * (-(-n * k // 8)) + 2 * 2 * n  # uint8 offsets (chunk <= 256)
-    counted = int(m['wan_bits'][0]) // 8
-    assert counted == sum(leaf_bytes(l.size) for l in leaves)
-    assert W * sum(b for _, b, _ in ops) == -(-counted // W) * W
 
 
 def test_co3_as_wan_compressor_of_the_pseudo_gradient():

@@ -52,6 +52,7 @@ import numpy as np
 from hfl.compress import base
 from hfl.compress.base import Compressor
 from hfl.compress.quantize import pack_bits, unpack_bits
+from hfl.compress.registry import register
 from hfl.compress.sparse import num_kept
 
 VALUE_BITS = (2, 32)
@@ -160,3 +161,7 @@ def chunked_topk(shape, density: float = 0.02, chunk_size: int = 4096, gamma: fl
   name = (f'chunked_topk({density:g}, chunk {chunk}, '
           f'{"2-bit" if value_bits == 2 else "f32"} values, gamma={beta:g})')
   return Compressor(name, shape, init, encode, decode)
+
+
+register('chunked_topk', chunked_topk, ('density', 'chunk_size', 'gamma', 'value_bits'),
+         example={'density': 0.05, 'chunk_size': 64})

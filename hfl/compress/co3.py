@@ -73,6 +73,7 @@ from hfl.compress import ef
 from hfl.compress import floatgrid
 from hfl.compress import gennorm
 from hfl.compress.base import Compressor
+from hfl.compress.registry import register
 
 HEADER_BYTES = 5  # float32 scale + uint8 beta index.
 FORMATS = {'fp4': (1, 2, 1), 'fp8': (1, 5, 2)}
@@ -471,3 +472,7 @@ def decode_message(data: bytes, shape, codec: CO3Codec) -> dict:
     sym = coding.ans_decode(data[HEADER_BYTES:], n, codec.grid, codec.probs[idx])
   return {'symbols': sym.reshape(shape), 'scale': np.float32(scale),
           'beta_idx': np.uint8(idx)}
+
+
+register('co3', co3, ('fmt', 'gamma', 'coder', 'refit_every'),
+         example={'fmt': 'fp4', 'gamma': 0.9})

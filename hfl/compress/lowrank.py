@@ -47,6 +47,7 @@ import numpy as np
 
 from hfl.compress import base
 from hfl.compress.base import Compressor
+from hfl.compress.registry import register
 
 
 class PowerSGDState(NamedTuple):
@@ -132,3 +133,17 @@ def powersgd(shape, rank: int = 2, seed: int = 0, **unused) -> Compressor:
     return (payload['p'] @ payload['q'].T).reshape(shape)
 
   return Compressor(f'powersgd(r={r})', shape, init, encode, decode)
+
+
+def _powersgd_or_dense(shape, rank: int = 2, **hyper) -> Compressor:
+  """PowerSGD where its factors are smaller than the leaf, float32 identity elsewhere
+  (:func:`compresses`): a rank of at least a layer's smaller side would send more
+  bits than the dense leaf and approximate nothing better. The
+  ``compression.*.name='powersgd'`` factory."""
+  if compresses(shape, rank):
+    return powersgd(shape, rank=rank, **hyper)
+  c = base.identity(shape)
+  return c._replace(name=f'identity (powersgd r={rank} would not compress)')
+
+
+register('powersgd', _powersgd_or_dense, ('rank',), example={'rank': 2})

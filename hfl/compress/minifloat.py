@@ -46,6 +46,7 @@ import numpy as np
 from hfl.compress import base
 from hfl.compress import floatgrid
 from hfl.compress.base import Compressor, EmptyState
+from hfl.compress.registry import register
 
 E3M0 = (1, 3, 0)
 FORMATS = {'e3m0': E3M0, 'e2m1': (1, 2, 1), 'e5m2': (1, 5, 2)}
@@ -130,3 +131,6 @@ def float_cast(shape, fmt='e3m0') -> Compressor:
 def e3m0(shape, **unused) -> Compressor:
   """:func:`float_cast` with the E3M0 grid (the ``compression.*.name='e3m0'`` factory)."""
   return float_cast(shape, 'e3m0')
+
+
+register('e3m0', e3m0)

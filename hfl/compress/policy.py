@@ -11,76 +11,31 @@ A spec is the ``compression.uplink`` / ``.downlink`` / ``.wan`` ConfigDict of
 ``rank``, ``threshold_variant``). Everything is validated here, in Python, when
 the policy is built, before any compilation; errors name the config field.
 
-Other modules add compressors with :func:`register`, e.g.
-``register('co3', co3.make, hyper=('fmt', 'gamma'))``.
+Compressors are registered by their own modules (:mod:`hfl.compress.registry`),
+e.g. in :mod:`hfl.compress.co3`::
+
+    register('co3', co3, ('fmt', 'gamma', 'coder', 'refit_every'),
+             example={'fmt': 'fp4', 'gamma': 0.9})
+
+Importing the package (``hfl/compress/__init__.py``) imports every module of
+``hfl/compress/``, so the registry holds every compressor before this module is
+used. :data:`REGISTRY` and :func:`register` here are the registry's own (aliases
+kept for existing callers).
 """
 
 import re
-from typing import Callable, Sequence
+from typing import Sequence
 
 import jax
 import jax.numpy as jnp
 import numpy as np
 
 from hfl.compress import base
-from hfl.compress import chunked
-from hfl.compress import co3
-from hfl.compress import lowrank
-from hfl.compress import minifloat
+from hfl.compress import casts
 from hfl.compress import quantize
-from hfl.compress import sparse
-
-# name -> (factory(shape, **hyper) -> Compressor, names of the spec fields it takes)
-REGISTRY: dict[str, tuple[Callable[..., base.Compressor], tuple[str, ...]]] = {}
+from hfl.compress.registry import REGISTRY, register  # noqa: F401 (re-exported)
 
 SMALL_CHOICES = ('float32', 'bfloat16', 'float16')
-
-
-def register(name: str, factory: Callable[..., base.Compressor],
-             hyper: Sequence[str] = ()) -> None:
-  """Registers a compressor factory under ``name`` (overwrites an existing one).
-
-  Args:
-    name: the value of ``spec.name`` that selects it.
-    factory: ``factory(shape, **hyper) -> Compressor``; raise ValueError on bad
-      hyper-parameters (the policy prefixes the config field).
-    hyper: spec fields passed as keyword arguments (those absent from the spec
-      are not passed, so the factory's defaults apply). ``density``, ``levels``
-      and ``rank`` are range-checked by the policy before the factory is called.
-  """
-  REGISTRY[name] = (factory, tuple(hyper))
-
-
-def _cast(dtype):
-  def make(shape):
-    return base.cast(shape, dtype)
-  return make
-
-
-register('identity', base.identity)
-register('float32', base.identity)
-register('bf16', _cast(jnp.bfloat16))
-register('bfloat16', _cast(jnp.bfloat16))
-register('fp16', _cast(jnp.float16))
-register('float16', _cast(jnp.float16))
-register('topk', sparse.topk, ('density', 'threshold_variant'))
-register('randk', sparse.randk, ('density',))
-register('qsgd', quantize.qsgd, ('levels', 'bucket_size'))
-register('sign', quantize.sign)
-def _powersgd_or_dense(shape, rank: int = 2, **hyper) -> base.Compressor:
-  """PowerSGD where its factors are smaller than the leaf, float32 identity elsewhere
-  (:func:`hfl.compress.lowrank.compresses`): a rank of at least a layer's smaller
-  side would send more bits than the dense leaf and approximate nothing better."""
-  if lowrank.compresses(shape, rank):
-    return lowrank.powersgd(shape, rank=rank, **hyper)
-  c = base.identity(shape)
-  return c._replace(name=f'identity (powersgd r={rank} would not compress)')
-
-
-register('powersgd', _powersgd_or_dense, ('rank',))
-register('co3', co3.co3, ('fmt', 'gamma', 'coder', 'refit_every'))
-register('e3m0', minifloat.e3m0)
-register('chunked_topk', chunked.chunked_topk, ('density', 'chunk_size', 'gamma', 'value_bits'))
 
 
 def _get(spec, name, default=None):
@@ -133,7 +88,7 @@ def _small_factory(small, small_field):
   if small == 'float32':
     return base.identity
   if small in ('bfloat16', 'float16'):
-    return _cast(jnp.dtype(small))
+    return casts.factory(jnp.dtype(small))
   raise ValueError(f'{small_field}={small!r}: must be one of {", ".join(SMALL_CHOICES)}')
 
 

@@ -23,6 +23,7 @@ import numpy as np
 
 from hfl.compress import base
 from hfl.compress.base import Compressor, EmptyState
+from hfl.compress.registry import register
 
 _BIT_WEIGHTS = (128, 64, 32, 16, 8, 4, 2, 1)  # MSB first, like np.packbits
 
@@ -187,3 +188,7 @@ def sign(shape, **unused) -> Compressor:
     return jnp.where(pos, s, -s).reshape(shape)
 
   return Compressor('sign', shape, EmptyState, encode, decode)
+
+
+register('qsgd', qsgd, ('levels', 'bucket_size'), example={'levels': 16, 'bucket_size': 64})
+register('sign', sign)

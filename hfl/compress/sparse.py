@@ -31,6 +31,7 @@ from jax import lax
 import numpy as np
 
 from hfl.compress.base import Compressor, EmptyState
+from hfl.compress.registry import register
 
 # Threshold variant: sample so that ~this many sample entries exceed the true
 # k-th largest magnitude (relative std of the estimate ~ 1/sqrt of it).
@@ -392,3 +393,7 @@ def randk(shape, density: float = 0.01, unbiased: bool = False,
 
   return Compressor(f'randk({density:g})', shape, EmptyState, encode, decode,
                     decode_sum=decode_sum)
+
+
+register('topk', topk, ('density', 'threshold_variant'), example={'density': 0.05})
+register('randk', randk, ('density',), example={'density': 0.05})
