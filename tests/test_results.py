@@ -923,6 +923,7 @@ def test_page_structure_plots_and_missing_runs(root, tmp_path):
       '# Results: hierarchical FL across datacenters vs the published numbers',
       '## How to read this page',
       '## Optimised HPS vs synchronous HPS (thesis comparisons 1 and 2)',
+      '## Semi-synchronous sync at equal work (issue 49)',
       '## Semi-synchronous sync at equal simulated time (issue 15)',
       '## Bidirectional sparse + mixed precision (thesis comparison 3)',
       '## CO3: convert, compress, correct',
@@ -934,16 +935,16 @@ def test_page_structure_plots_and_missing_runs(root, tmp_path):
       '### DiLoCo check: K = 16 with FedAvg and with the Nesterov outer optimizer vs K = 1 '
       '(issue 13: within 0.05 nats)',
       '## Sources']
-  assert text.count('**Published vs ours**') == 6
-  assert text.count('| source | where in the source | claim | published | ours | verdict |') == 6
+  assert text.count('**Published vs ours**') == 7
+  assert text.count('| source | where in the source | claim | published | ours | verdict |') == 7
   # 102 runs (15 semisync, 30 semisync_budget, 33 compression, 15 co3_iid, 9 co3_paper),
   # 35 finished (7 semisync, 11 compression, 9 co3_iid, 8 co3_paper), 67 missing; rows not
   # finished: 2 semisync, 2 x 5 semisync_budget, 1 + 3 + 3 compression (issue 48's
   # broadcast arms on both LANs), 1 + 1 CO3; and 111 LM and CIFAR-10 runs, none here: 39
   # rows not finished (3 + 2 streaming, 3 + 5 + 3 + 2 x 5 CIFAR-10, 3 + 3 + 3 + 4
-  # Shakespeare).
-  assert 'Incomplete: 35 of 219 runs have finished.' in text
-  assert text.count('| *not finished* |') == 21 + 39
+  # Shakespeare); and issue 49's equal-work sweep, none here: 60 runs, 2 x 10 rows.
+  assert 'Incomplete: 35 of 279 runs have finished.' in text
+  assert text.count('| *not finished* |') == 21 + 39 + 20
   assert 'Generated 2025-01-02 03:04 UTC' in text
   assert 'python3 docs/results/make_results.py --root' in text
   for claim in ('up to 66%', 'up to 43%', 'up to 92%', '≈ 95%', '270–600×',
@@ -993,22 +994,23 @@ def test_archive_rebuilds_the_same_page_without_checkpoints(root, tmp_path):
 def test_empty_root_lists_everything_as_missing(tmp_path):
   written = results.write_results(SPEC, str(tmp_path / 'none'), str(tmp_path / 'out'), now=NOW)
   text = open(written['results.md'], encoding='utf-8').read()
-  assert 'Incomplete: 0 of 219 runs have finished.' in text
+  assert 'Incomplete: 0 of 279 runs have finished.' in text
   # Every run is listed once per table it is in: the 6 DiLoCo and streaming runs twice.
-  assert text.count(': not started (`') == 219 + 6
-  # Rows: 5 semisync, 5 + 5 semisync_budget, 8 + 5 compression (seed groups), 5 + 5 CO3;
-  # 3 + 2 streaming, 3 + 5 + 3 + 5 + 5 CIFAR-10, 3 + 3 + 3 + 4 Shakespeare.
-  assert text.count('| *not finished* |') == 38 + 39
-  assert written['plots'] == [] and text.count('*No plots yet') == 7
-  # 15 claims of the Fashion-MNIST sections, 4 streaming, 8 CIFAR-10 budget claims.
-  assert text.count('| not measured') == 15 + 4 + 8
+  assert text.count(': not started (`') == 279 + 6
+  # Rows: 5 semisync, 10 + 10 semisync_work, 5 + 5 semisync_budget, 8 + 5 compression
+  # (seed groups), 5 + 5 CO3; 3 + 2 streaming, 3 + 5 + 3 + 5 + 5 CIFAR-10, 3 + 3 + 3 + 4
+  # Shakespeare.
+  assert text.count('| *not finished* |') == 38 + 20 + 39
+  assert written['plots'] == [] and text.count('*No plots yet') == 8
+  # 15 + 6 claims of the Fashion-MNIST sections, 4 streaming, 8 CIFAR-10 budget claims.
+  assert text.count('| not measured') == 15 + 6 + 4 + 8
 
 
 def test_spec_is_consistent():
   """Every claim names existing tables, valid expressions and a known source."""
   tables = {t['name']: t for s in SPEC.SECTIONS for t in s['tables']}
   ids = [c['id'] for s in SPEC.SECTIONS for c in s['claims']]
-  assert len(ids) == len(set(ids)) == 27
+  assert len(ids) == len(set(ids)) == 33
   for s in SPEC.SECTIONS:
     for c in s['claims'] + s.get('readings', []):
       assert set(c['tables']) <= set(tables)
@@ -1057,16 +1059,17 @@ def test_cli_runs_the_missing_sweeps_first(tmp_path, caplog, monkeypatch):
   caplog.set_level('INFO')
   assert results.main(['--root', root, '--out', str(tmp_path / 'o')]) == 0
   assert [r for r, _ in launched] == [os.path.join(root, n)
-                                      for n in ('semisync', 'semisync_budget', 'compression',
+                                      for n in ('semisync', 'semisync_work', 'semisync_budget',
+                                                'compression',
                                                 'co3_iid', 'co3_paper', 'shakespeare_streaming',
                                                 'cifar10_semisync', 'cifar10_compression',
                                                 'cifar10_co3', 'cifar10_semisync_budget',
                                                 'shakespeare_semisync',
                                                 'shakespeare_compression', 'shakespeare_co3',
                                                 'shakespeare_diloco')]
-  # Said once, before the first launch: 214 runs are missing (seeds 1, 2 of semisync).
+  # Said once, before the first launch: 274 runs are missing (seeds 1, 2 of semisync).
   assert launched[0][1][0].startswith(
-      f'214 runs missing (semisync: 10, semisync_budget: 30, compression: 39, co3_iid: 15, co3_paper: 9, '
+      f'274 runs missing (semisync: 10, semisync_work: 60, semisync_budget: 30, compression: 39, co3_iid: 15, co3_paper: 9, '
       'shakespeare_streaming: 9, cifar10_semisync: 9, cifar10_compression: 15, cifar10_co3: 9, '
       'cifar10_semisync_budget: 30, shakespeare_semisync: 9, shakespeare_compression: 9, shakespeare_co3: 9, '
       f'shakespeare_diloco: 12) under {root}: launching')

@@ -286,6 +286,84 @@ _SEMISYNC_BUDGET = dict(
                title='sync strategies at equal simulated time'),
 )
 
+# Equal work (issue 49): every strategy stops at the same number of training samples
+# processed by all DCs (train.sample_budget), sync's 600 iterations' worth.
+_WORK_LABELS = [
+    ({'sync.aggregation': 'samples'}, 'semi_sync + sample-weighted aggregation'),
+    ({'sync.aggregation': 'fednova'}, 'semi_sync + FedNova'),
+    ({'sync.k_min_ratio': 0.75}, 'semi_sync + K_d ≥ {sync.k_min_ratio:g} max K'),
+    ({'sync.lr_scaling': 'inverse_k'}, 'semi_sync + lr × min K / K_d'),
+    ({'sync.prox_mu': 0.01}, 'semi_sync + FedProx (μ={sync.prox_mu:g})'),
+] + _SEMISYNC['tables'][0]['labels']
+
+
+def _work_table(speed, tag):
+  """One speed level of configs/sweeps/semisync_work.py."""
+  speeds = ' : '.join(f'{x:g}' for x in speed)
+  return dict(
+      name=f'semisync_work_{tag[:-1]}x', sweep='configs/sweeps/semisync_work.py',
+      root='semisync_work', where={'network.dc_speed': speed}, tag=f'speeds {tag} apart',
+      heading=f'**DC speeds {tag} apart ({speeds})**',
+      baseline={'sync.strategy': 'sync'}, labels=_WORK_LABELS,
+      columns=[
+          ('strategy', 'label'), ('seeds', 'seeds'),
+          ('acc at equal work', 'final_acc'), ('paired Δ vs sync', 'paired:final_acc'),
+          ('inter-DC rounds', 'inter_dc_rounds'), ('rounds reduction', 'reduction:inter_dc_rounds'),
+          ('sim time (total)', 'sim_time_s'), ('time reduction', 'reduction:sim_time_s'),
+          ('sim time to target', 'time_to_target_s'),
+          ('iterations (fastest DC)', 'intra_dc_iterations'), ('samples', 'samples'),
+          ('idle per DC (s)', 'idle_s'),
+      ])
+
+
+def _work_claims(tag):
+  table = [f'semisync_work_{tag[:-1]}x']
+  thesis = {'sync.strategy': 'semi_sync'}  # semi_sync, ± progress-aware, ± a remedy
+  return [
+      dict(id=f'work_{tag[:-1]}x_rounds', source='thesis', where='summary of results',
+           quantity=f'speeds {tag} apart: inter-DC rounds for the same work vs sync (K=1), '
+           f'best thesis strategy within {BAR:g} pts at equal work', published='up to 66%',
+           tables=table, rows=thesis, require=f'paired:final_acc >= -{BAR:g}',
+           value='reduction:inter_dc_rounds', verdict='>= 0.66'),
+      dict(id=f'work_{tag[:-1]}x_time', source='thesis', where='summary of results',
+           quantity=f'speeds {tag} apart: simulated time for the same work vs sync (K=1), '
+           f'best thesis strategy within {BAR:g} pts at equal work', published='up to 43%',
+           tables=table, rows=thesis, require=f'paired:final_acc >= -{BAR:g}',
+           value='reduction:sim_time_s', verdict='>= 0.43'),
+      dict(id=f'work_{tag[:-1]}x_acc', source='thesis', where='summary of results',
+           quantity=f'speeds {tag} apart: final accuracy at equal work vs sync, of the thesis '
+           'strategy that saves the most simulated time', published='no loss (Δ ≈ 0 pts)',
+           tables=table, rows=thesis, pick='reduction:sim_time_s', value='paired:final_acc',
+           show=['reduction:inter_dc_rounds'], verdict=f'>= -{BAR:g}'),
+  ]
+
+
+_SEMISYNC_WORK = dict(
+    key='semisync_work',
+    title='Semi-synchronous sync at equal work (issue 49)',
+    intro='The thesis asks whether the same training can be done in fewer rounds and less '
+    'time without losing accuracy. Here every run (seeds 0, 1, 2) stops once the DCs '
+    'together have processed {train.sample_budget:,} training samples (`train.sample_budget`; '
+    'the round that reaches it is run), what `sync` processes in its usual '
+    + str(EQUAL_ITERATIONS) + ' iterations, so each strategy does the same work and spreads '
+    'it over the DCs as its schedule decides. Rows below the first five add one remedy for '
+    'heterogeneous DCs to `semi_sync` (docs/semisync.md). Baseline: **{baseline}**.',
+    tables=[_work_table(speed, tag) for speed, tag in _BUDGET_SPEEDS],
+    claims_caption='(the goal of issue 49: the best thesis strategy, with its remedy, within '
+    f'{BAR:g} pts of sync at equal work with ≥ 66% fewer inter-DC rounds and ≥ 43% less '
+    'simulated time; paired over seeds, mean ± standard error)',
+    claims=[c for _, tag in _BUDGET_SPEEDS for c in _work_claims(tag)],
+    notes=[
+        'Equal work: a run ends at the end of the first round whose cumulative samples '
+        'reach the budget, so it passes the budget by less than one of its rounds (column '
+        'samples).',
+        'Reductions of rounds and simulated time are to the end of the run, i.e. to the '
+        'same work; time to target is given beside them.',
+    ],
+    plots=dict(tables=[f'semisync_work_{tag[:-1]}x' for _, tag in _BUDGET_SPEEDS],
+               title='sync strategies at equal work'),
+)
+
 _SPARSE_LABELS = [
     ({'compression.uplink.name': 'identity'}, 'uncompressed'),
     ({'compression.broadcast': 'downlink'},
@@ -728,7 +806,7 @@ _SHAKESPEARE['readings'].append(dict(
                                          'sync.outer.momentum': 0.5},
     value='paired:final_loss', verdict=f'<= {LOSS_BAR}', show=['delta:final_loss']))
 
-SECTIONS = [_SEMISYNC, _SEMISYNC_BUDGET, _COMPRESSION, _CO3, _STREAMING, _CIFAR10, _SHAKESPEARE]
+SECTIONS = [_SEMISYNC, _SEMISYNC_WORK, _SEMISYNC_BUDGET, _COMPRESSION, _CO3, _STREAMING, _CIFAR10, _SHAKESPEARE]
 
 # Published numbers no section compares with yet (candidates for a new entry above).
 NOT_YET_COMPARED = [

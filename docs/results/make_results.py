@@ -714,10 +714,14 @@ def settings_lines(t: Table, root_display: str) -> list[str]:
                   or 'none') + '; per run: '
       + (', '.join(f'`{k}`' for k in varying + (['seed'] if len(seeds) > 1 else [])) or 'none')
       + ' (see the table and the commands below).',
-      '- **Steps**: ' + (f'`train.num_steps` = {g("train.num_steps")} intra-DC iterations (of '
-                         'the fastest DC)' if not g('train.sim_time_budget_s') else
-                         f'until the simulated clock reaches `train.sim_time_budget_s` = '
-                         f'{g("train.sim_time_budget_s"):g} s (hfl.budget)')
+      '- **Steps**: ' + (f'until the simulated clock reaches `train.sim_time_budget_s` = '
+                         f'{g("train.sim_time_budget_s"):g} s (hfl.budget)'
+                         if g('train.sim_time_budget_s') else
+                         f'until all DCs together have processed `train.sample_budget` = '
+                         f'{g("train.sample_budget"):,} training samples (hfl.budget)'
+                         if g('train.sample_budget') else
+                         f'`train.num_steps` = {g("train.num_steps")} intra-DC iterations (of '
+                         'the fastest DC)')
       + f', batch {g("train.batch_size")} per worker, evaluation every '
       f'`train.eval_every` inter-DC rounds; target: {tables_lib.fmt_target(t.target)} (`train.'
       + ('target_accuracy' if t.target.higher_is_better else 'target_loss') + '`).',

@@ -29,20 +29,21 @@ WAN_FIELDS = {'exposed_wan_s': 's', 'compute_s': 's', 'compute_utilisation': 'fr
               'peak_wan_bytes_per_sync': 'bytes', 'wan_mbps_for_95pct_utilisation': 'Mbit/s',
               'wan_mbps_for_95pct_without_latency': 'Mbit/s'}
 # Per-run quantities (columns of run_frame) and their units: accuracies are fractions,
-# validation losses nats and bits per character (hfl.tasks).
+# validation losses nats and bits per character (hfl.tasks), samples those all DCs trained on.
 METRICS = {
     'final_acc': 'fraction', 'best_acc': 'fraction', 'final_loss': 'nats', 'best_loss': 'nats',
     'final_bpc': 'bits', 'rounds_to_target': 'rounds', 'time_to_target_s': 's',
     'bytes.intra_up': 'bytes', 'bytes.intra_down': 'bytes', 'bytes.inter_dc': 'bytes',
     'bytes.intra': 'bytes', 'bytes.total': 'bytes', 'inter_dc_rounds': 'rounds',
-    'intra_dc_iterations': 'iterations', 'sim_time_s': 's', 'wall_time_s': 's', **WAN_FIELDS}
+    'intra_dc_iterations': 'iterations', 'samples': 'samples', 'sim_time_s': 's',
+    'wall_time_s': 's', **WAN_FIELDS}
 # metric -> (summary.json key, metrics.jsonl key of an unfinished run's last evaluation)
 _FROM_SUMMARY = {'final_acc': ('final_test_accuracy', 'test_accuracy'),
                  'final_loss': ('final_test_loss', 'test_loss'),
                  'final_bpc': ('final_test_bits_per_char', 'test_bits_per_char'),
                  'inter_dc_rounds': ('inter_dc_rounds', 'round'),
                  'intra_dc_iterations': ('intra_dc_iterations', 'step'),
-                 **{k: (k, k) for k in ('sim_time_s', 'wall_time_s')},
+                 **{k: (k, k) for k in ('samples', 'sim_time_s', 'wall_time_s')},
                  **{k: (k, None) for k in WAN_FIELDS}}
 _READ_NUMBERS = {s for s, _ in _FROM_SUMMARY.values()} | {'best_test_accuracy', 'best_test_loss'}
 
