@@ -206,7 +206,8 @@ def check_budget_warmup(config: ml_collections.ConfigDict, t_d, c_d, schedule=No
   s = config.sync
   if (s.strategy == 'adacomm' or s.progress_aware
       or (schedule is None and s.strategy == 'semi_sync')):
-    k, k_from = s.k_max, 'sync.k_max'
+    k, k_from = schedule_lib.most_k(s.strategy, s.k_max, t_d, c_d,
+                                    s.get('k_max_scope', 'every_dc')), 'sync.k_max'
   elif schedule is None:
     k, k_from = (1, "sync.strategy='sync'") if s.strategy == 'sync' else (s.k, 'sync.k')
   else:
@@ -290,7 +291,9 @@ def validate_heterogeneity_options(config: ml_collections.ConfigDict) -> None:
     ValueError: ``sync.k_min_ratio`` not in [0, 1]; ``sync.lr_scaling`` not one
       of :data:`LR_SCALINGS`; ``sync.prox_mu`` not a finite number >= 0;
       ``sync.progress_test`` not one of ``hfl.sync.schedule.PROGRESS_TESTS``;
-      ``sync.k_min_ratio`` > 0 or ``sync.lr_scaling`` != 'none' with a strategy
+      ``sync.k_max_scope`` not one of ``hfl.sync.schedule.K_MAX_SCOPES``;
+      ``sync.k_min_ratio`` > 0, ``sync.lr_scaling`` != 'none' or
+      ``sync.k_max_scope`` != 'every_dc' with a strategy
       other than 'semi_sync', or ``sync.progress_test`` != 'endpoints' without
       ``sync.progress_aware`` (each would silently do nothing).
   """
@@ -301,10 +304,12 @@ def validate_heterogeneity_options(config: ml_collections.ConfigDict) -> None:
                      "of the round's largest K_d any DC runs)")
   _choice(s.get('lr_scaling', 'none'), 'sync.lr_scaling', LR_SCALINGS)
   _choice(s.get('progress_test', 'endpoints'), 'sync.progress_test', schedule_lib.PROGRESS_TESTS)
+  _choice(s.get('k_max_scope', 'every_dc'), 'sync.k_max_scope', schedule_lib.K_MAX_SCOPES)
   # A remedy set where it cannot act is a mistake in the experiment, not a no-op.
   if s.strategy != 'semi_sync':  # the only strategy whose DCs run different K_d
     for field, value, off in (('k_min_ratio', r, 0.0),
-                              ('lr_scaling', s.get('lr_scaling', 'none'), 'none')):
+                              ('lr_scaling', s.get('lr_scaling', 'none'), 'none'),
+                              ('k_max_scope', s.get('k_max_scope', 'every_dc'), 'every_dc')):
       if value != off:
         raise ValueError(f'sync.{field}={value!r} has no effect with sync.strategy='
                          f"{s.strategy!r}: it acts only on 'semi_sync' (per-DC K_d); unset it")

@@ -441,7 +441,7 @@ ADDED_SECTIONS = {('compression', 'dgc'): dict(momentum=0.0, clip_norm=0.0, warm
                   ('train', 'sim_time_budget_s'): 0.0, ('train', 'sample_budget'): 0,
                   ('sync', 'k_min_ratio'): 0.0,
                   ('sync', 'lr_scaling'): 'none', ('sync', 'prox_mu'): 0.0,
-                  ('sync', 'progress_test'): 'endpoints',
+                  ('sync', 'progress_test'): 'endpoints', ('sync', 'k_max_scope'): 'every_dc',
                   ('sync', 'fragments'): 1, ('sync', 'overlap_steps'): 0,
                   ('sync', 'mixing_alpha'): 0.0, ('sync', 'eager'): False,
                    # Runs before issue 48 re-gathered the round's global model:

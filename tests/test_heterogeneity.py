@@ -7,7 +7,7 @@ import numpy as np
 import optax
 import pytest
 
-from hfl import mesh as mesh_lib, step as step_lib, train
+from hfl import config as config_lib, mesh as mesh_lib, step as step_lib, train
 from hfl.sync import aggregation, frequency, schedule as schedule_lib
 from tests.helpers import D, W, mlp_identity, run_steps, step_batches
 
@@ -146,6 +146,54 @@ def test_semi_sync_schedule_with_k_min_ratio():
   assert floored.plan(floored.init()).k_d.tolist() == [12, 8, 6]
   with pytest.raises(ValueError, match='sync.k_min_ratio'):
     schedule_lib.make_schedule('semi_sync', 3, 4, 32, t=t, c=c, k_min_ratio=1.5)
+
+
+def test_k_max_scope_k_base_caps_only_the_slowest_dc():
+  """With sync.k_max_scope='k_base' a progress-aware semi_sync schedule that reaches
+  K_base = K_max keeps the equal-finish-time split above it; 'every_dc' (the
+  thesis's rule) clips every K_d at K_max, i.e. periodic K = K_max."""
+  t, c = [0.05 / 3, 0.05 / 2, 0.05], [0.04] * 3
+  kw = dict(t=t, c=c, progress_aware=True, progress_window=1)
+  every = schedule_lib.make_schedule('semi_sync', 3, 4, 16, **kw)
+  base = schedule_lib.make_schedule('semi_sync', 3, 4, 16, k_max_scope='k_base', **kw)
+  # K_base 4 -> 8 -> 16 on a flat loss (window 1: a raise every 2 rounds).
+  plans_every, _ = _run_plans(every, [1.0] * 6)
+  plans_base, _ = _run_plans(base, [1.0] * 6)
+  assert [p.k_base for p in plans_every] == [p.k_base for p in plans_base] == [
+      4, 4, 8, 8, 16, 16, 16]
+  # At K_base = 16: T* = 16 * 0.05 + 0.04 = 0.84 s, K_d = floor((T* - 0.04) / t_d)
+  # = (48, 32, 16) (the predicate K_d t_d + C_d <= T*, exact here).
+  want = [int(np.floor((16 * 0.05 + 0.04 - 0.04) / td + 1e-9)) for td in t]
+  assert want == [48, 32, 16]
+  assert plans_base[-1].k_d.tolist() == want
+  assert plans_every[-1].k_d.tolist() == [16, 16, 16]
+  # Before the cap both agree (K_base = 8: (24, 16, 8) is below 16 for the slowest only).
+  assert plans_base[2].k_d.tolist() == [24, 16, 8]
+  assert plans_every[2].k_d.tolist() == [16, 16, 8]
+  assert schedule_lib.most_k('semi_sync', 16, t, c, 'k_base') == 48
+  assert schedule_lib.most_k('semi_sync', 16, t, c, 'every_dc') == 16
+  assert schedule_lib.most_k('periodic', 16) == 16
+  with pytest.raises(ValueError, match='sync.k_max_scope'):
+    schedule_lib.make_schedule('semi_sync', 3, 4, 16, t=t, c=c, k_max_scope='slowest')
+
+
+def test_k_max_scope_is_refused_where_it_does_nothing(fake_data):
+  from tests.helpers import smoke_config  # pylint: disable=g-import-not-at-top
+  cfg = smoke_config(fake_data, **{'sync.strategy': 'periodic', 'sync.k_max_scope': 'k_base'})
+  with pytest.raises(ValueError, match="sync.k_max_scope='k_base' has no effect"):
+    config_lib.validate(cfg)
+  cfg = smoke_config(fake_data, **{'sync.strategy': 'semi_sync', 'sync.k_max_scope': 'x'})
+  with pytest.raises(ValueError, match='sync.k_max_scope'):
+    config_lib.validate(cfg)
+
+
+def _run_plans(sched, losses):
+  state = sched.init()
+  plans = [sched.plan(state)]
+  for loss in losses:
+    plan, state = sched.next_round(state, loss)
+    plans.append(plan)
+  return plans, state
 
 
 def _ks(test, losses, window=3):

@@ -14,7 +14,9 @@ Arms, in the order they run: ``sync`` (K = 1, the baseline), ``periodic`` (K = 4
 ``semi_sync`` (K_base = 4), ``semi_sync`` + progress-aware K, ``adacomm``; then
 ``semi_sync`` with each remedy of docs/semisync.md: sample-weighted aggregation,
 FedNova, a K_d floor of 0.75 max K, per-DC learning rate x min K / K_d, and FedProx
-(mu = 0.01). 60 runs. Evaluations about every 40 iterations of the fastest DC.
+(mu = 0.01); then progress-aware K with ``sync.k_max_scope='k_base'`` (the cap bounds
+only the slowest DC's K), with the thesis's plateau test and with the window-means
+test over 8 rounds. 72 runs. Evaluations about every 40 iterations of the fastest DC.
 
 Cost: the lockstep program runs every DC for max_d K_d iterations per round and
 masks the ones that are done (bench/skip_idle.py: on XLA:CPU a per-DC lax.cond is
@@ -41,12 +43,19 @@ REMEDIES = [
     {'sync.lr_scaling': 'inverse_k'},
     {'sync.prox_mu': 0.01},
 ]
+# Progress-aware K with sync.k_max capping the slowest DC's K only (the faster DCs keep
+# the split above it), with the thesis's plateau test and with the window-means test.
+PROGRESS = [
+    {'sync.progress_aware': True, 'sync.k_max_scope': 'k_base', 'train.eval_every': 2},
+    {'sync.progress_aware': True, 'sync.k_max_scope': 'k_base',
+     'sync.progress_test': 'window_means', 'sync.progress_window': 8, 'train.eval_every': 2},
+]
 
 
 def get_sweep():
   work = {'train.num_steps': 0, 'train.sample_budget': SAMPLES, 'seed': SEEDS,
           'train.checkpoint_every': 100}
   semi = {'sync.strategy': 'semi_sync', 'train.eval_every': 4}
-  arms = STRATEGIES + [dict(semi, **r) for r in REMEDIES]
+  arms = STRATEGIES + [dict(semi, **r) for r in REMEDIES + PROGRESS]
   return 'configs/semisync.py', [dict(work, **a, **{'network.dc_speed': speed})
                                  for a in arms for speed in SPEEDS]

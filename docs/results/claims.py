@@ -294,6 +294,9 @@ _WORK_LABELS = [
     ({'sync.k_min_ratio': 0.75}, 'semi_sync + K_d ≥ {sync.k_min_ratio:g} max K'),
     ({'sync.lr_scaling': 'inverse_k'}, 'semi_sync + lr × min K / K_d'),
     ({'sync.prox_mu': 0.01}, 'semi_sync + FedProx (μ={sync.prox_mu:g})'),
+    ({'sync.k_max_scope': 'k_base', 'sync.progress_test': 'window_means'},
+     'semi_sync + progress-aware, K_max on K_base only, window-means test'),
+    ({'sync.k_max_scope': 'k_base'}, 'semi_sync + progress-aware, K_max on K_base only'),
 ] + _SEMISYNC['tables'][0]['labels']
 
 
@@ -347,7 +350,9 @@ _SEMISYNC_WORK = dict(
     'the round that reaches it is run), what `sync` processes in its usual '
     + str(EQUAL_ITERATIONS) + ' iterations, so each strategy does the same work and spreads '
     'it over the DCs as its schedule decides. Rows below the first five add one remedy for '
-    'heterogeneous DCs to `semi_sync` (docs/semisync.md). Baseline: **{baseline}**.',
+    'heterogeneous DCs to `semi_sync` (docs/semisync.md), or run progress-aware K with '
+    '`sync.k_max` capping only the slowest DC\'s K (`sync.k_max_scope=\'k_base\'`). '
+    'Baseline: **{baseline}**.',
     tables=[_work_table(speed, tag) for speed, tag in _BUDGET_SPEEDS],
     claims_caption='(the goal of issue 49: the best thesis strategy, with its remedy, within '
     f'{BAR:g} pts of sync at equal work with ≥ 66% fewer inter-DC rounds and ≥ 43% less '

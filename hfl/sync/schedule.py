@@ -39,6 +39,14 @@ after which the history is cleared, so the next decision waits ``W + 1`` rounds
 at the new K_base (losses measured under the old K are not reused). K_base never
 exceeds ``sync.k_max`` and never decreases.
 
+``sync.k_max_scope`` says which K the cap ``sync.k_max`` bounds under 'semi_sync'.
+``'every_dc'`` (the default, the thesis's rule) clips every K_d at K_max, so once
+K_base nears K_max the faster DCs are clipped too and wait: the round degenerates
+to periodic K = K_max. ``'k_base'`` bounds only K_base, the slowest DC's K; the
+faster DCs keep the equal-finish-time split above it, K_d up to
+:data:`K_CEILING` (``optimal_k(t, c, K_max, K_CEILING)``'s largest entry is the
+most any DC runs).
+
 ``sync.progress_test`` chooses how ``L_old`` and ``L_new`` are read off the
 round losses. ``'endpoints'`` (the default, the rule above) compares two single
 rounds, so one noisy round loss decides: a round's train loss is a mini-batch
@@ -175,6 +183,20 @@ def state_from_json(text: str) -> ScheduleState:
   return state
 
 
+K_MAX_SCOPES = ('every_dc', 'k_base')
+K_CEILING = 2 ** 20  # K_d bound under k_max_scope='k_base': no round holds more iterations
+
+
+def most_k(strategy: str, k_max: int, t=None, c=None, k_max_scope: str = 'every_dc') -> int:
+  """The most iterations any DC runs in a round of a schedule whose K_base may reach
+  ``k_max``: ``k_max``, or with 'semi_sync' and ``k_max_scope='k_base'`` the largest
+  K_d of :func:`hfl.sync.frequency.optimal_k` at K_base = ``k_max`` (t, c: float [D]
+  seconds per iteration and per round's communication)."""
+  if strategy != 'semi_sync' or k_max_scope == 'every_dc':
+    return int(k_max)
+  return int(np.max(frequency.optimal_k(t, c, k_max, K_CEILING)))
+
+
 def _raise_k(k: int, factor: float, k_max: int) -> int:
   """Progress-aware increase: ``min(k_max, max(k + 1, floor(k * factor)))``."""
   return min(k_max, max(k + 1, int(math.floor(k * factor + 1e-9))))
@@ -192,7 +214,8 @@ def make_schedule(strategy: str,
                   progress_threshold: float = 0.01,
                   progress_factor: float = 2.0,
                   k_min_ratio: float = 0.0,
-                  progress_test: str = 'endpoints') -> Schedule:
+                  progress_test: str = 'endpoints',
+                  k_max_scope: str = 'every_dc') -> Schedule:
   """Builds the K schedule of a sync strategy.
 
   Args:
@@ -213,6 +236,8 @@ def make_schedule(strategy: str,
       at least this fraction of the round's largest (:func:`hfl.sync.frequency.floor_k`).
     progress_test: ``sync.progress_test``, one of :data:`PROGRESS_TESTS` (the
       plateau test, module docstring).
+    k_max_scope: ``sync.k_max_scope``, one of :data:`K_MAX_SCOPES`: whether
+      ``k_max`` bounds every K_d or only K_base (module docstring; 'semi_sync').
 
   Returns:
     A :class:`Schedule`.
@@ -236,9 +261,12 @@ def make_schedule(strategy: str,
     raise ValueError(f'sync.k_min_ratio must be a number in [0, 1] (0: off), got {k_min_ratio!r}.')
   if progress_test not in PROGRESS_TESTS:
     raise ValueError(f'sync.progress_test must be one of {PROGRESS_TESTS}, got {progress_test!r}.')
+  if k_max_scope not in K_MAX_SCOPES:
+    raise ValueError(f'sync.k_max_scope must be one of {K_MAX_SCOPES}, got {k_max_scope!r}.')
+  k_cap = K_CEILING if strategy == 'semi_sync' and k_max_scope == 'k_base' else k_max
   p = _Spec(strategy, num_dcs, k0, k_max, t_arr, c_arr, progress_aware,
             int(progress_window), float(progress_threshold), float(progress_factor),
-            float(k_min_ratio), progress_test)
+            float(k_min_ratio), progress_test, k_cap)
   return Schedule(strategy=strategy, init=functools.partial(_init, p),
                   plan=functools.partial(_plan, p),
                   next_round=functools.partial(_next_round, p))
@@ -304,6 +332,7 @@ class _Spec(NamedTuple):
   factor: float
   k_min_ratio: float = 0.0
   progress_test: str = 'endpoints'
+  k_cap: int = 0  # bound of every K_d: k_max, or K_CEILING with k_max_scope='k_base'
 
 
 def _init(p: _Spec) -> ScheduleState:
@@ -317,8 +346,8 @@ def _plan(p: _Spec, state: ScheduleState) -> RoundPlan:
         f'Schedule state has K_base = {kb} outside [1, sync.k_max = {p.k_max}] '
         '(restored from a run with another sync.k_max?).')
   if p.strategy == 'semi_sync':
-    k_d = frequency.floor_k(frequency.optimal_k(p.t, p.c, kb, p.k_max), p.k_min_ratio,
-                            p.k_max)
+    k_d = frequency.floor_k(frequency.optimal_k(p.t, p.c, kb, p.k_cap), p.k_min_ratio,
+                            p.k_cap)
   else:
     k_d = np.full((p.num_dcs,), kb, dtype=np.int64)
   return RoundPlan(k_d=k_d, k_base=kb)
@@ -388,4 +417,5 @@ def from_config(sync_config, num_dcs: int,
       progress_threshold=sync_config.progress_threshold,
       progress_factor=sync_config.progress_factor,
       k_min_ratio=sync_config.get('k_min_ratio', 0.0),
-      progress_test=sync_config.get('progress_test', 'endpoints'))
+      progress_test=sync_config.get('progress_test', 'endpoints'),
+      k_max_scope=sync_config.get('k_max_scope', 'every_dc'))
