@@ -119,7 +119,7 @@ IID_POINTS = ([(g, s) for s in (0, 1, 2) for g in (None, 0.9)]
               + [(0.0, s) for s in (0, 1, 2)] + [(0.5, 0), (1.0, 0)]
               + [(g, s) for g in (0.5, 1.0) for s in (1, 2)])
 HFL_POINTS = ([(None, None)] + [(g, None) for g in (0.0, 0.5, 0.9, 1.0)]
-              + [(None, 1), (None, 2), (0.9, 1), (0.9, 2)])
+              + [(None, 1), (None, 2)] + [(g, s) for s in (1, 2) for g in (0.0, 0.5, 0.9, 1.0)])
 SEMI = {
     'sync': 'sync.strategy=sync__train.eval_every=40',
     'periodic': 'sync.strategy=periodic__train.eval_every=10',
@@ -854,8 +854,10 @@ def test_co3_missing_seed_and_unfinished_runs(root):
       '- co3 fp4 γ=1, seed 2']
   assert ('- co3 fp4 γ=0.9, seed 2: running or interrupted: step 400/600, round 100, last '
           'test accuracy 87.00%') in main_md
-  assert '**Missing runs (1)**' in hfl_md
+  # γ = 0.5 seed 0, and seeds 1 and 2 of γ = 0, 0.5 and 1 (write_co3_hfl).
+  assert '**Missing runs (7)**' in hfl_md
   assert '- co3 fp4 γ=0.5, hfl setting, seed 0: not started' in hfl_md
+  assert '- co3 fp4 γ=1, hfl setting, seed 2: not started' in hfl_md
 
 
 def test_co3_no_claim_without_the_uncompressed_runs(root):
@@ -943,7 +945,7 @@ def test_page_structure_plots_and_missing_runs(root, tmp_path):
   # broadcast arms on both LANs), 1 + 1 CO3; and 111 LM and CIFAR-10 runs, none here: 39
   # rows not finished (3 + 2 streaming, 3 + 5 + 3 + 2 x 5 CIFAR-10, 3 + 3 + 3 + 4
   # Shakespeare); and issue 49's equal-work sweep, none here: 72 runs, 2 x 12 rows.
-  assert 'Incomplete: 35 of 291 runs have finished.' in text
+  assert 'Incomplete: 35 of 297 runs have finished.' in text
   assert text.count('| *not finished* |') == 21 + 39 + 24
   assert 'Generated 2025-01-02 03:04 UTC' in text
   assert 'python3 docs/results/make_results.py --root' in text
@@ -994,9 +996,9 @@ def test_archive_rebuilds_the_same_page_without_checkpoints(root, tmp_path):
 def test_empty_root_lists_everything_as_missing(tmp_path):
   written = results.write_results(SPEC, str(tmp_path / 'none'), str(tmp_path / 'out'), now=NOW)
   text = open(written['results.md'], encoding='utf-8').read()
-  assert 'Incomplete: 0 of 291 runs have finished.' in text
+  assert 'Incomplete: 0 of 297 runs have finished.' in text
   # Every run is listed once per table it is in: the 6 DiLoCo and streaming runs twice.
-  assert text.count(': not started (`') == 291 + 6
+  assert text.count(': not started (`') == 297 + 6
   # Rows: 5 semisync, 12 + 12 semisync_work, 5 + 5 semisync_budget, 8 + 5 compression
   # (seed groups), 5 + 5 CO3; 3 + 2 streaming, 3 + 5 + 3 + 5 + 5 CIFAR-10, 3 + 3 + 3 + 4
   # Shakespeare.
@@ -1037,7 +1039,7 @@ def test_cli_no_run_from_another_directory(tmp_path):
                      cwd=tmp_path, capture_output=True, text=True, timeout=600, check=False)
   assert p.returncode == 0, p.stderr
   assert p.stdout.splitlines()[0] == os.path.join('o', 'results.md')
-  assert '286 runs not finished' in p.stderr
+  assert '292 runs not finished' in p.stderr
   text = (tmp_path / 'o' / 'results.md').read_text(encoding='utf-8')
   assert 'make_results.py --root workdirs --out o' in text
   assert '--workdir=workdirs/semisync/sync.strategy=sync__train.eval_every=40' in text
@@ -1067,9 +1069,9 @@ def test_cli_runs_the_missing_sweeps_first(tmp_path, caplog, monkeypatch):
                                                 'shakespeare_semisync',
                                                 'shakespeare_compression', 'shakespeare_co3',
                                                 'shakespeare_diloco')]
-  # Said once, before the first launch: 286 runs are missing (seeds 1, 2 of semisync).
+  # Said once, before the first launch: 292 runs are missing (seeds 1, 2 of semisync).
   assert launched[0][1][0].startswith(
-      f'286 runs missing (semisync: 10, semisync_work: 72, semisync_budget: 30, compression: 39, co3_iid: 15, co3_paper: 9, '
+      f'292 runs missing (semisync: 10, semisync_work: 72, semisync_budget: 30, compression: 39, co3_iid: 15, co3_paper: 15, '
       'shakespeare_streaming: 9, cifar10_semisync: 9, cifar10_compression: 15, cifar10_co3: 9, '
       'cifar10_semisync_budget: 30, shakespeare_semisync: 9, shakespeare_compression: 9, shakespeare_co3: 9, '
       f'shakespeare_diloco: 12) under {root}: launching')
