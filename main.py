@@ -20,6 +20,14 @@ from absl import flags  # noqa: E402  pylint: disable=g-import-not-at-top,wrong-
 from absl import logging  # noqa: E402  pylint: disable=g-import-not-at-top,wrong-import-position
 from ml_collections import config_flags  # noqa: E402  pylint: disable=g-import-not-at-top,wrong-import-position
 
+from hfl import distributed  # noqa: E402  pylint: disable=g-import-not-at-top,wrong-import-position
+from hfl import metrics  # noqa: E402  pylint: disable=g-import-not-at-top,wrong-import-position
+
+# The hfl modules that import JAX are imported inside the functions that use them
+# (``# lazy: jax``): --help and a bad flag, config or workdir answer without loading
+# JAX, and the CPU device count is set (mesh.configure_cpu_devices) before anything
+# can start JAX's backend.
+
 _CONFIG = config_flags.DEFINE_config_file('config', None, 'Experiment config file.',
                                           lock_config=True)
 _WORKDIR = flags.DEFINE_string('workdir', None, 'Directory for checkpoints, metrics and summary.')
@@ -63,9 +71,8 @@ def main(argv):
     sys.exit(2)
   # Distributed start-up and the CPU device count come before anything touches
   # the JAX backend.
-  from hfl import config as config_lib  # pylint: disable=g-import-not-at-top
-  from hfl import distributed  # pylint: disable=g-import-not-at-top
-  from hfl import mesh  # pylint: disable=g-import-not-at-top
+  from hfl import config as config_lib  # lazy: jax  pylint: disable=g-import-not-at-top
+  from hfl import mesh  # lazy: jax  pylint: disable=g-import-not-at-top
   try:
     config_lib.validate(config)  # every check that needs only the config, e.g. the mesh
     info = distributed.maybe_initialize(_COORDINATOR.value, _NUM_PROCESSES.value,
@@ -76,13 +83,12 @@ def main(argv):
   except (ValueError, distributed.DistributedInitError) as e:
     print(f'error: {e}', file=sys.stderr)
     sys.exit(2)
-  from hfl import train  # pylint: disable=g-import-not-at-top
+  from hfl import train  # lazy: jax  pylint: disable=g-import-not-at-top
   # Progress lines from process 0 only; warnings and errors from every process.
   logging.set_verbosity(logging.INFO if info.process_id == 0 else logging.WARNING)
   logging.get_absl_handler().addFilter(_LibraryInfoFilter())
   if info.process_id == 0:  # every process has the same config: one warning suffices
     _warn_ignored(config, sys.argv)
-  from hfl import metrics  # pylint: disable=g-import-not-at-top
   try:
     train.train_and_evaluate(config, _WORKDIR.value)
   except metrics.WriteError as e:  # e.g. the disk filled while saving
@@ -111,7 +117,7 @@ def main(argv):
 
 def _resume_point(workdir: str) -> str:
   """Where a rerun resumes ``workdir``: its newest complete checkpoint, else the start."""
-  from hfl import checkpoint  # pylint: disable=g-import-not-at-top
+  from hfl import checkpoint  # lazy: jax  pylint: disable=g-import-not-at-top
   step = checkpoint.newest_complete_step(workdir)
   return (f'from its checkpoint of iteration {step}' if step is not None else
           'from the start (no checkpoint was written yet)')
@@ -121,7 +127,6 @@ def _workdir_problem(workdir: str) -> str | None:
   """Why ``workdir`` cannot hold a run (None if it can), checked before anything starts."""
   if not workdir or not workdir.strip():
     return 'is empty; pass a directory (created if missing), e.g. --workdir=workdirs/run'
-  from hfl import metrics  # pylint: disable=g-import-not-at-top
   path = os.path.abspath(workdir)
   # A finished run may be only reported from a read-only workdir
   # (hfl.train.check_workdir_config decides).
@@ -140,8 +145,7 @@ def _check_dc_placement(config, info) -> None:
   """
   if not info.multi_process:
     return
-  from hfl import distributed  # pylint: disable=g-import-not-at-top
-  from hfl import mesh  # pylint: disable=g-import-not-at-top
+  from hfl import mesh  # lazy: jax  pylint: disable=g-import-not-at-top
   problem = distributed.check_dc_placement(
       mesh.make_mesh(config.mesh.num_dcs, config.mesh.workers_per_dc))
   if problem and info.process_id == 0:
@@ -185,7 +189,7 @@ def _parse_flags(argv):
         print(f'error: --{name} is required, e.g. python3 main.py --config=configs/default.py '
               '--workdir=workdirs/run', file=sys.stderr)
         sys.exit(2)
-    from hfl import config as config_lib  # pylint: disable=g-import-not-at-top
+    from hfl import config as config_lib  # lazy: jax  pylint: disable=g-import-not-at-top
     print(f'error: {msg}. {config_lib.FIELDS_HELP}', file=sys.stderr)
     sys.exit(2)
   except (KeyError, AttributeError, OSError, ImportError, SyntaxError) as e:
@@ -194,7 +198,7 @@ def _parse_flags(argv):
         isinstance(e, AttributeError) and 'get_config' in str(e)) or (
             isinstance(e, SyntaxError) and e.filename and os.path.isfile(e.filename))):
       _config_load_failed(config_arg, e)
-    from hfl import config as config_lib  # pylint: disable=g-import-not-at-top
+    from hfl import config as config_lib  # lazy: jax  pylint: disable=g-import-not-at-top
     problem = (_unknown_override(argv, config_lib)
                if isinstance(e, (KeyError, AttributeError)) else None)
     if problem is None:
@@ -215,7 +219,7 @@ def _parse_flags(argv):
 def _warn_ignored(config, argv) -> None:
   """Warns about each --config.FIELD of ``argv`` that the run does not use
   (hfl.config.ignored_fields, e.g. a density for the identity compressor)."""
-  from hfl import config as config_lib  # pylint: disable=g-import-not-at-top
+  from hfl import config as config_lib  # lazy: jax  pylint: disable=g-import-not-at-top
   try:
     ignored = config_lib.ignored_fields(config)
   except (KeyError, AttributeError):  # an invalid config: validation reports it

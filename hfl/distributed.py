@@ -167,7 +167,7 @@ def detect_cluster() -> Optional[ProcessInfo]:
     process is detected, else None.
   """
   try:
-    from jax._src import clusters  # pylint: disable=g-import-not-at-top
+    from jax._src import clusters  # lazy: jax  pylint: disable=g-import-not-at-top
     envs = [e for e in clusters.ClusterEnv._cluster_types  # pylint: disable=protected-access
             if not getattr(e, 'opt_in_only_method', False)]
   except (ImportError, AttributeError):  # JAX moved its internals: fall back.
@@ -295,7 +295,7 @@ def _timeouts(timeout_s: Optional[int], heartbeat_timeout_s: Optional[int]):
 def _use_gloo() -> None:
   """Selects gloo CPU collectives: the default in current JAX, set explicitly so an
   older default (no cross-process CPU collectives) cannot silently deadlock."""
-  import jax  # pylint: disable=g-import-not-at-top
+  import jax  # lazy: jax  pylint: disable=g-import-not-at-top
   try:
     jax.config.update('jax_cpu_collectives_implementation', 'gloo')
   except (AttributeError, ValueError):
@@ -330,7 +330,7 @@ def _initialize(info: ProcessInfo, who: str, timeout_s: int,
   Raises:
     DistributedInitError: the call raised (e.g. the backend had already started).
   """
-  import jax  # pylint: disable=g-import-not-at-top
+  import jax  # lazy: jax  pylint: disable=g-import-not-at-top
   kwargs = dict(initialization_timeout=int(timeout_s) + 30)
   if heartbeat_timeout_s:
     kwargs['heartbeat_timeout_seconds'] = int(heartbeat_timeout_s)
@@ -481,7 +481,7 @@ def put_global(host: np.ndarray, sharding) -> Any:
   Returns:
     A global jax.Array of ``host.shape`` and ``host.dtype``.
   """
-  import jax  # pylint: disable=g-import-not-at-top
+  import jax  # lazy: jax  pylint: disable=g-import-not-at-top
   host = np.asarray(host)
   return jax.make_array_from_callback(host.shape, sharding, lambda index: host[index])
 
@@ -509,7 +509,7 @@ def put_rows(source, idx: np.ndarray, sharding) -> Any:
     of ``source[...]`` (float32 for NormalisedRows); with one process bitwise
     equal to ``jax.device_put(np.asarray(source)[idx], sharding)``.
   """
-  import jax  # pylint: disable=g-import-not-at-top
+  import jax  # lazy: jax  pylint: disable=g-import-not-at-top
   idx = np.asarray(idx)
   lead = idx.ndim
   shape = idx.shape + tuple(source.shape[1:])
@@ -527,13 +527,13 @@ def to_host(tree):
   over ``'dc'`` when DCs live on different hosts) are all-gathered across
   processes; others are copied directly (bitwise the same as ``np.asarray``).
   """
-  import jax  # pylint: disable=g-import-not-at-top
+  import jax  # lazy: jax  pylint: disable=g-import-not-at-top
 
   def one(x):
     if isinstance(x, jax.Array) and not x.is_fully_addressable:
       if x.is_fully_replicated:
         return np.asarray(x.addressable_data(0))
-      from jax.experimental import multihost_utils  # pylint: disable=g-import-not-at-top
+      from jax.experimental import multihost_utils  # lazy: jax  pylint: disable=g-import-not-at-top
       return np.asarray(multihost_utils.process_allgather(x, tiled=True))
     return np.asarray(x)
   return jax.tree.map(one, tree)
@@ -558,8 +558,8 @@ def to_host_stacked(trees: list) -> list:
   Raises:
     ValueError: the trees differ in structure, or the leaves in shape or dtype.
   """
-  import jax  # pylint: disable=g-import-not-at-top
-  import jax.numpy as jnp  # pylint: disable=g-import-not-at-top
+  import jax  # lazy: jax  pylint: disable=g-import-not-at-top
+  import jax.numpy as jnp  # lazy: jax  pylint: disable=g-import-not-at-top
 
   if not trees:
     return []

@@ -99,7 +99,7 @@ def make_mesh(num_dcs: int, workers_per_dc: int, devices=None) -> Mesh:
         f'devices, but {len(devices)} are available ({jax.default_backend()}); '
         'choose a mesh whose product equals the device count.')
   if jax.process_count() > 1:
-    from jax.experimental import mesh_utils  # pylint: disable=g-import-not-at-top
+    from jax.experimental import mesh_utils  # lazy: jax  pylint: disable=g-import-not-at-top
     # 'dc' spans processes/slices (DCN), 'worker' stays inside one.
     per_process = len(devices) // jax.process_count()
     if num_dcs % jax.process_count() == 0 and workers_per_dc <= per_process:

@@ -12,8 +12,9 @@ Only process 0 writes.
 Also the helpers every reader of these files shares (the training loop's
 progress line and summary, and :mod:`hfl.report`): :func:`format_bytes` (the
 one byte formatter) and :func:`crossing` / :func:`time_to_target` (the one
-time-to-target rule). They need no JAX, so this module imports JAX only where
-it writes.
+time-to-target rule), :func:`summary_problem` (the one check of a finished run's
+summary.json) and :func:`manifest_runs` (a sweep root's sweep.json). They need no
+JAX, so this module imports JAX only where it writes.
 
 Every JSON file hfl writes (these, the launchers' ``wan_info.json``, the
 schedule state in checkpoints) goes through :func:`dumps`: strict JSON (RFC
@@ -43,7 +44,7 @@ NONFINITE_POLICIES = ('error', 'null')
 
 def is_writer() -> bool:
   """True on the process that writes files (process 0)."""
-  import jax  # pylint: disable=g-import-not-at-top
+  import jax  # lazy: jax  pylint: disable=g-import-not-at-top
   return jax.process_index() == 0
 
 
@@ -352,7 +353,7 @@ class MetricsWriter:
     # Written by this or an older hfl: a non-finite value there becomes null.
     replace_file(self.path, ''.join(dumps(r, 'null', where='metrics.jsonl') + '\n'
                                     for r in kept))
-    from tensorboardX import SummaryWriter  # pylint: disable=g-import-not-at-top
+    from tensorboardX import SummaryWriter  # lazy: tensorboardX  pylint: disable=g-import-not-at-top
     with self._writing_tb():
       self._tb = SummaryWriter(self._tb_dir, purge_step=resume_step + 1)
 
@@ -509,3 +510,78 @@ def time_to_target(records: Sequence[Mapping[str, Any]], target: float,
       return crossing(prev, r, target, key, metric, higher_is_better)
     prev = r
   return None
+
+
+# ------------------------------------------------------------------- summary.json
+# The one check of a finished run's summary.json, shared by hfl.train (before it
+# reports a finished run again) and hfl.report (before it reads one).
+
+# hfl.train.wan_summary's fields (summary.json only; Mbit/s: None where no bandwidth
+# suffices) and their units.
+WAN_FIELDS = {'exposed_wan_s': 's', 'compute_s': 's', 'compute_utilisation': 'fraction',
+              'peak_wan_bytes_per_sync': 'bytes', 'wan_mbps_for_95pct_utilisation': 'Mbit/s',
+              'wan_mbps_for_95pct_without_latency': 'Mbit/s'}
+# The report's per-run metric (hfl.report.runs.METRICS) -> (summary.json key,
+# metrics.jsonl key of an unfinished run's last evaluation).
+SUMMARY_SOURCES = {'final_acc': ('final_test_accuracy', 'test_accuracy'),
+                   'final_loss': ('final_test_loss', 'test_loss'),
+                   'final_bpc': ('final_test_bits_per_char', 'test_bits_per_char'),
+                   'inter_dc_rounds': ('inter_dc_rounds', 'round'),
+                   'intra_dc_iterations': ('intra_dc_iterations', 'step'),
+                   **{k: (k, k) for k in ('samples', 'sim_time_s', 'wall_time_s')},
+                   **{k: (k, None) for k in WAN_FIELDS}}
+# summary.json's numbers the report reads (besides ``bytes``).
+SUMMARY_NUMBERS = frozenset({s for s, _ in SUMMARY_SOURCES.values()}
+                            | {'best_test_accuracy', 'best_test_loss'})
+
+
+def summary_problem(summary: Mapping[str, Any], metric: str = 'test_accuracy') -> str | None:
+  """Why ``summary`` is no finished run's summary.json (hfl.train.summarize), or None: it
+  lacks ``final_<metric>`` (its headline metric, a number), or a field the report reads
+  (:data:`SUMMARY_NUMBERS`; missing ones fall back to the last evaluation) holds no
+  number nor null, or ``bytes`` is no object of those per link. A number must be finite
+  and in its range: [0, 1] for an accuracy (a fraction, not percent), ≥ 0 for the rest
+  (counts, bytes, seconds, losses, bandwidths)."""
+  need = f'final_{metric}'
+  problems = [] if need in summary else [f'lacks {need} (a number every finished run writes)']
+  fields = {}  # the numbers the report reads, in the summary's order
+  for k, v in summary.items():
+    if k == 'bytes' and isinstance(v, dict):
+      fields.update({f'bytes.{link}': n for link, n in v.items()})
+    elif k == 'bytes' and v is not None:
+      problems.append(f'bytes is {json.dumps(v)[:40]} where an object of numbers per link '
+                      'belongs')
+    elif k in SUMMARY_NUMBERS:
+      fields[k] = v
+  for k, v in fields.items():
+    top = 1 if k.endswith('_accuracy') else math.inf
+    number = isinstance(v, (int, float)) and not isinstance(v, bool)
+    if not (finite(v) and 0 <= v <= top or v is None and k != need):
+      what = ('a number' if not number else 'a fraction in [0, 1]' if top == 1
+              else 'a finite number ≥ 0')
+      problems.append(f'{k} is {json.dumps(v)[:40]} where {what} '
+                      f'{"" if k == need else "or null "}belongs')
+  return '; '.join(problems) or None
+
+
+# --------------------------------------------------------------------- sweep.json
+# A sweep root's list of its runs (written by hfl.sweep; read there and by the
+# report's command line, which names the runs a sweep root lacks).
+SWEEP_MANIFEST = 'sweep.json'
+
+
+def manifest_runs(root: str, advice: str = 'move that file away') -> list[str] | None:
+  """The run names ``ROOT/sweep.json`` lists (workdirs ``ROOT/<name>``); None without one.
+
+  Raises:
+    ValueError: the manifest cannot be read (its path, why, then ``advice``).
+  """
+  path = os.path.join(os.path.abspath(root), SWEEP_MANIFEST)
+  try:
+    with open(path, encoding='utf-8') as f:
+      return [r['name'] for r in json.load(f)['runs']]
+  except (FileNotFoundError, NotADirectoryError):  # no manifest (or no root) yet
+    return None
+  except (OSError, ValueError, TypeError, KeyError) as e:
+    raise ValueError(f'{path} is not a readable sweep manifest ({type(e).__name__}: {e}); '
+                     f'{advice}') from None

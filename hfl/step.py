@@ -1119,14 +1119,7 @@ def make_step(apply_fn: Callable, optimizer: optax.GradientTransformation,
       (:func:`check_links`).
   """
   opts = dgc_options or dgc.Options()
-  _check_options(state_like, opts)
-  check_links(comps, state_like)
-  sent = _state_broadcast(comps, state_like)
-  if any(sent) and stream is not None:
-    raise ValueError('make_step: the state sends the round\'s update through a lossy '
-                     'downlink (init_state(..., broadcast=\'downlink\')), which Streaming '
-                     'DiLoCo cannot; build it with broadcast=\'gather\'')
-
+  sent = _check_make_step(comps, state_like, opts, stream)
   loss_fn = lambda params, images, labels: optax.softmax_cross_entropy_with_integer_labels(
       apply_fn(params, images), labels).mean()
   setup = Setup(loss_fn, optimizer, outer, comps, mesh.shape[DC], mesh.shape[WORKER],
@@ -1148,6 +1141,29 @@ def make_step(apply_fn: Callable, optimizer: optax.GradientTransformation,
     packed = pack_metrics(loss, (it.up, it.down, rnd.wan, rnd.bcast), rnd.drift)
     return from_local(local, specs), packed[None, None]
 
+  step = _programs(body, mesh, specs)
+  step.info, step.num_workers = info, setup.num_workers
+  return step
+
+
+def _check_make_step(comps: Compressors, state_like: TrainState, opts: dgc.Options,
+                     stream: streaming.Spec | None) -> tuple:
+  """:func:`make_step`'s checks (its Raises); returns ``_state_broadcast``: per leaf,
+  whether the state sends the round's update through the downlink."""
+  _check_options(state_like, opts)
+  check_links(comps, state_like)
+  sent = _state_broadcast(comps, state_like)
+  if any(sent) and stream is not None:
+    raise ValueError('make_step: the state sends the round\'s update through a lossy '
+                     'downlink (init_state(..., broadcast=\'downlink\')), which Streaming '
+                     'DiLoCo cannot; build it with broadcast=\'gather\'')
+  return sent
+
+
+def _programs(body: Callable, mesh: Mesh, specs) -> Callable:
+  """``step(state, batch, active, weights, do_round)``: the jitted, ``shard_map``'d
+  ``body`` of each ``do_round`` (:func:`program_key`; False and True built now, an
+  Event's on first use, all in ``step.jitted``), the state donated."""
   def build(do_round):
     f = jax.shard_map(
         lambda s, x, y, a, w: body(s, x, y, a, w, do_round), mesh=mesh,
@@ -1163,7 +1179,7 @@ def make_step(apply_fn: Callable, optimizer: optax.GradientTransformation,
       compiled[key] = build(key)
     return compiled[key](state, *batch, active, weights)
 
-  step.jitted, step.info, step.num_workers = compiled, info, setup.num_workers
+  step.jitted = compiled
   return step
 
 

@@ -30,6 +30,8 @@ import threading
 import time
 from typing import Any, Callable, Mapping, NamedTuple, Sequence
 
+import ml_collections
+
 from hfl import metrics as metrics_lib
 from hfl import runtime
 
@@ -38,7 +40,7 @@ MAIN_PY = os.path.join(REPO_ROOT, 'main.py')
 SUMMARY = 'summary.json'
 LOG_FILE = 'train.log'
 REPORT_DIR = 'report'
-MANIFEST = 'sweep.json'
+MANIFEST = metrics_lib.SWEEP_MANIFEST  # 'sweep.json'
 BASE_CONFIG_FILE = 'base_config.py'
 # A directory holding one of these is a training workdir (hfl.metrics.WORKDIR_ENTRIES).
 RUN_ENTRIES = ('config.json', 'metrics.jsonl', 'summary.json', 'checkpoints')
@@ -282,7 +284,7 @@ def run_status(workdir: str) -> str:
 def not_done(workdir: str) -> str | None:
   """Why ``workdir`` holds no finished run's summary.json as the report reads it
   (:func:`hfl.report.runs.read_summary`: e.g. ``{}`` is none), or None."""
-  from hfl.report import runs as runs_lib  # pylint: disable=g-import-not-at-top
+  from hfl.report import runs as runs_lib  # lazy: pandas  pylint: disable=g-import-not-at-top
   if not os.path.isfile(os.path.join(workdir, SUMMARY)):
     return f'no {SUMMARY}'
   try:
@@ -364,8 +366,7 @@ def _run_configs(base: Any, config_arg: str, runs: Sequence[RunSpec], paths: boo
   Raises:
     ValueError: a config is invalid (the run named; nothing was launched).
   """
-  import ml_collections  # pylint: disable=g-import-not-at-top
-  from hfl import config as config_lib  # pylint: disable=g-import-not-at-top
+  from hfl import config as config_lib  # lazy: jax  pylint: disable=g-import-not-at-top
   base_config = config_lib.load_file(config_arg) if isinstance(base, str) else (
       ml_collections.ConfigDict(copy.deepcopy(base.to_dict() if hasattr(base, 'to_dict')
                                               else dict(base))))
@@ -386,7 +387,7 @@ def check_runs(base: Any, config_arg: str, runs: Sequence[RunSpec]) -> None:
     ValueError: the first bad run with its problem, e.g. ``run 'seed=0' ...: unknown
       config field 'optimizer.learnin_rate'; did you mean 'optimizer.learning_rate'?``.
   """
-  from hfl import config as config_lib  # pylint: disable=g-import-not-at-top
+  from hfl import config as config_lib  # lazy: jax  pylint: disable=g-import-not-at-top
   seen = {}  # hfl.config.experiment_key -> the first run training it
   for r, config in _run_configs(base, config_arg, runs):
     if (same := seen.setdefault(config_lib.experiment_key(config), r)) is not r:
@@ -408,7 +409,7 @@ def check_done(base: Any, config_arg: str, runs: Sequence[RunSpec]) -> list[str]
   done = [r for r in runs if run_status(r.workdir) == 'done']
   if not done:
     return []
-  from hfl import train  # pylint: disable=g-import-not-at-top
+  from hfl import train  # lazy: jax  pylint: disable=g-import-not-at-top
   again = []
   for r, config in _run_configs(base, config_arg, done, paths=False):  # only compared
     try:
@@ -536,7 +537,7 @@ def _execute_all(todo: Sequence[RunSpec], runner: Runner, parallel: int
 
 def _label_keys(grid: Any) -> list[str] | None:
   """Grid keys that vary (not ``seed``): strategy/compressors first, then grid order."""
-  from hfl.report import tables  # pylint: disable=g-import-not-at-top
+  from hfl.report import tables  # lazy: pandas  pylint: disable=g-import-not-at-top
   points = expand_grid(grid)
   keys = list(dict.fromkeys(k for p in points for k in p))
   keys = [k for k in keys if k != 'seed' and len({repr(p.get(k)) for p in points}) > 1]
@@ -550,21 +551,8 @@ def _few(names: Sequence[str], max_names: int = 5) -> str:
   return ', '.join(names[:max_names]) + (f' and {more} more' if more > 0 else '')
 
 
-def manifest_runs(root: str, advice: str = 'move that file away') -> list[str] | None:
-  """The run names ``ROOT/sweep.json`` lists (workdirs ``ROOT/<name>``); None without one.
-
-  Raises:
-    ValueError: the manifest cannot be read (its path, why, then ``advice``).
-  """
-  path = os.path.join(os.path.abspath(root), MANIFEST)
-  try:
-    with open(path, encoding='utf-8') as f:
-      return [r['name'] for r in json.load(f)['runs']]
-  except (FileNotFoundError, NotADirectoryError):  # no manifest (or no root) yet
-    return None
-  except (OSError, ValueError, TypeError, KeyError) as e:
-    raise ValueError(f'{path} is not a readable sweep manifest ({type(e).__name__}: {e}); '
-                     f'{advice}') from None
+# The run names ROOT/sweep.json lists, or None without one (shared with the report's CLI).
+manifest_runs = metrics_lib.manifest_runs
 
 
 def check_manifest(root: str, runs: Sequence[RunSpec], max_names: int = 5) -> None:
@@ -697,7 +685,7 @@ def run_sweep(base: Any, grid: Any, root: str, *, runner: Runner | None = None,
   written, report_dir = None, os.path.join(root, REPORT_DIR)
   finished = [r.workdir for r in runs if run_status(r.workdir) == 'done']
   if report and finished:
-    from hfl import report as report_lib  # pylint: disable=g-import-not-at-top
+    from hfl import report as report_lib  # lazy: pandas  pylint: disable=g-import-not-at-top
     try:
       written = report_lib.write_report(finished, report_dir, label_by=_label_keys(grid),
                                         expected=[r.workdir for r in runs])

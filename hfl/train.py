@@ -1323,7 +1323,7 @@ def _resumed(rt: Runtime, ls: LoopState, changed: list[str]) -> dict | None:
 
   Raises:
     ValueError: the finished run's summary.json is not a JSON object, or not a
-      finished run's (hfl.report.runs.summary_problem, e.g. ``{}``); names it and
+      finished run's (hfl.metrics.summary_problem, e.g. ``{}``); names it and
       what to do.
   """
   workdir, stop = rt.workdir, rt.s.loop.stop
@@ -1332,8 +1332,7 @@ def _resumed(rt: Runtime, ls: LoopState, changed: list[str]) -> dict | None:
     logging.info('%s already finished %d iterations; nothing to do.', workdir, ls.step)
     summary = read_json_object(summary_path, _SUMMARY_ADVICE)
     task = rt.s.task
-    from hfl.report import runs  # pylint: disable=g-import-not-at-top  (pandas: only here)
-    problem = runs.summary_problem(summary, task.metric)  # the check the report makes
+    problem = metrics_lib.summary_problem(summary, task.metric)  # the check the report makes
     if problem:
       raise ValueError(f'{summary_path} {problem}; {_SUMMARY_ADVICE}')
     history = summary.get('eval_history')  # absent in summaries of older runs: kept as is
@@ -1565,9 +1564,8 @@ def _finished_without_checkpoint(rt: Runtime) -> dict:
   path = os.path.join(rt.workdir, 'summary.json')
   summary = read_json_object(path, 'no checkpoint is left to rebuild it from: restore it '
                              'from a copy, or use a new --workdir')
-  from hfl.report import runs  # pylint: disable=g-import-not-at-top  (pandas: only here)
-  if runs.summary_problem(summary, rt.s.task.metric) is None and _stopped(summary,
-                                                                           rt.s.loop.stop):
+  if metrics_lib.summary_problem(summary, rt.s.task.metric) is None and _stopped(
+      summary, rt.s.loop.stop):
     logging.info('%s already finished %d iterations (no checkpoint kept); nothing to do.',
                  rt.workdir, int(summary['intra_dc_iterations']))
     if metrics_lib.is_writer():

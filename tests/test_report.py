@@ -1924,27 +1924,3 @@ def test_lm_report_pairs_the_loss_and_labels_the_target(tmp_path):
     rows = list(csv.DictReader(f))
   assert {r['target_metric'] for r in rows} == {'test_loss'}
   assert float(rows[0]['final_test_loss_mean']) == pytest.approx(0.275)
-
-
-def test_report_and_sweep_stay_within_their_line_budget():
-  """hfl/report/*.py + hfl/sweep.py ≤ 2,100 lines (the report's caveats and left-out runs:
-  +100; the sweep's one-sweep root, repeated values and SIGTERM: +75; checked summaries,
-  --label-by groups, stale plots and one-line sweep-file errors: +70; +45: finite, in-range
-  summary numbers, a summary.json directory or config string not JSON named, runs of
-  other lengths marked † and rows mixing them named, an --out holding the runs refused;
-  +20: a sweep file's return value checked, its sys.exit one line; +10: a metrics.jsonl
-  step not an integer named, an --out that cannot be written one line; +80: a sweep root
-  that is a workdir or holds runs of no sweep refused, a full disk writing sweep.json
-  or the report one line, a summary the report leaves out not done for the sweep (one shared
-  check), failed and not started runs named in the sweep's last line and under the report's
-  table; +10: a repeated run (same config and seed) left out of its row and named; +15:
-  runs resumed with a changed config named, and no repeat of a fresh run; +20: the CLI
-  on a sweep root names the runs its sweep.json lists but lacks; a damaged summary's
-  remedy; +10: a root inside another sweep's root or a workdir refused; +10: a --label-by
-  row pooling runs of different configs named; +10: a Ctrl-C names the runs not finished):
-  page-specific code lives in docs/results."""
-  files = [os.path.join(REPO, 'hfl', 'report', f) for f in os.listdir(
-      os.path.join(REPO, 'hfl', 'report')) if f.endswith('.py')]
-  total = sum(len(open(f, encoding='utf-8').read().splitlines())
-              for f in files + [os.path.join(REPO, 'hfl', 'sweep.py')])
-  assert total <= 2100, total

@@ -68,6 +68,42 @@ def chunk_index_dtype(chunk_size: int):
   return jnp.uint8 if chunk_size <= 2**8 else jnp.uint16 if chunk_size <= 2**16 else jnp.int32
 
 
+def _check_hyper(density, chunk_size, gamma, value_bits) -> None:
+  """Raises ValueError for hyper-parameters :func:`chunked_topk` refuses (its Raises)."""
+  if not 0.0 < float(density) <= 1.0:
+    raise ValueError(f'density must be in (0, 1], got {density!r}')
+  if isinstance(chunk_size, bool) or not isinstance(chunk_size, (int, np.integer)) or chunk_size < 1:
+    raise ValueError(f'chunk_size must be an integer >= 1, got {chunk_size!r}')
+  if isinstance(gamma, bool) or not 0.0 <= float(gamma) <= 1.0:
+    raise ValueError(f'gamma must be in [0, 1], got {gamma!r}')
+  if value_bits not in VALUE_BITS:
+    raise ValueError(f'value_bits must be one of {VALUE_BITS}, got {value_bits!r}')
+
+
+def _two_bit_encode(vals, real) -> dict:
+  """The 2-bit payload of each chunk's kept values f32[n, k] (``real``: not padding):
+  ``signs`` and ``large`` (packed bits) and per chunk the bfloat16 ``scales`` [n, 2],
+  the mean magnitude of its small and of its large values."""
+  mag = jnp.abs(vals)
+  # Means of magnitudes, overflow-safe (base.mean_abs: the plain sum / count where
+  # that sum is a normal float, else pre-scaled): finite for every finite x, and
+  # saturated to bfloat16's max before the cast (3.4e38 would round to inf).
+  large = real & (mag > base.mean_abs(mag, axis=1, where=real)[:, None])
+  small = real & ~large
+  mean = lambda m: base.saturate(base.mean_abs(mag, axis=1, where=m), jnp.bfloat16)
+  return dict(signs=pack_bits((vals < 0).reshape(-1)), large=pack_bits(large.reshape(-1)),
+              scales=jnp.stack([mean(small), mean(large)], axis=1).astype(jnp.bfloat16))
+
+
+def _two_bit_decode(payload, n: int, k: int):
+  """The values f32[n, k] of :func:`_two_bit_encode`'s payload."""
+  neg = unpack_bits(payload['signs'], n * k).reshape(n, k)
+  large = unpack_bits(payload['large'], n * k).reshape(n, k)
+  scales = payload['scales'].astype(jnp.float32)
+  mag = jnp.where(large, scales[:, 1:2], scales[:, 0:1])
+  return jnp.where(neg, -mag, mag)
+
+
 def chunked_topk(shape, density: float = 0.02, chunk_size: int = 4096, gamma: float = 1.0,
                  value_bits: int = 2) -> Compressor:
   """Chunked top-k, values in 2 bits (module docstring); biased, use with error feedback.
@@ -89,14 +125,7 @@ def chunked_topk(shape, density: float = 0.02, chunk_size: int = 4096, gamma: fl
     ValueError: density outside (0, 1], chunk_size not an integer >= 1, gamma outside
       [0, 1] or value_bits not in :data:`VALUE_BITS`.
   """
-  if not 0.0 < float(density) <= 1.0:
-    raise ValueError(f'density must be in (0, 1], got {density!r}')
-  if isinstance(chunk_size, bool) or not isinstance(chunk_size, (int, np.integer)) or chunk_size < 1:
-    raise ValueError(f'chunk_size must be an integer >= 1, got {chunk_size!r}')
-  if isinstance(gamma, bool) or not 0.0 <= float(gamma) <= 1.0:
-    raise ValueError(f'gamma must be in [0, 1], got {gamma!r}')
-  if value_bits not in VALUE_BITS:
-    raise ValueError(f'value_bits must be one of {VALUE_BITS}, got {value_bits!r}')
+  _check_hyper(density, chunk_size, gamma, value_bits)
   shape = tuple(int(d) for d in shape)
   size = int(np.prod(shape, dtype=np.int64))
   chunk = int(min(chunk_size, size))
@@ -129,25 +158,13 @@ def chunked_topk(shape, density: float = 0.02, chunk_size: int = 4096, gamma: fl
     if value_bits == 32:
       payload['values'] = vals
       return payload, state
-    mag = jnp.abs(vals)
-    # Means of magnitudes, overflow-safe (base.mean_abs: the plain sum / count where
-    # that sum is a normal float, else pre-scaled): finite for every finite x, and
-    # saturated to bfloat16's max before the cast (3.4e38 would round to inf).
-    large = real & (mag > base.mean_abs(mag, axis=1, where=real)[:, None])
-    small = real & ~large
-    mean = lambda m: base.saturate(base.mean_abs(mag, axis=1, where=m), jnp.bfloat16)
-    payload.update(signs=pack_bits((vals < 0).reshape(-1)), large=pack_bits(large.reshape(-1)),
-                   scales=jnp.stack([mean(small), mean(large)], axis=1).astype(jnp.bfloat16))
+    payload.update(_two_bit_encode(vals, real))
     return payload, state
 
   def values(payload):
     if value_bits == 32:
       return payload['values'].astype(jnp.float32)
-    neg = unpack_bits(payload['signs'], n * k).reshape(n, k)
-    large = unpack_bits(payload['large'], n * k).reshape(n, k)
-    scales = payload['scales'].astype(jnp.float32)
-    mag = jnp.where(large, scales[:, 1:2], scales[:, 0:1])
-    return jnp.where(neg, -mag, mag)
+    return _two_bit_decode(payload, n, k)
 
   def decode(payload):
     if k == chunk:

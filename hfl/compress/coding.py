@@ -283,7 +283,7 @@ def huffman_decode(data: bytes, n: int, grid: floatgrid.FloatGrid,
 
 
 def _ans_models(probs: np.ndarray):
-  import constriction  # pylint: disable=g-import-not-at-top
+  import constriction  # lazy: constriction  pylint: disable=g-import-not-at-top
   model = constriction.stream.model.Categorical(np.asarray(probs, np.float64),
                                                 perfect=False)
   return constriction, model, constriction.stream.model.Uniform(2)

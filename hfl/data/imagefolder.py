@@ -206,7 +206,7 @@ def _index(files: dict, where: str) -> dict:
 
 def _content_hash(path: str, files: dict, archive: bool) -> str:
   """SHA-256 (hex) of the source content, Pillow's version and CACHE_FORMAT."""
-  import PIL  # pylint: disable=g-import-not-at-top
+  import PIL  # lazy: PIL  pylint: disable=g-import-not-at-top
   h = hashlib.sha256(f'hfl-image-folder-{CACHE_FORMAT}-pillow-{PIL.__version__}\n'.encode())
   if archive:
     with open(path, 'rb') as f:
@@ -229,7 +229,7 @@ def _with_image(data: bytes, name: str, where: str, use):
   Raises:
     ValueError: the bytes are not a decodable image (names the file).
   """
-  from PIL import Image  # pylint: disable=g-import-not-at-top
+  from PIL import Image  # lazy: PIL  pylint: disable=g-import-not-at-top
   try:
     with Image.open(io.BytesIO(data)) as im:
       return use(im)

@@ -164,7 +164,7 @@ def load_tfds(name: str, data_dir: str = '', train_split: str = 'train',
       random access (TFRecord).
     FileNotFoundError: the dataset is not prepared under the data directory.
   """
-  import tensorflow_datasets as tfds  # pylint: disable=g-import-not-at-top
+  import tensorflow_datasets as tfds  # lazy: tensorflow_datasets  pylint: disable=g-import-not-at-top
 
   resolved = resolve_data_dir(data_dir)
   where = (f'dataset.name={name!r}, dataset.data_dir={data_dir!r} (searched '

@@ -144,7 +144,7 @@ def write_report(paths: Sequence[str], out_dir: str, target: float | None = None
                      ('results.csv', tables.to_csv(table, target))):
     written[name] = os.path.join(out_dir, name)
     metrics_lib.replace_file(written[name], text)
-  from hfl.report import plots as plots_lib  # pylint: disable=g-import-not-at-top
+  from hfl.report import plots as plots_lib  # lazy: matplotlib  pylint: disable=g-import-not-at-top
   if plots:
     curves = [plots_lib.Curves(r['label'], [frame.at[i, 'run'].metrics for i in r['runs']])
               for _, r in table.iterrows()]

@@ -63,9 +63,8 @@ def main(argv: Sequence[str] | None = None) -> int:
   try:
     if problem := metrics_lib.dir_problem(out):
       raise ValueError(f'--out={out!r} {problem}')
-    from hfl import sweep  # pylint: disable=g-import-not-at-top
     # A sweep root's runs that failed or never started are named, as the sweep's report does.
-    expected = [os.path.join(d, n) for d in args.dirs for n in sweep.manifest_runs(
+    expected = [os.path.join(d, n) for d in args.dirs for n in metrics_lib.manifest_runs(
         d, advice='move it away to report the runs alone') or []]
     written = report.write_report(args.dirs, out, target=args.target, label_by=args.label_by,
                                   baseline=args.baseline, plots=args.plots, expected=expected)

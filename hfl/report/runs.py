@@ -10,7 +10,6 @@ metric, :func:`target_of`) and the flattened config.
 
 import json
 import logging
-import math
 import os
 import pathlib
 from typing import Any, Iterable, Mapping, NamedTuple, Sequence
@@ -23,11 +22,7 @@ from hfl.data import TEXT_DATASETS
 RUN_FILES = ('summary.json', 'metrics.jsonl')
 # A directory with metrics.jsonl only (hfl.train writes config.json first): left out.
 NOT_A_RUN = 'not a training run: metrics.jsonl but neither config.json nor summary.json'
-# hfl.train.wan_summary's fields (summary.json only; Mbit/s: None where no bandwidth
-# suffices) and their units.
-WAN_FIELDS = {'exposed_wan_s': 's', 'compute_s': 's', 'compute_utilisation': 'fraction',
-              'peak_wan_bytes_per_sync': 'bytes', 'wan_mbps_for_95pct_utilisation': 'Mbit/s',
-              'wan_mbps_for_95pct_without_latency': 'Mbit/s'}
+WAN_FIELDS = metrics_lib.WAN_FIELDS  # hfl.train.wan_summary's fields and their units
 # Per-run quantities (columns of run_frame) and their units: accuracies are fractions,
 # validation losses nats and bits per character (hfl.tasks), samples those all DCs trained on.
 METRICS = {
@@ -38,14 +33,7 @@ METRICS = {
     'intra_dc_iterations': 'iterations', 'samples': 'samples', 'sim_time_s': 's',
     'wall_time_s': 's', **WAN_FIELDS}
 # metric -> (summary.json key, metrics.jsonl key of an unfinished run's last evaluation)
-_FROM_SUMMARY = {'final_acc': ('final_test_accuracy', 'test_accuracy'),
-                 'final_loss': ('final_test_loss', 'test_loss'),
-                 'final_bpc': ('final_test_bits_per_char', 'test_bits_per_char'),
-                 'inter_dc_rounds': ('inter_dc_rounds', 'round'),
-                 'intra_dc_iterations': ('intra_dc_iterations', 'step'),
-                 **{k: (k, k) for k in ('samples', 'sim_time_s', 'wall_time_s')},
-                 **{k: (k, None) for k in WAN_FIELDS}}
-_READ_NUMBERS = {s for s, _ in _FROM_SUMMARY.values()} | {'best_test_accuracy', 'best_test_loss'}
+_FROM_SUMMARY = metrics_lib.SUMMARY_SOURCES
 
 
 def higher_is_better(metric: str) -> bool:
@@ -197,33 +185,8 @@ def read_summary(workdir: str, config_json: bool = False) -> tuple[dict, dict]:
   return summary, config
 
 
-def summary_problem(summary: Mapping[str, Any], metric: str = 'test_accuracy') -> str | None:
-  """Why ``summary`` is no finished run's summary.json (hfl.train.summarize), or None: it
-  lacks ``final_<metric>`` (its headline metric, a number), or a field the report reads
-  (:data:`METRICS`; missing ones fall back to the last evaluation) holds no number nor
-  null, or ``bytes`` is no object of those per link. A number must be finite and in its
-  range: [0, 1] for an accuracy (a fraction, not percent), ≥ 0 for the rest (counts,
-  bytes, seconds, losses, bandwidths)."""
-  need = f'final_{metric}'
-  problems = [] if need in summary else [f'lacks {need} (a number every finished run writes)']
-  fields = {}  # the numbers the report reads, in the summary's order
-  for k, v in summary.items():
-    if k == 'bytes' and isinstance(v, dict):
-      fields.update({f'bytes.{link}': n for link, n in v.items()})
-    elif k == 'bytes' and v is not None:
-      problems.append(f'bytes is {json.dumps(v)[:40]} where an object of numbers per link '
-                      'belongs')
-    elif k in _READ_NUMBERS:
-      fields[k] = v
-  for k, v in fields.items():
-    top = 1 if k.endswith('_accuracy') else math.inf
-    number = isinstance(v, (int, float)) and not isinstance(v, bool)
-    if not (metrics_lib.finite(v) and 0 <= v <= top or v is None and k != need):
-      what = ('a number' if not number else 'a fraction in [0, 1]' if top == 1
-              else 'a finite number ≥ 0')
-      problems.append(f'{k} is {json.dumps(v)[:40]} where {what} '
-                      f'{"" if k == need else "or null "}belongs')
-  return '; '.join(problems) or None
+# Why a summary.json is no finished run's (the check hfl.train makes too).
+summary_problem = metrics_lib.summary_problem
 
 
 def flatten(config: Mapping[str, Any], prefix: str = '') -> dict:
