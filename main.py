@@ -77,8 +77,9 @@ def main(argv):
     config_lib.validate(config)  # every check that needs only the config, e.g. the mesh
     info = distributed.maybe_initialize(_COORDINATOR.value, _NUM_PROCESSES.value,
                                         _PROCESS_ID.value, timeout_s=_INIT_TIMEOUT.value)
-    mesh.configure_cpu_devices(distributed.cpu_devices_per_process(
-        num_devices, info))
+    if mesh.wants_cpu_devices(config):  # mesh.simulate='vmap' runs on one device
+      mesh.configure_cpu_devices(distributed.cpu_devices_per_process(
+          num_devices, info))
     _check_dc_placement(config, info)
   except (ValueError, distributed.DistributedInitError) as e:
     print(f'error: {e}', file=sys.stderr)

@@ -24,6 +24,11 @@ def get_config(arg: str | None = None) -> ml_collections.ConfigDict:
   c.mesh = ml_collections.ConfigDict()
   c.mesh.num_dcs = 2            # size of mesh axis 'dc'
   c.mesh.workers_per_dc = 4     # size of mesh axis 'worker'
+  # auto | devices | vmap: one device per (DC, worker) under shard_map ('devices'), or the
+  # whole hierarchy on one device under nested jax.vmap ('vmap'); 'auto' = vmap when the
+  # backend has fewer devices than num_dcs * workers_per_dc (on CPU main.py simulates
+  # that many, up to 256)
+  c.mesh.simulate = 'auto'
 
   c.dataset = ml_collections.ConfigDict()
   # fashion_mnist | mnist (IDX files) | tiny_shakespeare | text (a text file, char LM) |

@@ -72,6 +72,27 @@ def _vma(x):
   return None
 
 
+def manual(axis: str) -> bool:
+  """Whether ``axis`` is a manual mesh axis of an enclosing ``shard_map`` (False for a
+  ``jax.vmap`` axis name: hfl.step's one-device simulation, where every member's
+  value is its own batched copy and there are no varying-manual-axes types)."""
+  return axis in getattr(jax.sharding.get_abstract_mesh(), 'manual_axes', ())
+
+
+def pvary(tree, axis: str):
+  """``tree`` cast to ``axis``-varying inside shard_map; unchanged under vmap."""
+  return jax.lax.pcast(tree, axis, to='varying') if manual(axis) else tree
+
+
+def all_gather(x, axis_name: str, **kwargs):
+  """``jax.lax.all_gather(x, axis_name, to='invarying', **kwargs)`` inside shard_map
+  (the result is invariant over the axis); the plain all-gather under vmap, where
+  ``to`` does not apply."""
+  if manual(axis_name):
+    kwargs['to'] = 'invarying'
+  return jax.lax.all_gather(x, axis_name, **kwargs)
+
+
 def _packable(dtype) -> bool:
   """Whether leaves of ``dtype`` can be moved as whole bytes (bitcast or bool -> uint8)."""
   dtype = np.dtype(dtype)
@@ -308,8 +329,8 @@ def all_gather_split(payload, axis: str, split_axis: str, split_size: int):
 
   def leaf(a):
     mine = split(a, split_size, idx)
-    g = jax.lax.all_gather(mine, axis, to='invarying')                      # [n_axis, chunk]
-    g = jax.lax.all_gather(g, split_axis, axis=1, tiled=True, to='invarying')  # [n_axis, W*chunk]
+    g = all_gather(mine, axis)                      # [n_axis, chunk]
+    g = all_gather(g, split_axis, axis=1, tiled=True)  # [n_axis, W*chunk]
     return unsplit(g, a.shape)
   return jax.tree.map(leaf, payload)
 
@@ -321,7 +342,7 @@ def psum_split(payload, axis: str, split_axis: str, split_size: int):
 
   def leaf(a):
     s = jax.lax.psum(split(a, split_size, idx), axis)
-    s = jax.lax.all_gather(s, split_axis, tiled=True, to='invarying')
+    s = all_gather(s, split_axis, tiled=True)
     return unsplit(s, a.shape)
   return jax.tree.map(leaf, payload)
 
@@ -350,7 +371,7 @@ def all_gather_unsplit(slices, shapes, axis: str):
     pytree of full leaves, invariant over ``axis``.
   """
   return jax.tree.map(
-      lambda s, like: unsplit(jax.lax.all_gather(s, axis, tiled=True, to='invarying'),
+      lambda s, like: unsplit(all_gather(s, axis, tiled=True),
                               like.shape), slices, shapes)
 
 

@@ -33,7 +33,7 @@ import numpy as np
 
 from hfl import budget as budget_lib
 from hfl import data as data_lib
-from hfl import models, network, optim
+from hfl import mesh as mesh_lib, models, network, optim
 from hfl.compress import policy
 from hfl.sync import aggregation as aggregation_lib
 from hfl.sync import faults as faults_lib
@@ -122,6 +122,7 @@ def validate(config: ml_collections.ConfigDict, paths: bool = True
   _int(config, 'seed', 0)
   _int(config, 'mesh.num_dcs', 1)
   _int(config, 'mesh.workers_per_dc', 1)
+  _choice(mesh_lib.simulate(config), 'mesh.simulate', mesh_lib.SIMULATE)
   d = config.mesh.num_dcs
   net = network.from_config(config.network, d)
   _choice(config.model.name, 'model.name', models.MODELS)

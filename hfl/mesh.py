@@ -77,6 +77,63 @@ def configure_cpu_devices(num_devices: int) -> None:
           '(main.py does this from the config).') from None
 
 
+# ``mesh.simulate``: how the hierarchy runs. 'devices': one device per (DC, worker)
+# under shard_map; 'vmap': the whole hierarchy on one device under nested jax.vmap
+# (hfl.step.make_step's mode='vmap'); 'auto': 'vmap' when the backend has fewer
+# devices than num_dcs * workers_per_dc, else 'devices'.
+SIMULATE = ('auto', 'devices', 'vmap')
+
+
+def simulate(config) -> str:
+  """``mesh.simulate`` (absent: 'auto', hfl.train.ADDED_SECTIONS)."""
+  return config.mesh.get('simulate', 'auto')
+
+
+def wants_cpu_devices(config) -> bool:
+  """Whether main.py should ask for num_dcs * workers_per_dc simulated CPU devices:
+  not for 'vmap', nor for 'auto' beyond :data:`MAX_CPU_DEVICES` (that hierarchy then
+  runs vmapped on one device instead)."""
+  mode = simulate(config)
+  need = config.mesh.num_dcs * config.mesh.workers_per_dc
+  return mode == 'devices' or (mode == 'auto' and need <= MAX_CPU_DEVICES)
+
+
+def step_mode(setting: str, num_dcs: int, workers_per_dc: int,
+              device_count: int | None = None) -> str:
+  """hfl.step.make_step's ``mode`` for ``mesh.simulate`` = ``setting``: 'mesh' or 'vmap'.
+
+  Args:
+    setting: one of :data:`SIMULATE`.
+    device_count: the backend's devices (default: ``jax.device_count()``).
+
+  Raises:
+    ValueError: an unknown ``setting`` (names the field).
+  """
+  if setting not in SIMULATE:
+    raise ValueError(f'mesh.simulate={setting!r} must be one of {SIMULATE}')
+  if setting == 'auto':
+    count = len(global_devices()) if device_count is None else device_count
+    return 'vmap' if count < num_dcs * workers_per_dc else 'mesh'
+  return 'vmap' if setting == 'vmap' else 'mesh'
+
+
+def placement_mesh(mode: str, num_dcs: int, workers_per_dc: int) -> Mesh:
+  """The mesh the run's arrays live on: the ('dc', 'worker') device mesh in 'mesh'
+  mode; in 'vmap' mode a 1 x 1 mesh of the first device with the same axis names
+  (so every PartitionSpec of the device path places whole arrays on it).
+
+  Raises:
+    ValueError: 'vmap' with several processes (the one-device simulation runs in one).
+  """
+  if mode != 'vmap':
+    return make_mesh(num_dcs, workers_per_dc)
+  if jax.process_count() > 1:
+    raise ValueError(f"mesh.simulate='vmap' runs the whole hierarchy on one device of one "
+                     f'process, but {jax.process_count()} processes were started; use '
+                     "mesh.simulate='devices' for multi-process runs")
+  return make_mesh(1, 1, global_devices()[:1])
+
+
 def make_mesh(num_dcs: int, workers_per_dc: int, devices=None) -> Mesh:
   """Builds the ('dc', 'worker') mesh of shape [num_dcs, workers_per_dc].
 
@@ -97,7 +154,8 @@ def make_mesh(num_dcs: int, workers_per_dc: int, devices=None) -> Mesh:
     raise ValueError(
         f'mesh.num_dcs * mesh.workers_per_dc = {num_dcs} * {workers_per_dc} = {need} '
         f'devices, but {len(devices)} are available ({jax.default_backend()}); '
-        'choose a mesh whose product equals the device count.')
+        'choose a mesh whose product equals the device count, or run the hierarchy on one '
+        "device with mesh.simulate='vmap' (or 'auto').")
   if jax.process_count() > 1:
     from jax.experimental import mesh_utils  # lazy: jax  pylint: disable=g-import-not-at-top
     # 'dc' spans processes/slices (DCN), 'worker' stays inside one.

@@ -435,7 +435,7 @@ def _collect(c: base.Compressor, sent, payload, axis: str, axis_size: int, weigh
         ('psum_split', axis, split_axis, split_size))))
   if split_axis is None:
     gathered = yield collectives.Call(
-        lambda a: jax.lax.all_gather(a, axis, to='invarying'), payload,
+        lambda a: collectives.all_gather(a, axis), payload,
         ('all_gather', axis), pack_bytes=True)
   else:
     gathered = yield collectives.Call(
@@ -627,7 +627,7 @@ def local_gradient(setup: Setup, params, images, labels, global_params=None):
   is added to the worker's gradient (after clipping; the reported loss is the data
   loss alone). ``global_params`` is the round's starting global model.
   """
-  p_var = jax.lax.pcast(params, WORKER, to='varying')
+  p_var = collectives.pvary(params, WORKER)
   loss, grads = jax.value_and_grad(setup.loss_fn)(p_var, images, labels)
   if float(setup.dgc.clip_norm) > 0:
     grads = dgc.clip_local(grads, float(setup.dgc.clip_norm), setup.num_workers)
@@ -1072,10 +1072,32 @@ def _check_options(state_like: TrainState, opts: dgc.Options) -> None:
         'that cannot be sharded; build the state with init_state(..., shard_state=False)')
 
 
+# How the step maps the hierarchy onto the backend (make_step's ``mode``): 'mesh', one
+# device per (DC, worker) under shard_map; 'vmap', the whole hierarchy on one device
+# under nested jax.vmap over the same axis names.
+MODES = ('mesh', 'vmap')
+
+
+def _axes(specs: TrainState, axis: str) -> TrainState:
+  """vmap ``in_axes`` of the state over ``axis``: 0 for fields sharded over it."""
+  return TrainState(*[0 if axis in spec else None for spec in specs])
+
+
+def _unbatch(state: TrainState, specs: TrainState) -> TrainState:
+  """The vmapped step's [D, W]-stacked outputs cut to the mesh path's shapes: index 0
+  of the worker (and DC) axis of fields not sharded over it (every member holds the
+  same value there; shard_map's out_specs check it on the mesh path)."""
+  def cut(spec, sub):
+    index = (slice(None) if DC in spec else 0, slice(None) if WORKER in spec else 0)
+    return jax.tree.map(lambda x: x[index], sub)
+  return TrainState(*[cut(spec, sub) for spec, sub in zip(specs, state)])
+
+
 def make_step(apply_fn: Callable, optimizer: optax.GradientTransformation,
               outer: optax.GradientTransformation, comps: Compressors, mesh: Mesh,
               state_like: TrainState, dgc_options: dgc.Options | None = None,
-              prox_mu: float = 0.0, stream: streaming.Spec | None = None) -> Callable:
+              prox_mu: float = 0.0, stream: streaming.Spec | None = None,
+              mode: str = 'mesh', shape: tuple[int, int] | None = None) -> Callable:
   """Builds ``step(state, batch, active, weights, do_round) -> (state, metrics)``.
 
   Args:
@@ -1093,6 +1115,15 @@ def make_step(apply_fn: Callable, optimizer: optax.GradientTransformation,
     prox_mu: FedProx's mu (:func:`local_gradient`; 0: off).
     stream: Streaming DiLoCo (hfl.sync.streaming.Spec), for a state from
       ``init_state(..., stream=stream)``; ``do_round`` may then be an Event.
+    mode: 'mesh' (default): every (DC, worker) member runs on its own device of
+      ``mesh``, under ``jax.shard_map``. 'vmap': the same per-member program runs
+      under nested ``jax.vmap`` with the axis names 'dc' (outer) and 'worker'
+      (inner), the whole hierarchy as one program on the devices of ``mesh``
+      (normally a 1 x 1 mesh: ``mesh_lib.make_mesh(1, 1, devices[:1])``); the
+      collectives act on the vmapped axes. Same state layout, metrics, bits and
+      :class:`ProgramInfo`; results equal the mesh path's to float32 rounding.
+    shape: (D, W), the simulated hierarchy in 'vmap' mode (default: ``mesh``'s
+      shape); must be the mesh's shape in 'mesh' mode.
 
   The returned function takes
     state: TrainState sharded by :func:`state_specs` (donated).
@@ -1118,11 +1149,18 @@ def make_step(apply_fn: Callable, optimizer: optax.GradientTransformation,
       with ZeRO-1; a lossy compressor at a leaf where the state holds no residual
       (:func:`check_links`).
   """
+  if mode not in MODES:
+    raise ValueError(f'make_step: mode={mode!r} must be one of {MODES}')
+  mesh_shape = (mesh.shape[DC], mesh.shape[WORKER])
+  shape = mesh_shape if shape is None else tuple(int(v) for v in shape)
+  if mode == 'mesh' and shape != mesh_shape:
+    raise ValueError(f'make_step: shape={shape} differs from the mesh\'s {mesh_shape} '
+                     "(only mode='vmap' simulates a hierarchy of another shape)")
   opts = dgc_options or dgc.Options()
   sent = _check_make_step(comps, state_like, opts, stream)
   loss_fn = lambda params, images, labels: optax.softmax_cross_entropy_with_integer_labels(
       apply_fn(params, images), labels).mean()
-  setup = Setup(loss_fn, optimizer, outer, comps, mesh.shape[DC], mesh.shape[WORKER],
+  setup = Setup(loss_fn, optimizer, outer, comps, shape[0], shape[1],
                 is_sharded(state_like), opts, prox_mu=float(prox_mu), stream=stream,
                 bcast=sent if any(sent) else ())
   num_leaves = jax.tree.structure(state_like.params).num_leaves
@@ -1141,8 +1179,8 @@ def make_step(apply_fn: Callable, optimizer: optax.GradientTransformation,
     packed = pack_metrics(loss, (it.up, it.down, rnd.wan, rnd.bcast), rnd.drift)
     return from_local(local, specs), packed[None, None]
 
-  step = _programs(body, mesh, specs)
-  step.info, step.num_workers = info, setup.num_workers
+  step = _programs(body, mesh, specs, mode, shape, state_like)
+  step.info, step.num_workers, step.mode = info, setup.num_workers, mode
   return step
 
 
@@ -1160,16 +1198,41 @@ def _check_make_step(comps: Compressors, state_like: TrainState, opts: dgc.Optio
   return sent
 
 
-def _programs(body: Callable, mesh: Mesh, specs) -> Callable:
-  """``step(state, batch, active, weights, do_round)``: the jitted, ``shard_map``'d
-  ``body`` of each ``do_round`` (:func:`program_key`; False and True built now, an
-  Event's on first use, all in ``step.jitted``), the state donated."""
+def _programs(body: Callable, mesh: Mesh, specs, mode: str, shape: tuple,
+              state_like: TrainState) -> Callable:
+  """``step(state, batch, active, weights, do_round)``: the jitted ``body`` of each
+  ``do_round`` (:func:`program_key`; False and True built now, an Event's on first
+  use, all in ``step.jitted``), ``shard_map``'d over ``mesh`` or (``mode='vmap'``)
+  under nested vmaps of ``shape`` = (D, W) members; the state donated."""
   def build(do_round):
+    if mode == 'vmap':
+      return build_vmap(do_round)
     f = jax.shard_map(
         lambda s, x, y, a, w: body(s, x, y, a, w, do_round), mesh=mesh,
         in_specs=(specs, P(DC, WORKER), P(DC, WORKER), P(DC), P()),
         out_specs=(specs, P(DC, WORKER)))
     return jax.jit(f, donate_argnums=(0,))
+
+  def build_vmap(do_round):
+    def member(s, x, y, a, w):
+      # One member sees what shard_map would hand it: each field with its leading
+      # mesh axes of length 1 (body's to_local drops them again).
+      new, packed = body(from_local(s, specs), x[None, None], y[None, None], a[None], w,
+                         do_round)
+      return to_local(new, specs), packed[0, 0]
+    inner = jax.vmap(member, in_axes=(_axes(specs, WORKER), 0, 0, None, None),
+                     axis_name=WORKER, axis_size=shape[1])
+    outer_fn = jax.vmap(inner, in_axes=(_axes(specs, DC), 0, 0, 0, None), axis_name=DC,
+                        axis_size=shape[0])
+
+    def f(s, x, y, a, w):
+      new, packed = outer_fn(s, x, y, a, w)
+      return _unbatch(new, specs), packed
+    placed = {}
+    if mesh.size == 1:  # outputs stay on the state's (1 x 1 mesh) shardings
+      placed['out_shardings'] = (
+          state_shardings(mesh, state_like), NamedSharding(mesh, P(DC, WORKER)))
+    return jax.jit(f, donate_argnums=(0,), **placed)
 
   compiled = {False: build(False), True: build(True)}
 

@@ -128,6 +128,10 @@ class Setup:
   present_fn: Any
   dc_weights: np.ndarray  # float64 [D], n_d / n
   stream: Any = None      # hfl.sync.streaming.Spec (Streaming DiLoCo), or None
+  # hfl.step.make_step's mode: 'mesh' (a device per DC and worker; ``mesh`` is the
+  # ('dc', 'worker') device mesh) or 'vmap' (the hierarchy on one device, ``mesh`` a
+  # 1 x 1 mesh of it): mesh.simulate, resolved (hfl.mesh.step_mode)
+  mode: str = 'mesh'
 
 
 def dgc_options(config) -> dgc.Options:
@@ -263,7 +267,11 @@ def setup(config: ml_collections.ConfigDict) -> Setup:
   outer = outer_lib.make_outer(config.sync.outer.name, config.sync.outer.learning_rate,
                                config.sync.outer.momentum)
   optimizer = optim.make_optimizer(config.optimizer, config.train.num_steps)
-  mesh = mesh_lib.make_mesh(d, w)
+  mode = mesh_lib.step_mode(mesh_lib.simulate(config), d, w)
+  mesh = mesh_lib.placement_mesh(mode, d, w)
+  if mode == 'vmap':
+    logging.info('Simulating %d DCs x %d workers on one device (mesh.simulate=%r)', d, w,
+                 mesh_lib.simulate(config))
   dataset = data_lib.load(config.dataset.name, config.dataset.data_dir,
                           cache_dir=config.dataset.get('cache_dir', ''),
                           seq_len=config.model.get('seq_len'))
@@ -286,7 +294,7 @@ def setup(config: ml_collections.ConfigDict) -> Setup:
                mesh, model, params_shape, optimizer, outer, comps,
                make_warmup(config, params_shape), dgc_options(config), shard_state(config),
                net, schedule, present_fn, sizes / sizes.sum(),
-               streaming.spec_from_config(config.sync, params_shape))
+               streaming.spec_from_config(config.sync, params_shape), mode)
 
 
 def planned_times(config, net: network.NetworkModel, comps, params_shape
@@ -433,6 +441,10 @@ def to_host(ls: LoopState, wall_time_s: float) -> dict:
 ADDED_SECTIONS = {('compression', 'dgc'): dict(momentum=0.0, clip_norm=0.0, warmup_steps=0,
                                                initial_density=0.25, num_stages=4),
                   ('optimizer', 'shard_state'): False,
+                  # Runs before issue 52 ran on a device per DC and worker, which
+                  # 'auto' still picks wherever those devices exist (main.py simulates
+                  # them on CPU); elsewhere such a run could not resume before.
+                  ('mesh', 'simulate'): 'auto',
                   ('network', 'wan_latencies_per_round'): 2.0,
                   ('dataset', 'cache_dir'): '', ('dataset', 'augment'): 'none',
                   ('optimizer', 'schedule'): 'constant', ('optimizer', 'warmup_steps'): 0,
@@ -904,7 +916,8 @@ def make_runtime(s: Setup, workdir: str, wall0: float) -> Runtime:
   state_shape = jax.eval_shape(init_fn)
   make = lambda comps: step_lib.make_step(apply_fn, s.optimizer, s.outer, comps, s.mesh,
                                           state_shape, s.dgc, prox_mu=s.loop.prox_mu,
-                                          stream=s.stream)
+                                          stream=s.stream, mode=s.mode,
+                                          shape=(s.num_dcs, s.workers_per_dc))
   step_fns = {None: make(s.comps)}
   evaluate = make_eval(s.model, s.mesh, s.dataset.test_images, s.dataset.test_labels,
                        s.loop.eval_batch_size)
@@ -1512,7 +1525,7 @@ def _train_and_evaluate(config: ml_collections.ConfigDict, workdir: str) -> dict
     state, pending, weights, present = run_round(rt, state, ls)
     ls, loss = account(rt, ls, pending, weights, present)
     ls = end_round(rt, state, ls, loss)
-  for o in faults.unreached(config.sync.faults, s.mesh.shape[mesh_lib.DC], ls.round):
+  for o in faults.unreached(config.sync.faults, s.num_dcs, ls.round):
     logging.warning('sync.faults: DC %d was to be absent in round %s, but the run ended '
                     'after %d rounds (rounds 1-%d): that outage did not (fully) happen.',
                     o.dc, o.first if o.first == o.last else f'{o.first}-{o.last}',
