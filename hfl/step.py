@@ -1115,15 +1115,11 @@ def make_step(apply_fn: Callable, optimizer: optax.GradientTransformation,
     prox_mu: FedProx's mu (:func:`local_gradient`; 0: off).
     stream: Streaming DiLoCo (hfl.sync.streaming.Spec), for a state from
       ``init_state(..., stream=stream)``; ``do_round`` may then be an Event.
-    mode: 'mesh' (default): every (DC, worker) member runs on its own device of
-      ``mesh``, under ``jax.shard_map``. 'vmap': the same per-member program runs
-      under nested ``jax.vmap`` with the axis names 'dc' (outer) and 'worker'
-      (inner), the whole hierarchy as one program on the devices of ``mesh``
-      (normally a 1 x 1 mesh: ``mesh_lib.make_mesh(1, 1, devices[:1])``); the
-      collectives act on the vmapped axes. Same state layout, metrics, bits and
-      :class:`ProgramInfo`; results equal the mesh path's to float32 rounding.
-    shape: (D, W), the simulated hierarchy in 'vmap' mode (default: ``mesh``'s
-      shape); must be the mesh's shape in 'mesh' mode.
+    mode: 'mesh': each (DC, worker) member on its own device of ``mesh``
+      (``shard_map``); 'vmap': the same member program under nested ``jax.vmap``
+      over 'dc' and 'worker', the whole hierarchy on ``mesh``'s (usually one)
+      device. Same layout, metrics and bits; results equal to float32 rounding.
+    shape: (D, W) simulated in 'vmap' mode (default and in 'mesh' mode: ``mesh``'s).
 
   The returned function takes
     state: TrainState sharded by :func:`state_specs` (donated).
@@ -1149,15 +1145,9 @@ def make_step(apply_fn: Callable, optimizer: optax.GradientTransformation,
       with ZeRO-1; a lossy compressor at a leaf where the state holds no residual
       (:func:`check_links`).
   """
-  if mode not in MODES:
-    raise ValueError(f'make_step: mode={mode!r} must be one of {MODES}')
-  mesh_shape = (mesh.shape[DC], mesh.shape[WORKER])
-  shape = mesh_shape if shape is None else tuple(int(v) for v in shape)
-  if mode == 'mesh' and shape != mesh_shape:
-    raise ValueError(f'make_step: shape={shape} differs from the mesh\'s {mesh_shape} '
-                     "(only mode='vmap' simulates a hierarchy of another shape)")
   opts = dgc_options or dgc.Options()
   sent = _check_make_step(comps, state_like, opts, stream)
+  shape = _step_shape(mode, mesh, shape)
   loss_fn = lambda params, images, labels: optax.softmax_cross_entropy_with_integer_labels(
       apply_fn(params, images), labels).mean()
   setup = Setup(loss_fn, optimizer, outer, comps, shape[0], shape[1],
@@ -1182,6 +1172,19 @@ def make_step(apply_fn: Callable, optimizer: optax.GradientTransformation,
   step = _programs(body, mesh, specs, mode, shape, state_like)
   step.info, step.num_workers, step.mode = info, setup.num_workers, mode
   return step
+
+
+def _step_shape(mode: str, mesh: Mesh, shape) -> tuple:
+  """(D, W) of :func:`make_step`; raises ValueError for an unknown ``mode`` or, in
+  'mesh' mode, a ``shape`` other than the mesh's."""
+  if mode not in MODES:
+    raise ValueError(f'make_step: mode={mode!r} must be one of {MODES}')
+  mesh_shape = (mesh.shape[DC], mesh.shape[WORKER])
+  shape = mesh_shape if shape is None else tuple(int(v) for v in shape)
+  if mode == 'mesh' and shape != mesh_shape:
+    raise ValueError(f'make_step: shape={shape} differs from the mesh\'s {mesh_shape} '
+                     "(only mode='vmap' simulates a hierarchy of another shape)")
+  return shape
 
 
 def _check_make_step(comps: Compressors, state_like: TrainState, opts: dgc.Options,
