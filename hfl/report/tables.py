@@ -96,7 +96,7 @@ _UNIT_FORMAT = {  # unit -> (format(value, unit of the mean), unit of a mean or 
     'bytes': (metrics_lib.format_bytes, metrics_lib.byte_unit),
     's': (format_seconds, time_unit),
     'rounds': (lambda v, u: f'{v:.0f}', None),
-    'iterations': (lambda v, u: f'{v:.0f}', None),
+    'iterations': (lambda v, u: f'{v:.0f}', None), 'samples': (lambda v, u: f'{v:,.0f}', None),
     'nats': (lambda v, u: f'{v:.3f}', None), 'bits': (lambda v, u: f'{v:.3f}', None),
     'Mbit/s': (lambda v, u: f'{v:.3g}', None),
 }
