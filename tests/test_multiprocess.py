@@ -863,11 +863,12 @@ def test_main_names_a_backend_that_does_not_start(tmp_path):
 
 
 def test_main_refuses_more_simulated_cpu_devices_than_xla_cpu_collectives_can_meet(tmp_path):
-  # 2 x 129 = 258 > MAX_CPU_DEVICES: refused before JAX's backend starts, nothing written.
+  # 2 x 129 = 258 > MAX_CPU_DEVICES: with mesh.simulate='devices' refused before JAX's
+  # backend starts, nothing written ('auto' runs such a hierarchy vmapped on one device).
   assert 2 * 129 > mesh_lib.MAX_CPU_DEVICES >= 2 * 128
   proc, _ = run([sys.executable, 'main.py', '--config=configs/smoke.py',
-                 f'--workdir={tmp_path / "w"}', '--config.mesh.workers_per_dc=129'],
-                timeout=120)
+                 f'--workdir={tmp_path / "w"}', '--config.mesh.workers_per_dc=129',
+                 '--config.mesh.simulate=devices'], timeout=120)
   _one_line_error(proc, 'mesh.num_dcs * mesh.workers_per_dc = 258 simulated CPU devices',
                   f'at most {mesh_lib.MAX_CPU_DEVICES}')
   assert not (tmp_path / 'w').exists()
