@@ -181,3 +181,13 @@ def host_metrics(fn, m, do_round, active=(True, True), weights=(.5, .5)):
   """hfl.step.host_metrics of one iteration's device metrics."""
   return step_lib.host_metrics(fn.info[bool(do_round)], np.asarray(m), np.asarray(active),
                                np.asarray(weights, np.float32))
+
+
+def run_schedule(sched, losses):
+  """A K schedule's plans (the initial one, then one per loss) and its final state."""
+  state = sched.init()
+  plans = [sched.plan(state)]
+  for loss in losses:
+    plan, state = sched.next_round(state, loss)
+    plans.append(plan)
+  return plans, state

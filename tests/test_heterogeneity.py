@@ -9,7 +9,7 @@ import pytest
 
 from hfl import config as config_lib, mesh as mesh_lib, step as step_lib, train
 from hfl.sync import aggregation, frequency, schedule as schedule_lib
-from tests.helpers import D, W, mlp_identity, run_steps, step_batches
+from tests.helpers import D, W, mlp_identity, run_schedule, run_steps, step_batches
 
 LR = 0.1
 
@@ -157,8 +157,8 @@ def test_k_max_scope_k_base_caps_only_the_slowest_dc():
   every = schedule_lib.make_schedule('semi_sync', 3, 4, 16, **kw)
   base = schedule_lib.make_schedule('semi_sync', 3, 4, 16, k_max_scope='k_base', **kw)
   # K_base 4 -> 8 -> 16 on a flat loss (window 1: a raise every 2 rounds).
-  plans_every, _ = _run_plans(every, [1.0] * 6)
-  plans_base, _ = _run_plans(base, [1.0] * 6)
+  plans_every, _ = run_schedule(every, [1.0] * 6)
+  plans_base, _ = run_schedule(base, [1.0] * 6)
   assert [p.k_base for p in plans_every] == [p.k_base for p in plans_base] == [
       4, 4, 8, 8, 16, 16, 16]
   # At K_base = 16: T* = 16 * 0.05 + 0.04 = 0.84 s, K_d = floor((T* - 0.04) / t_d)
@@ -185,15 +185,6 @@ def test_k_max_scope_is_refused_where_it_does_nothing(fake_data):
   cfg = smoke_config(fake_data, **{'sync.strategy': 'semi_sync', 'sync.k_max_scope': 'x'})
   with pytest.raises(ValueError, match='sync.k_max_scope'):
     config_lib.validate(cfg)
-
-
-def _run_plans(sched, losses):
-  state = sched.init()
-  plans = [sched.plan(state)]
-  for loss in losses:
-    plan, state = sched.next_round(state, loss)
-    plans.append(plan)
-  return plans, state
 
 
 def _ks(test, losses, window=3):

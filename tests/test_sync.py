@@ -15,6 +15,7 @@ from hfl.sync import faults
 from hfl.sync import frequency
 from hfl.sync import outer
 from hfl.sync import schedule
+from tests.helpers import run_schedule
 
 
 # ----------------------------------------------------------------------------
@@ -118,19 +119,10 @@ def test_optimal_k_errors(args, field):
 # schedule
 
 
-def _run(sched, losses):
-  state = sched.init()
-  plans = [sched.plan(state)]
-  for loss in losses:
-    plan, state = sched.next_round(state, loss)
-    plans.append(plan)
-  return plans, state
-
-
 def test_sync_and_periodic_constant():
   for strategy, want in (('sync', 1), ('periodic', 6)):
     sched = schedule.make_schedule(strategy, 3, 6, 64)
-    plans, state = _run(sched, np.linspace(2.0, 0.1, 20))
+    plans, state = run_schedule(sched, np.linspace(2.0, 0.1, 20))
     for p in plans:
       np.testing.assert_array_equal(p.k_d, [want] * 3)
       assert p.k_base == want and p.k_d.dtype == np.int64
@@ -141,7 +133,7 @@ def test_semi_sync_equal_speeds_is_periodic():
   semi = schedule.make_schedule('semi_sync', 4, 5, 64, t=[0.2] * 4, c=[1.0] * 4)
   per = schedule.make_schedule('periodic', 4, 5, 64)
   losses = [1.0, 0.9, 0.8]
-  for a, b in zip(_run(semi, losses)[0], _run(per, losses)[0]):
+  for a, b in zip(run_schedule(semi, losses)[0], run_schedule(per, losses)[0]):
     np.testing.assert_array_equal(a.k_d, b.k_d)
 
 
@@ -160,11 +152,11 @@ def test_progress_aware_raises_on_plateau_and_respects_k_max():
       'semi_sync', 2, 2, 12, t=[0.1, 0.05], c=[0.0, 0.0], progress_aware=True,
       progress_window=3, progress_threshold=0.01, progress_factor=2.0)
   # Improving fast: no change.
-  plans, state = _run(sched, [1.0, 0.8, 0.6, 0.4, 0.3, 0.2])
+  plans, state = run_schedule(sched, [1.0, 0.8, 0.6, 0.4, 0.3, 0.2])
   assert all(p.k_base == 2 for p in plans)
   # Plateau: after window + 1 = 4 flat losses K_base doubles, then waits another
   # 4 rounds at the new K before the next raise; capped at k_max = 12.
-  plans, state = _run(sched, [1.0] * 20)
+  plans, state = run_schedule(sched, [1.0] * 20)
   kb = [p.k_base for p in plans]
   assert kb[:4] == [2, 2, 2, 2] and kb[4] == 4
   assert kb[5:8] == [4, 4, 4] and kb[8] == 8
@@ -175,13 +167,13 @@ def test_progress_aware_raises_on_plateau_and_respects_k_max():
   # Small factors still make progress: 1 -> 2 with factor 1.5.
   slow = schedule.make_schedule('periodic', 1, 1, 8, progress_aware=True,
                                 progress_window=1, progress_factor=1.5)
-  assert [p.k_base for p in _run(slow, [1.0] * 6)[0]] == [1, 1, 2, 2, 3, 3, 4]
+  assert [p.k_base for p in run_schedule(slow, [1.0] * 6)[0]] == [1, 1, 2, 2, 3, 3, 4]
 
 
 def test_progress_aware_ignores_non_finite_and_none():
   sched = schedule.make_schedule('periodic', 2, 2, 64, progress_aware=True,
                                  progress_window=1)
-  plans, state = _run(sched, [None, float('nan'), float('inf')])
+  plans, state = run_schedule(sched, [None, float('nan'), float('inf')])
   assert [p.k_base for p in plans] == [2, 2, 2, 2]
   assert state.history == () and state.round == 3
 
@@ -189,7 +181,7 @@ def test_progress_aware_ignores_non_finite_and_none():
 def test_adacomm_decreases_k_as_loss_falls():
   sched = schedule.make_schedule('adacomm', 2, 16, 64)
   losses = [2.0, 1.5, 1.0, 0.5, 0.125, 0.02]
-  plans, state = _run(sched, losses)
+  plans, state = run_schedule(sched, losses)
   kb = [p.k_base for p in plans]
   # tau_l = ceil(sqrt(F_l / F_0) * tau_0)
   want = [16] + [int(np.ceil(np.sqrt(l / 2.0) * 16)) for l in losses]
@@ -210,7 +202,7 @@ def test_schedule_json_round_trip_and_resume(strategy):
       progress_aware=strategy != 'adacomm', progress_window=2)
   rng = np.random.default_rng(3)
   losses = list(1.0 + 0.01 * rng.standard_normal(30))
-  full_plans, _ = _run(sched, losses)
+  full_plans, _ = run_schedule(sched, losses)
   # Interrupt after 11 rounds, checkpoint as JSON, resume.
   state = sched.init()
   for loss in losses[:11]:
