@@ -27,6 +27,14 @@ under its share of the budget plus whatever the stages before it left unused:
      batch (mesh.num_dcs x mesh.workers_per_dc x train.batch_size) on it, data
      from ``.device/data``. A config that outlasts its share is stopped; its
      evaluations so far are what it reports.
+With ``--sweep=configs/sweeps/NAME.py`` it runs that sweep instead of the stages
+(``python -m hfl.sweep``, the whole budget; on one device ``mesh.simulate='auto'`` runs
+each config's D x W hierarchy vmapped, so the 4-DC semi-sync comparisons run there
+unchanged), with the data from ``.device/data`` at the paths the configs name
+(``../shared/data/...``, linked when absent), and returns every run in the results
+archive's layout: ``runs/NAME/<run>/{config,summary}.json`` and ``metrics.jsonl``
+(finished runs; copy them into ``docs/results/runs/NAME`` for the page), plus
+``partial/NAME/<run>/metrics.jsonl`` of runs the budget stopped.
 What comes back (in ``--out``, two files): ``device_check.md`` (the host, the
 benchmark table, and per config the iteration of its last evaluation, steps/s, that
 evaluation and whether it finished; rewritten after every stage, so a call cut short
@@ -188,6 +196,76 @@ def _save(out: str, work: str, lines: list) -> None:
         tar.add(f, arcname=os.path.basename(f))
 
 
+def link_data(data_root: str | None = None) -> list[str]:
+  """Makes the configs' data paths (``../shared/data/<file>`` from the repository root,
+  or ``data_root``) point at ``.device/data`` where they do not exist; returns the links
+  made. OSError when the directory cannot be created."""
+  data_root = data_root or os.path.normpath(os.path.join(REPO, '..', 'shared', 'data'))
+  made = []
+  for name in DATA_FILES.values():
+    dst, src = os.path.join(data_root, name), os.path.join(DEVICE_DIR, 'data', name)
+    if not os.path.exists(dst) and os.path.exists(src):
+      os.makedirs(data_root, exist_ok=True)
+      if os.path.lexists(dst):
+        os.remove(dst)  # a dangling link
+      os.symlink(src, dst)
+      made.append(dst)
+  return made
+
+
+def _copy_runs(root: str, out: str, name: str) -> list[str]:
+  """Copies each run of sweep ``root`` into ``out``: finished ones (summary.json) as
+  ``runs/NAME/<run>/`` with config.json, summary.json and metrics.jsonl, the others'
+  metrics.jsonl as ``partial/NAME/<run>/``. Returns table rows, one per run."""
+  rows = []
+  for run in metrics_lib.manifest_runs(root) or []:
+    src = os.path.join(root, run)
+    done = os.path.exists(os.path.join(src, 'summary.json'))
+    dst = os.path.join(out, 'runs' if done else 'partial', name, run)
+    for f in ('config.json', 'summary.json', 'metrics.jsonl') if done else ('metrics.jsonl',):
+      if os.path.exists(os.path.join(src, f)):
+        os.makedirs(dst, exist_ok=True)
+        shutil.copyfile(os.path.join(src, f), os.path.join(dst, f))
+    recs = (metrics_lib.read_jsonl(os.path.join(src, 'metrics.jsonl'), strict=False)
+            if os.path.exists(os.path.join(src, 'metrics.jsonl')) else [])
+    evals = [r for r in recs if 'test_loss' in r]
+    last = (f'{evals[-1]["step"]}: loss {evals[-1]["test_loss"]:.4f}' +
+            (f', acc {evals[-1]["test_accuracy"]:.2%}' if 'test_accuracy' in evals[-1] else '')
+            if evals else '–')
+    rows.append(f'| {run} | {"finished" if done else "not finished"} | {last} |')
+  return rows
+
+
+def check_sweep(out: str, sweep: str, budget_s: float) -> int:
+  """Runs sweep file ``sweep`` for at most ``budget_s`` seconds and copies its runs into
+  ``out`` (:func:`_copy_runs`); writes ``out``/device_check.md. Returns 0 when every run
+  finished, else 1."""
+  os.makedirs(out, exist_ok=True)
+  name = os.path.splitext(os.path.basename(sweep))[0]
+  work = '/tmp/hfl_device_check'
+  root = os.path.join(work, name)
+  shutil.rmtree(work, ignore_errors=True)
+  os.makedirs(work)
+  lines = ['# hfl device check: sweep', '']
+  try:
+    env = _env()
+    links = link_data()
+    cmd = [sys.executable, '-m', 'hfl.sweep', f'--sweep={sweep}', f'--root={root}',
+           '--no_report']
+    rc, wall = _run(cmd, os.path.join(work, 'sweep.out'), budget_s, env)
+    rows = _copy_runs(root, out, name)
+    lines += [f'`{" ".join(cmd[1:])}` ({"exit " + str(rc) if rc is not None else "stopped"}, '
+              f'{wall:.0f} s; data linked: {", ".join(links) or "none"})', '',
+              '| run | state | last evaluation (iteration: metrics) |', '|---|---|---|', *rows]
+    ok = rc == 0 and rows and all('| finished |' in r for r in rows)
+  except Exception as e:  # pylint: disable=broad-except
+    lines += ['', f'**The check itself failed**: {type(e).__name__}: {e}']
+    ok = False
+  _save(out, work, lines)
+  print('\n'.join(lines))
+  return 0 if ok else 1
+
+
 def check(out: str, mesh: str, budget_s: float, peak_tflops: float | None,
           num_steps: int = 0) -> int:
   """Runs the benchmark and the configs; writes ``out``/device_check.{md,tar.gz} after
@@ -267,6 +345,9 @@ def main(argv=None) -> int:
                   help='the chip\'s dense TF32 peak (JAX runs f32 matmuls in TF32 on GPUs)')
   ap.add_argument('--num_steps', type=int, default=0,
                   help="iterations per config (0: the config's train.num_steps)")
+  ap.add_argument('--sweep', default=None,
+                  help='a sweep file to run instead of the stages (its runs come back in '
+                  'the results archive\'s layout)')
   args = ap.parse_args(argv)
   if args.prepare:
     try:
@@ -293,6 +374,11 @@ def main(argv=None) -> int:
   if missing:
     ap.error(f'{DEVICE_DIR} lacks {", ".join(missing)}: run --prepare first (and carry '
              '.device)')
+  if args.sweep:
+    if not os.path.isfile(os.path.join(REPO, args.sweep)):
+      ap.error(f'--sweep={args.sweep} is not a file (give e.g. '
+               'configs/sweeps/cifar10_semisync.py, relative to the repository root)')
+    return check_sweep(args.out, args.sweep, args.budget_s)
   return check(args.out, args.mesh, args.budget_s, args.peak_tflops, args.num_steps)
 
 

@@ -96,3 +96,43 @@ def test_parse_shape_reads_d_and_w(text, shape):
 def test_parse_shape_names_the_flag_and_the_value(text):
   with pytest.raises(ValueError, match=rf'--mesh must be two positive integers .* got {text!r}'):
     mesh_lib.parse_shape(text)
+
+
+def test_link_data_points_missing_paths_at_the_device_copy(tmp_path, monkeypatch):
+  dev = tmp_path / 'dev'
+  (dev / 'data').mkdir(parents=True)
+  for name in device_check.DATA_FILES.values():
+    (dev / 'data' / name).write_text(name)
+  monkeypatch.setattr(device_check, 'DEVICE_DIR', str(dev))
+  root = tmp_path / 'shared' / 'data'
+  (root).mkdir(parents=True)
+  kept = root / device_check.DATA_FILES['cifar10']
+  kept.write_text('the real one')
+  made = device_check.link_data(str(root))
+  assert made == [str(root / device_check.DATA_FILES['shakespeare'])]
+  assert kept.read_text() == 'the real one'  # an existing file is never replaced
+  assert (root / device_check.DATA_FILES['shakespeare']).read_text() == 'tinyshakespeare.txt'
+  assert os.path.realpath(made[0]) == str(dev / 'data' / device_check.DATA_FILES['shakespeare'])
+  assert device_check.link_data(str(root)) == []  # rerunning changes nothing
+
+
+@pytest.mark.slow
+def test_sweep_mode_returns_runs_in_the_archive_layout(tmp_path, monkeypatch, fake_data):
+  """A 2-run sweep of configs/smoke.py: both runs come back as runs/NAME/<run>/ with the
+  three files the results page reads, and device_check.md lists them as finished."""
+  sweep = tmp_path / 'tiny_sweep.py'
+  sweep.write_text(
+      'def get_sweep():\n'
+      f"  return 'configs/smoke.py', {{'dataset.data_dir': {str(fake_data)!r}, "
+      "'train.num_steps': 4, 'seed': [0, 1]}\n")
+  monkeypatch.setattr(device_check, 'DEVICE_DIR', str(tmp_path / 'dev'))
+  monkeypatch.setattr(device_check, 'link_data', lambda data_root=None: [])
+  out = tmp_path / 'out'
+  assert device_check.check_sweep(str(out), str(sweep), budget_s=300) == 0
+  runs = sorted(os.listdir(out / 'runs' / 'tiny_sweep'))
+  assert len(runs) == 2, runs
+  for run in runs:
+    assert sorted(os.listdir(out / 'runs' / 'tiny_sweep' / run)) == [
+        'config.json', 'metrics.jsonl', 'summary.json']
+  md = (out / 'device_check.md').read_text()
+  assert md.count('| finished |') == 2, md
