@@ -2,6 +2,10 @@
 FedAvg, McMahan et al. 2017, and the inner optimizer of DiLoCo, Douillard et al. 2023) and their learning-rate schedules,
 built with optax."""
 
+from typing import NamedTuple
+
+import jax
+import jax.numpy as jnp
 import optax
 
 OPTIMIZERS = ('sgd', 'momentum', 'nesterov', 'adam', 'adamw', 'muon')
@@ -84,6 +88,57 @@ def make_schedule(cfg, total_steps: int | None = None):
                                optax.linear_schedule(lr, end, decay - warm)], [warm])
 
 
+class FrozenAdamState(NamedTuple):
+  """State of :func:`scale_by_adam_frozen_variance`: ``count`` (int32 scalar, the steps
+  taken), ``mu`` and ``nu`` (pytrees like the parameters, float32: Adam's first and
+  second moments; ``nu`` stops changing after the warm-up)."""
+  count: jax.Array
+  mu: optax.Updates
+  nu: optax.Updates
+
+
+def scale_by_adam_frozen_variance(freeze_after: int, b1: float = 0.9, b2: float = 0.999,
+                                  eps: float = 1e-8) -> optax.GradientTransformation:
+  """Adam's scaling whose second moment is frozen after ``freeze_after`` steps.
+
+  1-bit Adam's two stages (Tang et al., ICML 2021, "1-bit Adam: Communication Efficient
+  Large-Scale Training with Adam's Convergence Speed", Algorithm 1): for steps
+  t <= T = ``freeze_after`` plain Adam (Kingma & Ba 2015, Algorithm 1: m ← β1 m +
+  (1 − β1) g, v ← β2 v + (1 − β2) g², update m̂ / (√v̂ + ε) with m̂ = m / (1 − β1^t),
+  v̂ = v / (1 − β2^t)); after it v and its bias correction stay at step T's, so the
+  update is linear in the momentum, m̂ / (√v̂_T + ε). Why it matters under sparse
+  gradients: a coordinate that receives its error-feedback sum S once every n steps
+  instead of S / n each step keeps v ≈ S² / n, so Adam moves it about √n times less
+  than the dense gradient would; a v frozen from dense-enough early steps does not.
+
+  Args:
+    freeze_after: T >= 1, the last step that updates v.
+    b1, b2, eps: as ``optax.scale_by_adam``.
+
+  Returns:
+    An optax transformation; its state is :class:`FrozenAdamState`.
+  """
+  def init_fn(params):
+    zeros = lambda p: jnp.zeros_like(p, dtype=jnp.float32)
+    return FrozenAdamState(jnp.zeros([], jnp.int32), jax.tree.map(zeros, params),
+                           jax.tree.map(zeros, params))
+
+  def update_fn(updates, state, params=None):
+    del params
+    count = state.count + 1
+    live = count <= freeze_after
+    mu = jax.tree.map(lambda m, g: b1 * m + (1 - b1) * g, state.mu, updates)
+    nu = jax.tree.map(lambda v, g: jnp.where(live, b2 * v + (1 - b2) * g * g, v),
+                      state.nu, updates)
+    t_nu = jnp.minimum(count, freeze_after).astype(jnp.float32)
+    c1 = 1 - b1 ** count.astype(jnp.float32)
+    c2 = 1 - b2 ** t_nu
+    out = jax.tree.map(lambda m, v: (m / c1) / (jnp.sqrt(v / c2) + eps), mu, nu)
+    return out, FrozenAdamState(count, mu, nu)
+
+  return optax.GradientTransformation(init_fn, update_fn)
+
+
 def make_optimizer(cfg, total_steps: int | None = None) -> optax.GradientTransformation:
   """Builds the inner optimizer from the ``optimizer`` config section.
 
@@ -92,6 +147,9 @@ def make_optimizer(cfg, total_steps: int | None = None) -> optax.GradientTransfo
   (>= 0; decoupled for adamw — scaled by the scheduled learning rate, as in
   optax —, L2 for the others), and the schedule fields of :func:`make_schedule`.
   (``shard_state`` is read by the training loop, hfl.step.ShardedOptState.)
+  ``freeze_second_moment_after`` (int >= 0, 0 = off; adam and adamw only): Adam's
+  second moment frozen after that many steps (:func:`scale_by_adam_frozen_variance`),
+  a remedy for sparse-compressed gradients under Adam.
 
   The optimizers of :data:`ELEMENTWISE` are elementwise — an entry's update depends
   only on that entry's gradient, parameter and state, and on step counts — so their
@@ -123,6 +181,18 @@ def make_optimizer(cfg, total_steps: int | None = None) -> optax.GradientTransfo
   if not wd >= 0:
     raise ValueError(f'optimizer.weight_decay={cfg.weight_decay} must be >= 0')
   lr = make_schedule(cfg, total_steps)
+  freeze = _field(cfg, 'freeze_second_moment_after', 0)
+  if isinstance(freeze, bool) or not isinstance(freeze, int) or freeze < 0:
+    raise ValueError(f'optimizer.freeze_second_moment_after={freeze!r} must be an integer '
+                     '>= 0 (0: off)')
+  if freeze and name not in ('adam', 'adamw'):
+    raise ValueError(f'optimizer.freeze_second_moment_after={freeze} needs optimizer.name '
+                     f'adam or adamw (it freezes Adam\'s second moment), got {name!r}')
+  if freeze:
+    decay = [optax.add_decayed_weights(wd)] if name == 'adamw' else []
+    opt = optax.chain(scale_by_adam_frozen_variance(freeze), *decay,
+                      optax.scale_by_learning_rate(lr))
+    return optax.chain(optax.add_decayed_weights(wd), opt) if wd and name == 'adam' else opt
   if name == 'muon':
     if not mom > 0:
       raise ValueError(f'optimizer.momentum={cfg.momentum} must be in (0, 1) for muon (its '

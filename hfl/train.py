@@ -441,6 +441,7 @@ def to_host(ls: LoopState, wall_time_s: float) -> dict:
 ADDED_SECTIONS = {('compression', 'dgc'): dict(momentum=0.0, clip_norm=0.0, warmup_steps=0,
                                                initial_density=0.25, num_stages=4),
                   ('optimizer', 'shard_state'): False,
+                  ('optimizer', 'freeze_second_moment_after'): 0,
                   # Runs before issue 52 ran on a device per DC and worker, which
                   # 'auto' still picks wherever those devices exist (main.py simulates
                   # them on CPU); elsewhere such a run could not resume before.
