@@ -1,0 +1,176 @@
+"""SCAFFOLD control variates between DCs (``sync.control_variates='scaffold'``).
+
+Source: Karimireddy, Kale, Mohri, Reddi, Stich & Suresh, "SCAFFOLD: Stochastic
+Controlled Averaging for Federated Learning", ICML 2020, Algorithm 1 with the
+control-variate update of option II. Here a "client" of the paper is a DC (its W
+workers' mean gradient is the client's mini-batch gradient) and the "server" is
+the inter-DC round; the paper's server learning rate η_g is the outer optimizer
+(hfl.sync.outer).
+
+State (float32, leaves shaped like the parameters ``...``):
+  c_d: DC d's control variate, ``DCState.c``, leaves f32[D, ...] in the TrainState
+    (``hfl.step.TrainState.scaffold``, sharded P('dc')), zeros at the start.
+  c: the global control variate, leaves f32[...], replicated
+    (``TrainState.scaffold_c``), zeros at the start.
+  Σ_k η_{d,k}: ``DCState.lr_sum``, f32[D], the learning rates of DC d's local
+    steps since the last round (below).
+
+Every local step (Algorithm 1, line 9), on every worker of DC d, the gradient is
+corrected where it is formed (:func:`hfl.step.local_gradient`, after DGC clipping
+and FedProx's term):
+
+    g <- g - c_d + c                                     (:func:`correction`)
+
+At the round (line 12, option II), with x_ref the model the DC started the round
+from and x_d its model after its K_d local steps (their difference is the round's
+pseudo-gradient Δ_d = x_ref - x_d, hfl.step.inter_dc_round):
+
+    c_d+ = c_d - c + Δ_d / Σ_k η_{d,k}                   (:func:`update`)
+
+which is the paper's c_i - c + (x - y_i) / (K η_l) for a constant learning rate
+η_l = η (Σ_k η_{d,k} = K_d η). What η means: the configured inner learning rate
+(``optimizer.learning_rate``, at the optimizer's own step count when
+``optimizer.schedule`` or a warm-up makes it vary, :func:`step_lr`) times the DC's
+per-round multiplier (``sync.lr_scaling``, hfl.train.round_lr_scale). This is the
+paper's SGD derivation: with plain SGD Δ_d = Σ_k η_{d,k} (g_k - c_d + c), so
+c_d+ is the η-weighted mean of the DC's uncorrected gradients over the round
+(the mean itself for a constant η). With momentum, Nesterov, Adam, AdamW or Muon
+the update is not η g and the same formula is used as it is: c_d+ then estimates
+the DC's mean *update direction* per unit of learning rate (e.g. about
+1 / (1 - β) times the mean gradient for heavy-ball momentum β once the momentum
+has built up), not its mean gradient. A DC whose Σ_k η_{d,k} is 0 (every one of
+its steps in a learning-rate warm-up's first update) keeps its c_d.
+
+The global variate (line 17, with weights in place of the paper's 1/N):
+
+    c <- c + Σ_d p_d (c_d+ - c_d),    p_d = n_d / n over all D DCs,
+
+so that c = Σ_d p_d c_d at all times (the data-weighted mean of the global
+objective Σ_d p_d f_d, which FedAvg and FedNova both target); a DC absent from
+the round (hfl.sync.faults, aggregation weight 0) keeps its c_d and adds nothing,
+as a client outside the paper's sampled set S.
+
+Communication: each present DC sends c_d+ - c_d over the WAN with the round's
+pseudo-gradient (the paper's line 13: SCAFFOLD doubles the uplink), as an
+uncompressed float32 payload, whatever ``compression.wan`` is: 32 bits per
+parameter per DC (:func:`payload_bits`), all-reduced over 'dc' with the weights
+p_d in 1/W slices per worker and re-gathered over 'worker' like an identity WAN
+leaf (hfl.step.scaffold_round). It is charged as such on the inter-DC link
+(``inter_dc``) and, for the re-gather, on ``intra_down``.
+"""
+
+from typing import Any, Callable, NamedTuple, Sequence
+
+import jax
+import jax.numpy as jnp
+import optax
+
+from hfl import optim
+
+CONTROL_VARIATES = ('none', 'scaffold')
+
+
+class Spec(NamedTuple):
+  """What the step needs to run SCAFFOLD (static at trace time).
+
+  Attributes:
+    weights: p_d = n_d / n, one Python float per DC (all D DCs, summing to 1).
+    learning_rate: the inner optimizer's learning rate: a float, or the optax
+      schedule ``count -> lr`` (hfl.optim.make_schedule) evaluated at the DC's
+      optimizer step count.
+  """
+  weights: tuple
+  learning_rate: float | Callable
+
+
+class DCState(NamedTuple):
+  """Per-DC SCAFFOLD state (``hfl.step.TrainState.scaffold``; leading [D] axis).
+
+  Attributes:
+    c: c_d, pytree like the parameters, f32 leaves [D, ...].
+    lr_sum: f32[D], Σ_k η_{d,k} over DC d's local steps since the last round.
+  """
+  c: Any
+  lr_sum: jax.Array
+
+
+def enabled(sync_config) -> bool:
+  """Whether ``sync.control_variates`` is 'scaffold' (absent: 'none')."""
+  return sync_config.get('control_variates', 'none') == 'scaffold'
+
+
+def spec(weights: Sequence[float], learning_rate: float | Callable) -> Spec:
+  """:class:`Spec` from per-DC data weights (float [D]) and the inner learning rate."""
+  return Spec(tuple(float(w) for w in weights), learning_rate)
+
+
+def spec_from_config(config, dc_weights) -> Spec | None:
+  """The run's :class:`Spec` (None unless ``sync.control_variates='scaffold'``):
+  ``dc_weights`` (float [D], n_d / n) and the inner learning rate of
+  ``config.optimizer`` (hfl.optim.make_schedule with ``train.num_steps``, as the
+  inner optimizer is built)."""
+  if not enabled(config.sync):
+    return None
+  return spec(dc_weights, optim.make_schedule(config.optimizer, config.train.num_steps))
+
+
+def init(params, num_dcs: int) -> tuple[DCState, Any]:
+  """Zero control variates: (DCState with c_d leaves f32[D, ...] and lr_sum
+  f32[D], the global c with leaves f32[...] like ``params``)."""
+  zeros = jax.tree.map(lambda x: jnp.zeros(x.shape, jnp.float32), params)
+  per_dc = jax.tree.map(lambda x: jnp.zeros((num_dcs,) + x.shape, jnp.float32), params)
+  return DCState(per_dc, jnp.zeros((num_dcs,), jnp.float32)), zeros
+
+
+def correction(c_d, c):
+  """c - c_d, the term added to a DC's local gradient (per device: pytrees like
+  the parameters, f32)."""
+  return jax.tree.map(lambda a, b: b - a, c_d, c)
+
+
+def schedule_count(opt_state) -> jax.Array | None:
+  """int32[]: the optimizer's step count kept by its learning-rate schedule
+  (the first ``optax.ScaleByScheduleState`` in ``opt_state``; Muon keeps two,
+  which count the same updates), or None when it keeps none."""
+  is_sched = lambda x: isinstance(x, optax.ScaleByScheduleState)
+  found = [x for x in jax.tree.leaves(opt_state, is_leaf=is_sched) if is_sched(x)]
+  return found[0].count if found else None
+
+
+def step_lr(learning_rate: float | Callable, opt_state, lr_scale=None) -> jax.Array:
+  """f32[]: η of the update about to be applied with ``opt_state`` (before it):
+  the constant ``learning_rate``, or the schedule at the state's count (the value
+  optax uses for this update), times ``lr_scale`` (f32[], None: 1).
+
+  Raises:
+    ValueError: a schedule but no schedule state in ``opt_state``.
+  """
+  if callable(learning_rate):
+    count = schedule_count(opt_state)
+    if count is None:
+      raise ValueError('scaffold: the learning rate is a schedule but the inner optimizer '
+                       'state keeps no schedule count (optax.ScaleByScheduleState)')
+    eta = jnp.asarray(learning_rate(count), jnp.float32)
+  else:
+    eta = jnp.float32(learning_rate)
+  return eta if lr_scale is None else eta * lr_scale.astype(jnp.float32)
+
+
+def update(c_d, c, pseudo, lr_sum):
+  """Option II (per device): c_d+ = c_d - c + Δ_d / Σ_k η_{d,k}, leaves f32 like
+  the parameters; c_d itself where ``lr_sum`` (f32[]) is 0.
+
+  Args:
+    c_d: this DC's control variate; c: the global one; pseudo: Δ_d = x_ref - x_d
+      (pytrees like the parameters, f32); lr_sum: f32[], Σ_k η_{d,k}.
+  """
+  ok = lr_sum > 0
+  inv = jnp.where(ok, 1.0 / jnp.where(ok, lr_sum, 1.0), 0.0).astype(jnp.float32)
+  return jax.tree.map(lambda a, b, p: jnp.where(ok, a - b + p.astype(jnp.float32) * inv, a),
+                      c_d, c, pseudo)
+
+
+def payload_bits(params_shape) -> int:
+  """Bits of one DC's c_d+ - c_d on the WAN per round: 32 per parameter (float32,
+  uncompressed), a Python int."""
+  return int(sum(32 * int(x.size) for x in jax.tree.leaves(params_shape)))
