@@ -54,6 +54,10 @@ iteration (as MaxText's DiLoCo wraps its inner step)::
      (p = c + e, payload = C_down(p), e <- p - D(payload)); the workers add
      D(payload), and the model they then hold is the next round's reference point
      x_ref, against which Δ_d is taken (x_ref = x_global at re-gathered leaves).
+  7. with SCAFFOLD (hfl.sync.scaffold; Karimireddy et al., ICML 2020) step 1's
+     gradient is corrected by c - c_d, and the round updates the control variates
+     and sends their deltas over 'dc' as a second, float32 payload
+     (:func:`scaffold_round`).
 
 Bits on every link are those of the payloads handed to the collectives
 (``Compressor.wire_bits``): Python ints fixed when the program is traced
