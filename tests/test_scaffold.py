@@ -47,12 +47,16 @@ def _data(seed=0):
   return np.concatenate([a, tgt[..., None]], -1).astype(np.float32)
 
 
-def _reference(x0, data, lr_fn, scale=(1.0, 1.0), control=True):
+def _reference(x0, data, lr_fn, scale=(1.0, 1.0), control=True, present=(True, True)):
   """Algorithm 1 of the paper, plain numpy (float64): D clients = DCs, each running
   K[d] local SGD steps on the mean of its W workers' gradients; option II control
   variates; server: x <- x - sum_d p_d (x - y_d) (FedAvg; outer SGD lr 1) and
   c <- c + sum_d p_d (c_d+ - c_d). ``lr_fn(count)`` is the inner learning rate at
-  the DC's own step count, times ``scale[d]``. Returns (x, c_d [D, N], c)."""
+  the DC's own step count, times ``scale[d]``. A DC not ``present`` (the paper's
+  client outside the sampled set S) keeps its c_d and is left out of the average
+  (weights p_d renormalised over the present DCs; the c update keeps p_d, so that
+  c = sum_d p_d c_d). Returns (x, c_d [D, N], c)."""
+  agg = P_D * np.asarray(present) / np.sum(P_D * np.asarray(present))
   x = np.asarray(x0, np.float64)
   c, c_d, count = np.zeros(N), np.zeros((D, N)), [0] * D
   for r in range(ROUNDS):
@@ -66,17 +70,19 @@ def _reference(x0, data, lr_fn, scale=(1.0, 1.0), control=True):
         count[d] += 1
         y = y - eta * (g - c_d[d] + c if control else g)
         lr_sum += eta
-      new_c[d] = c_d[d] - c + (x - y) / lr_sum       # option II
+      new_c[d] = c_d[d] - c + (x - y) / lr_sum if present[d] else c_d[d]  # option II
       ys.append(y)
-    x = x - sum(P_D[d] * (x - ys[d]) for d in range(D))
+    x = x - sum(agg[d] * (x - ys[d]) for d in range(D))
     c = c + sum(P_D[d] * (new_c[d] - c_d[d]) for d in range(D))
     c_d = new_c
   return x, c_d, c
 
 
-def _run(opt, lr, data, scale=None, control=True):
-  """The step on a (D, W) mesh with the quadratic loss, ROUNDS semi-sync rounds of K."""
-  mesh = mesh_lib.make_mesh(D, W)
+def _run(opt, lr, data, scale=None, control=True, mode='mesh', weights=P_D):
+  """The step with the quadratic loss, ROUNDS semi-sync rounds of K: on a (D, W) mesh,
+  or (``mode='vmap'``) the same hierarchy simulated on one device."""
+  mesh = mesh_lib.make_mesh(D, W) if mode == 'mesh' else mesh_lib.make_mesh(
+      1, 1, jax.devices()[:1])
   params = {'x': np.zeros(N, np.float32)}
   ident = [base.identity((N,))]
   comps = step_lib.Compressors(ident, ident, ident)
@@ -86,7 +92,7 @@ def _run(opt, lr, data, scale=None, control=True):
   state = jax.device_put(state, step_lib.state_shardings(mesh, state))
   spec = scaffold.spec(P_D, lr) if control else None
   fn = step_lib.make_step(None, opt, outer, comps, mesh, state, scaffold=spec,
-                          loss_fn=_quadratic)
+                          loss_fn=_quadratic, mode=mode, shape=(D, W))
   active, rounds = [], []
   for _ in range(ROUNDS):
     for it in range(max(K)):
@@ -94,7 +100,8 @@ def _run(opt, lr, data, scale=None, control=True):
       active.append(on if scale is None else np.where(on, scale, 0.0).astype(np.float32))
       rounds.append(it + 1 == max(K))
   labels = np.zeros(data.shape[:4], np.int32)
-  state, m = run_steps(mesh, fn, state, data, labels, active, P_D.astype(np.float32), rounds)
+  state, m = run_steps(mesh, fn, state, data, labels, active,
+                       np.asarray(weights, np.float32), rounds)
   return state, m
 
 
@@ -120,6 +127,30 @@ def test_rounds_equal_numpy_algorithm_1_option_ii(case):
   # The corrections mattered: plain FedAvg ends elsewhere.
   plain, _, _ = _reference(np.zeros(N), data, lr_fn, scale or (1.0, 1.0), control=False)
   assert np.abs(plain - x).max() > 100 * 2e-5
+
+
+def test_one_device_simulation_equals_the_reference():
+  """mesh.simulate's vmap path (the whole hierarchy on one device) runs the same
+  Algorithm 1: the state keeps the mesh path's layout ([D, ...] control variates)."""
+  data = _data(seed=5)
+  state, _ = _run(optax.sgd(LR), LR, data, mode='vmap')
+  x, c_d, c = _reference(np.zeros(N), data, lambda n: LR)
+  np.testing.assert_allclose(np.asarray(state.global_params['x']), x, rtol=2e-5, atol=2e-5)
+  np.testing.assert_allclose(np.asarray(state.scaffold.c['x']), c_d, rtol=2e-5, atol=2e-5)
+  np.testing.assert_allclose(np.asarray(state.scaffold_c['x']), c, rtol=2e-5, atol=2e-5)
+
+
+def test_an_absent_dc_keeps_its_control_variate_and_sends_nothing():
+  """DC 1 absent from every round (aggregation weight 0, hfl.sync.faults): its c_d stays
+  0, c = p_0 c_0, the global model follows DC 0 alone, and it is charged no WAN bits."""
+  data = _data(seed=9)
+  state, m = _run(optax.sgd(LR), LR, data, weights=(1.0, 0.0))
+  x, c_d, c = _reference(np.zeros(N), data, lambda n: LR, present=(True, False))
+  assert not c_d[1].any() and np.abs(c_d[0]).max() > 0.1
+  np.testing.assert_allclose(np.asarray(state.global_params['x']), x, rtol=2e-5, atol=2e-5)
+  np.testing.assert_allclose(np.asarray(state.scaffold.c['x']), c_d, rtol=2e-5, atol=2e-5)
+  np.testing.assert_allclose(np.asarray(state.scaffold_c['x']), c, rtol=2e-5, atol=2e-5)
+  assert m['wan_bits'].tolist() == [2 * 32 * N, 0]
 
 
 def test_none_builds_no_control_variates_and_is_the_plain_run():
