@@ -782,7 +782,7 @@ def intra_dc_iteration(setup: Setup, state: TrainState, images, labels, active, 
       dgc_velocity=keep(velocity, state.dgc_velocity),
       local_steps=state.local_steps + active.astype(jnp.int32), step=state.step + 1)
   if sc is not None:  # Σ_k η_{d,k} of this DC's local steps (hfl.sync.scaffold)
-    eta = scaffold_lib.step_lr(sc.learning_rate, state.opt_state, lr_scale)
+    eta = scaffold_lib.step_lr(sc.learning_rate, state.opt_state, lr_scale, sc.gain)
     new = new._replace(scaffold=keep(state.scaffold._replace(
         lr_sum=state.scaffold.lr_sum + eta), state.scaffold))
   charge = IterationCharge(link_charge(up.bits, up.flags, gather),

@@ -47,7 +47,8 @@ def _data(seed=0):
   return np.concatenate([a, tgt[..., None]], -1).astype(np.float32)
 
 
-def _reference(x0, data, lr_fn, scale=(1.0, 1.0), control=True, present=(True, True)):
+def _reference(x0, data, lr_fn, scale=(1.0, 1.0), control=True, present=(True, True),
+               beta=0.0, nesterov=False):
   """Algorithm 1 of the paper, plain numpy (float64): D clients = DCs, each running
   K[d] local SGD steps on the mean of its W workers' gradients; option II control
   variates; server: x <- x - sum_d p_d (x - y_d) (FedAvg; outer SGD lr 1) and
@@ -55,10 +56,13 @@ def _reference(x0, data, lr_fn, scale=(1.0, 1.0), control=True, present=(True, T
   the DC's own step count, times ``scale[d]``. A DC not ``present`` (the paper's
   client outside the sampled set S) keeps its c_d and is left out of the average
   (weights p_d renormalised over the present DCs; the c update keeps p_d, so that
-  c = sum_d p_d c_d). Returns (x, c_d [D, N], c)."""
+  c = sum_d p_d c_d). With ``beta`` > 0 the local steps are optax's heavy ball
+  (m <- g~ + beta m, step lr m; Nesterov: lr (g~ + beta m)), the momentum kept across
+  rounds as hfl keeps the optimizer state, and option II divides by the SGD-equivalent
+  sum_k lr_k / (1 - beta) (hfl.sync.scaffold.gain). Returns (x, c_d [D, N], c)."""
   agg = P_D * np.asarray(present) / np.sum(P_D * np.asarray(present))
   x = np.asarray(x0, np.float64)
-  c, c_d, count = np.zeros(N), np.zeros((D, N)), [0] * D
+  c, c_d, count, mom = np.zeros(N), np.zeros((D, N)), [0] * D, np.zeros((D, N))
   for r in range(ROUNDS):
     ys, new_c = [], np.zeros((D, N))
     for d in range(D):
@@ -68,8 +72,10 @@ def _reference(x0, data, lr_fn, scale=(1.0, 1.0), control=True, present=(True, T
         g = np.mean([_grad(y, data[t, d, w]) for w in range(W)], axis=0)
         eta = lr_fn(count[d]) * scale[d]
         count[d] += 1
-        y = y - eta * (g - c_d[d] + c if control else g)
-        lr_sum += eta
+        g = g - c_d[d] + c if control else g
+        mom[d] = g + beta * mom[d]
+        y = y - eta * (g + beta * mom[d] if nesterov else mom[d])
+        lr_sum += eta / (1.0 - beta)
       new_c[d] = c_d[d] - c + (x - y) / lr_sum if present[d] else c_d[d]  # option II
       ys.append(y)
     x = x - sum(agg[d] * (x - ys[d]) for d in range(D))
@@ -127,6 +133,34 @@ def test_rounds_equal_numpy_algorithm_1_option_ii(case):
   # The corrections mattered: plain FedAvg ends elsewhere.
   plain, _, _ = _reference(np.zeros(N), data, lr_fn, scale or (1.0, 1.0), control=False)
   assert np.abs(plain - x).max() > 100 * 2e-5
+
+
+@pytest.mark.parametrize('nesterov', [False, True])
+def test_momentum_uses_the_sgd_equivalent_learning_rate(nesterov):
+  """Heavy-ball and Nesterov inner optimizers (configs/default.py's 'momentum', β =
+  0.9): η = lr / (1 - β) in option II, against the numpy loop with optax's momentum."""
+  beta, data = 0.9, _data(seed=4)
+  cfg = smoke_config('/nonexistent', **{'optimizer.name': 'nesterov' if nesterov else 'momentum',
+                                        'optimizer.momentum': beta})
+  g = scaffold.gain(cfg.optimizer)
+  assert g == pytest.approx(10.0) and scaffold.gain(smoke_config('/x').optimizer) == 1.0
+  opt = optax.sgd(LR, momentum=beta, nesterov=nesterov)
+  mesh = mesh_lib.make_mesh(D, W)
+  ident = [base.identity((N,))]
+  comps = step_lib.Compressors(ident, ident, ident)
+  state = step_lib.init_state({'x': np.zeros(N, np.float32)}, opt, optax.sgd(1.0), comps, D, W,
+                              jax.random.PRNGKey(1), scaffold=True)
+  state = jax.device_put(state, step_lib.state_shardings(mesh, state))
+  fn = step_lib.make_step(None, opt, optax.sgd(1.0), comps, mesh, state,
+                          scaffold=scaffold.spec(P_D, LR, g), loss_fn=_quadratic)
+  active = [np.array([it < k for k in K]) for _ in range(ROUNDS) for it in range(max(K))]
+  rounds = [it + 1 == max(K) for _ in range(ROUNDS) for it in range(max(K))]
+  state, _ = run_steps(mesh, fn, state, data, np.zeros(data.shape[:4], np.int32), active,
+                       P_D.astype(np.float32), rounds)
+  x, c_d, c = _reference(np.zeros(N), data, lambda n: LR, beta=beta, nesterov=nesterov)
+  np.testing.assert_allclose(np.asarray(state.global_params['x']), x, rtol=1e-4, atol=1e-4)
+  np.testing.assert_allclose(np.asarray(state.scaffold.c['x']), c_d, rtol=1e-4, atol=1e-4)
+  np.testing.assert_allclose(np.asarray(state.scaffold_c['x']), c, rtol=1e-4, atol=1e-4)
 
 
 def test_one_device_simulation_equals_the_reference():

@@ -28,18 +28,31 @@ pseudo-gradient Δ_d = x_ref - x_d, hfl.step.inter_dc_round):
     c_d+ = c_d - c + Δ_d / Σ_k η_{d,k}                   (:func:`update`)
 
 which is the paper's c_i - c + (x - y_i) / (K η_l) for a constant learning rate
-η_l = η (Σ_k η_{d,k} = K_d η). What η means: the configured inner learning rate
-(``optimizer.learning_rate``, at the optimizer's own step count when
-``optimizer.schedule`` or a warm-up makes it vary, :func:`step_lr`) times the DC's
-per-round multiplier (``sync.lr_scaling``, hfl.train.round_lr_scale). This is the
-paper's SGD derivation: with plain SGD Δ_d = Σ_k η_{d,k} (g_k - c_d + c), so
-c_d+ is the η-weighted mean of the DC's uncorrected gradients over the round
-(the mean itself for a constant η). With momentum, Nesterov, Adam, AdamW or Muon
-the update is not η g and the same formula is used as it is: c_d+ then estimates
-the DC's mean *update direction* per unit of learning rate (e.g. about
-1 / (1 - β) times the mean gradient for heavy-ball momentum β once the momentum
-has built up), not its mean gradient. A DC whose Σ_k η_{d,k} is 0 (every one of
-its steps in a learning-rate warm-up's first update) keeps its c_d.
+η_l = η (Σ_k η_{d,k} = K_d η). This is the paper's SGD derivation: with plain SGD
+Δ_d = Σ_k η_{d,k} (g_k - c_d + c), so c_d+ is the η-weighted mean of the DC's
+uncorrected gradients over the round (the mean itself for a constant η).
+
+What η means (:func:`step_lr`, :func:`spec_from_config`): the SGD step the inner
+optimizer takes per unit of gradient, η = lr × gain × s_d, with lr the configured
+``optimizer.learning_rate`` (at the optimizer's own step count when
+``optimizer.schedule`` or a warm-up makes it vary), s_d the DC's per-round
+multiplier (``sync.lr_scaling``, hfl.train.round_lr_scale) and
+  - gain = 1 for ``sgd``: the paper's setting, exact;
+  - gain = 1 / (1 - β) for ``momentum`` and ``nesterov`` (optax's trace
+    m <- g + β m, step lr m, or lr (g + β m) for Nesterov): the step per unit of a
+    steady gradient once the momentum has built up; hfl keeps the momentum across
+    rounds, so after the first round Δ_d ≈ Σ_k lr/(1 - β) (g_k - c_d + c) and c_d+
+    again estimates the DC's mean gradient. With gain 1 (the configured lr as it
+    is) c_d+ would be ~1/(1 - β) times too large: on configs/semisync.py (β = 0.9)
+    such a run diverged in round 5 (NaN test loss), with the gain it trains;
+  - gain = 1 for ``adam``, ``adamw`` and ``muon``: the formula as it is, on the
+    configured lr; their steps are not lr × g (per-coordinate normalised or
+    orthogonalised), so c_d+ is the mean update per unit of learning rate, not the
+    mean gradient, and is on another scale than the gradients it corrects (an
+    approximation outside the paper; prefer SGD or momentum with SCAFFOLD).
+DGC's momentum correction (``compression.dgc.momentum``, on the uplink) is not in
+the gain. A DC whose Σ_k η_{d,k} is 0 (every one of its steps in a learning-rate
+warm-up's first update) keeps its c_d.
 
 The global variate (line 17, with weights in place of the paper's 1/N):
 
@@ -78,9 +91,12 @@ class Spec(NamedTuple):
     learning_rate: the inner optimizer's learning rate: a float, or the optax
       schedule ``count -> lr`` (hfl.optim.make_schedule) evaluated at the DC's
       optimizer step count.
+    gain: the SGD step per unit of learning rate and gradient (module docstring:
+      1, or 1 / (1 - β) for heavy-ball and Nesterov momentum β).
   """
   weights: tuple
   learning_rate: float | Callable
+  gain: float = 1.0
 
 
 class DCState(NamedTuple):
@@ -99,19 +115,33 @@ def enabled(sync_config) -> bool:
   return sync_config.get('control_variates', 'none') == 'scaffold'
 
 
-def spec(weights: Sequence[float], learning_rate: float | Callable) -> Spec:
-  """:class:`Spec` from per-DC data weights (float [D]) and the inner learning rate."""
-  return Spec(tuple(float(w) for w in weights), learning_rate)
+def spec(weights: Sequence[float], learning_rate: float | Callable, gain: float = 1.0) -> Spec:
+  """:class:`Spec` from per-DC data weights (float [D]), the inner learning rate and
+  its gain."""
+  return Spec(tuple(float(w) for w in weights), learning_rate, float(gain))
+
+
+# Inner optimizers whose step per unit of a steady gradient is lr / (1 - momentum).
+MOMENTUM_OPTIMIZERS = ('momentum', 'nesterov')
+
+
+def gain(optimizer_config) -> float:
+  """The gain of η for the ``optimizer`` config section (module docstring): 1 / (1 -
+  ``momentum``) for 'momentum' and 'nesterov', else 1."""
+  if optimizer_config.name in MOMENTUM_OPTIMIZERS:
+    return 1.0 / (1.0 - float(optimizer_config.momentum))
+  return 1.0
 
 
 def spec_from_config(config, dc_weights) -> Spec | None:
   """The run's :class:`Spec` (None unless ``sync.control_variates='scaffold'``):
-  ``dc_weights`` (float [D], n_d / n) and the inner learning rate of
+  ``dc_weights`` (float [D], n_d / n), the inner learning rate of
   ``config.optimizer`` (hfl.optim.make_schedule with ``train.num_steps``, as the
-  inner optimizer is built)."""
+  inner optimizer is built) and its :func:`gain`."""
   if not enabled(config.sync):
     return None
-  return spec(dc_weights, optim.make_schedule(config.optimizer, config.train.num_steps))
+  return spec(dc_weights, optim.make_schedule(config.optimizer, config.train.num_steps),
+              gain(config.optimizer))
 
 
 def init(params, num_dcs: int) -> tuple[DCState, Any]:
@@ -137,10 +167,11 @@ def schedule_count(opt_state) -> jax.Array | None:
   return found[0].count if found else None
 
 
-def step_lr(learning_rate: float | Callable, opt_state, lr_scale=None) -> jax.Array:
+def step_lr(learning_rate: float | Callable, opt_state, lr_scale=None,
+            gain: float = 1.0) -> jax.Array:
   """f32[]: η of the update about to be applied with ``opt_state`` (before it):
   the constant ``learning_rate``, or the schedule at the state's count (the value
-  optax uses for this update), times ``lr_scale`` (f32[], None: 1).
+  optax uses for this update), times ``gain`` and ``lr_scale`` (f32[], None: 1).
 
   Raises:
     ValueError: a schedule but no schedule state in ``opt_state``.
@@ -153,6 +184,7 @@ def step_lr(learning_rate: float | Callable, opt_state, lr_scale=None) -> jax.Ar
     eta = jnp.asarray(learning_rate(count), jnp.float32)
   else:
     eta = jnp.float32(learning_rate)
+  eta = eta * jnp.float32(gain)
   return eta if lr_scale is None else eta * lr_scale.astype(jnp.float32)
 
 
