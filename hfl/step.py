@@ -782,9 +782,10 @@ def intra_dc_iteration(setup: Setup, state: TrainState, images, labels, active, 
       dgc_velocity=keep(velocity, state.dgc_velocity),
       local_steps=state.local_steps + active.astype(jnp.int32), step=state.step + 1)
   if sc is not None:  # Σ_k η_{d,k} of this DC's local steps (hfl.sync.scaffold)
-    eta = scaffold_lib.step_lr(sc.learning_rate, state.opt_state, lr_scale, sc.gain)
-    new = new._replace(scaffold=keep(state.scaffold._replace(
-        lr_sum=state.scaffold.lr_sum + eta), state.scaffold))
+    cv = state.scaffold
+    eta = scaffold_lib.step_lr(sc.learning_rate, cv.count, lr_scale, sc.gain)
+    new = new._replace(scaffold=keep(cv._replace(lr_sum=cv.lr_sum + eta,
+                                                 count=cv.count + 1), cv))
   charge = IterationCharge(link_charge(up.bits, up.flags, gather),
                            link_charge(down_bits, down.flags, (setup.num_workers - 1) * gather))
   return new, loss, charge
@@ -895,7 +896,7 @@ def scaffold_round(setup: Setup, new: TrainState, state: TrainState, pseudo, pre
                 weights=jnp.asarray(setup.scaffold.weights, jnp.float32),
                 split_axis=WORKER, split_size=setup.num_workers,
                 key_offset=SCAFFOLD_KEY_OFFSET, fuse=True)
-  new = new._replace(scaffold=scaffold_lib.DCState(c_plus, jnp.zeros_like(cv.lr_sum)),
+  new = new._replace(scaffold=cv._replace(c=c_plus, lr_sum=jnp.zeros_like(cv.lr_sum)),
                      scaffold_c=jax.tree.map(lambda a, b: a + b, c, ex.agg))
   return new, sum(int(b) for b in ex.bits), ex.flags
 
@@ -1470,7 +1471,7 @@ def first_nonfinite(flags, leaf_names: Sequence[str] | None = None) -> str | Non
 
 
 # Per-DC state of a round that an absent DC's work changes (hfl.sync.faults).
-ROUND_FIELDS = ('opt_state', 'up', 'down', 'wan', 'dgc_velocity')
+ROUND_FIELDS = ('opt_state', 'up', 'down', 'wan', 'dgc_velocity', 'scaffold')
 
 
 def round_start(state: TrainState) -> dict:
@@ -1483,7 +1484,8 @@ def discard_absent(state: TrainState, start: dict, present) -> TrainState:
 
   An absent DC's work in a round is discarded (hfl.sync.faults): its inner
   optimizer state, uplink/downlink/WAN link states (residuals and compressor
-  states) and DGC velocity are those of the round's start; its parameters are the new global
+  states), DGC velocity and SCAFFOLD state (c_d, learning-rate sum, update count) are
+  those of the round's start; its parameters are the new global
   model, like every DC's after a round. Elementwise: no collective.
 
   Args:

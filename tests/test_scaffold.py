@@ -84,7 +84,7 @@ def _reference(x0, data, lr_fn, scale=(1.0, 1.0), control=True, present=(True, T
   return x, c_d, c
 
 
-def _run(opt, lr, data, scale=None, control=True, mode='mesh', weights=P_D):
+def _run(opt, lr, data, scale=None, control=True, mode='mesh', weights=P_D, shard=False):
   """The step with the quadratic loss, ROUNDS semi-sync rounds of K: on a (D, W) mesh,
   or (``mode='vmap'``) the same hierarchy simulated on one device."""
   mesh = mesh_lib.make_mesh(D, W) if mode == 'mesh' else mesh_lib.make_mesh(
@@ -94,7 +94,7 @@ def _run(opt, lr, data, scale=None, control=True, mode='mesh', weights=P_D):
   comps = step_lib.Compressors(ident, ident, ident)
   outer = optax.sgd(1.0)
   state = step_lib.init_state(params, opt, outer, comps, D, W, jax.random.PRNGKey(1),
-                              scaffold=control)
+                              scaffold=control, shard_state=shard)
   state = jax.device_put(state, step_lib.state_shardings(mesh, state))
   spec = scaffold.spec(P_D, lr) if control else None
   fn = step_lib.make_step(None, opt, outer, comps, mesh, state, scaffold=spec,
@@ -111,18 +111,18 @@ def _run(opt, lr, data, scale=None, control=True, mode='mesh', weights=P_D):
   return state, m
 
 
-@pytest.mark.parametrize('case', ['constant', 'lr_scaling', 'schedule'])
+@pytest.mark.parametrize('case', ['constant', 'lr_scaling', 'schedule', 'schedule_zero1'])
 def test_rounds_equal_numpy_algorithm_1_option_ii(case):
   """Global model, every c_d and c after 3 rounds of K_d = (3, 1) equal the paper's
   Algorithm 1 in numpy: with a constant learning rate (Σ η = K_d η), with per-DC
   multipliers (sync.lr_scaling: η_d = η s_d) and with a schedule evaluated at each
-  DC's own optimizer count (Σ_k η_{d,k})."""
+  DC's own update count (Σ_k η_{d,k}), also with ZeRO-1's sharded optimizer state."""
   data = _data()
   sched = optax.linear_schedule(LR, LR / 5, 6)
-  lr = sched if case == 'schedule' else LR
+  lr = sched if case.startswith('schedule') else LR
   scale = (1.0, 0.5) if case == 'lr_scaling' else None
-  state, _ = _run(optax.sgd(lr), lr, data, scale)
-  lr_fn = (lambda n: float(sched(n))) if case == 'schedule' else (lambda n: LR)
+  state, _ = _run(optax.sgd(lr), lr, data, scale, shard=case == 'schedule_zero1')
+  lr_fn = (lambda n: float(sched(n))) if case.startswith('schedule') else (lambda n: LR)
   x, c_d, c = _reference(np.zeros(N), data, lr_fn, scale or (1.0, 1.0))
   np.testing.assert_allclose(np.asarray(state.global_params['x']), x, rtol=2e-5, atol=2e-5)
   np.testing.assert_allclose(np.asarray(state.scaffold.c['x']), c_d, rtol=2e-5, atol=2e-5)
@@ -130,6 +130,7 @@ def test_rounds_equal_numpy_algorithm_1_option_ii(case):
   # c is the data-weighted mean of the c_d; the learning-rate sums restart each round.
   np.testing.assert_allclose(c, P_D @ c_d, rtol=1e-9, atol=1e-12)
   assert np.asarray(state.scaffold.lr_sum).tolist() == [0.0, 0.0]
+  assert np.asarray(state.scaffold.count).tolist() == [ROUNDS * K[0], ROUNDS * K[1]]
   # The corrections mattered: plain FedAvg ends elsewhere.
   plain, _, _ = _reference(np.zeros(N), data, lr_fn, scale or (1.0, 1.0), control=False)
   assert np.abs(plain - x).max() > 100 * 2e-5
@@ -185,6 +186,23 @@ def test_an_absent_dc_keeps_its_control_variate_and_sends_nothing():
   np.testing.assert_allclose(np.asarray(state.scaffold.c['x']), c_d, rtol=2e-5, atol=2e-5)
   np.testing.assert_allclose(np.asarray(state.scaffold_c['x']), c, rtol=2e-5, atol=2e-5)
   assert m['wan_bits'].tolist() == [2 * 32 * N, 0]
+
+
+def test_an_outage_rolls_back_the_absent_dcs_scaffold_state():
+  """hfl.sync.faults: the loop restores an absent DC's round-start state
+  (step.discard_absent), SCAFFOLD's c_d, learning-rate sum and update count included
+  (the count stays the inner optimizer's, which is rolled back too)."""
+  ident = [base.identity((N,))]
+  comps = step_lib.Compressors(ident, ident, ident)
+  state = step_lib.init_state({'x': np.zeros(N, np.float32)}, optax.sgd(LR), optax.sgd(1.0),
+                              comps, D, W, jax.random.PRNGKey(1), scaffold=True)
+  start = step_lib.round_start(state)
+  moved = state._replace(scaffold=scaffold.DCState(
+      {'x': jnp.ones((D, N))}, jnp.array([0.3, 0.1]), jnp.array([3, 1], jnp.int32)))
+  back = step_lib.discard_absent(moved, start, np.array([True, False]))
+  np.testing.assert_array_equal(back.scaffold.c['x'], [[1.0] * N, [0.0] * N])
+  np.testing.assert_array_equal(back.scaffold.lr_sum, np.array([0.3, 0.0], np.float32))
+  assert back.scaffold.count.tolist() == [3, 0]
 
 
 def test_none_builds_no_control_variates_and_is_the_plain_run():

@@ -14,6 +14,11 @@ State (float32, leaves shaped like the parameters ``...``):
     (``TrainState.scaffold_c``), zeros at the start.
   Σ_k η_{d,k}: ``DCState.lr_sum``, f32[D], the learning rates of DC d's local
     steps since the last round (below).
+  n_d: ``DCState.count``, int32[D], DC d's inner updates so far, the count its
+    learning-rate schedule is evaluated at: the inner optimizer's own count (both
+    advance on the DC's active iterations only and are checkpointed; an absent DC's
+    round is rolled back for both, hfl.step.ROUND_FIELDS). Kept here because
+    ZeRO-1's sharded optimizer state holds its count per worker.
 
 Every local step (Algorithm 1, line 9), on every worker of DC d, the gradient is
 corrected where it is formed (:func:`hfl.step.local_gradient`, after DGC clipping
@@ -76,8 +81,6 @@ from typing import Any, Callable, NamedTuple, Sequence
 
 import jax
 import jax.numpy as jnp
-import optax
-
 from hfl import optim
 
 CONTROL_VARIATES = ('none', 'scaffold')
@@ -105,9 +108,11 @@ class DCState(NamedTuple):
   Attributes:
     c: c_d, pytree like the parameters, f32 leaves [D, ...].
     lr_sum: f32[D], Σ_k η_{d,k} over DC d's local steps since the last round.
+    count: int32[D], the DC's inner updates so far (its schedule's count).
   """
   c: Any
   lr_sum: jax.Array
+  count: jax.Array
 
 
 def enabled(sync_config) -> bool:
@@ -145,11 +150,12 @@ def spec_from_config(config, dc_weights) -> Spec | None:
 
 
 def init(params, num_dcs: int) -> tuple[DCState, Any]:
-  """Zero control variates: (DCState with c_d leaves f32[D, ...] and lr_sum
-  f32[D], the global c with leaves f32[...] like ``params``)."""
+  """Zero control variates: (DCState with c_d leaves f32[D, ...], lr_sum f32[D] and
+  count int32[D] zeros, the global c with leaves f32[...] like ``params``)."""
   zeros = jax.tree.map(lambda x: jnp.zeros(x.shape, jnp.float32), params)
   per_dc = jax.tree.map(lambda x: jnp.zeros((num_dcs,) + x.shape, jnp.float32), params)
-  return DCState(per_dc, jnp.zeros((num_dcs,), jnp.float32)), zeros
+  return DCState(per_dc, jnp.zeros((num_dcs,), jnp.float32),
+                 jnp.zeros((num_dcs,), jnp.int32)), zeros
 
 
 def correction(c_d, c):
@@ -158,29 +164,12 @@ def correction(c_d, c):
   return jax.tree.map(lambda a, b: b - a, c_d, c)
 
 
-def schedule_count(opt_state) -> jax.Array | None:
-  """int32[]: the optimizer's step count kept by its learning-rate schedule
-  (the first ``optax.ScaleByScheduleState`` in ``opt_state``; Muon keeps two,
-  which count the same updates), or None when it keeps none."""
-  is_sched = lambda x: isinstance(x, optax.ScaleByScheduleState)
-  found = [x for x in jax.tree.leaves(opt_state, is_leaf=is_sched) if is_sched(x)]
-  return found[0].count if found else None
-
-
-def step_lr(learning_rate: float | Callable, opt_state, lr_scale=None,
+def step_lr(learning_rate: float | Callable, count, lr_scale=None,
             gain: float = 1.0) -> jax.Array:
-  """f32[]: η of the update about to be applied with ``opt_state`` (before it):
-  the constant ``learning_rate``, or the schedule at the state's count (the value
-  optax uses for this update), times ``gain`` and ``lr_scale`` (f32[], None: 1).
-
-  Raises:
-    ValueError: a schedule but no schedule state in ``opt_state``.
-  """
+  """f32[]: η of the DC's update number ``count`` (int32[], from 0): the constant
+  ``learning_rate``, or the schedule at ``count`` (the value optax uses for that
+  update), times ``gain`` and ``lr_scale`` (f32[], None: 1)."""
   if callable(learning_rate):
-    count = schedule_count(opt_state)
-    if count is None:
-      raise ValueError('scaffold: the learning rate is a schedule but the inner optimizer '
-                       'state keeps no schedule count (optax.ScaleByScheduleState)')
     eta = jnp.asarray(learning_rate(count), jnp.float32)
   else:
     eta = jnp.float32(learning_rate)
