@@ -646,7 +646,7 @@ def local_gradient(setup: Setup, params, images, labels, global_params=None,
   is added to the worker's gradient (after clipping; the reported loss is the data
   loss alone). ``global_params`` is the round's starting global model.
 
-  SCAFFOLD (Karimireddy et al., ICML 2020, Algorithm 1 line 9): ``correction``
+  SCAFFOLD (Karimireddy et al., ICML 2020, Algorithm 1's client update): ``correction``
   = c - c_d (hfl.sync.scaffold.correction, a pytree like the parameters, f32) is
   added last, g <- g - c_d + c; None: off.
   """
@@ -868,7 +868,7 @@ SCAFFOLD_KEY_OFFSET = 3000  # the c_d deltas' leaf i draws fold_in(dc key, 3000 
 
 def scaffold_round(setup: Setup, new: TrainState, state: TrainState, pseudo, present, key):
   """SCAFFOLD's end of a round on one device (hfl.sync.scaffold; Karimireddy et al.,
-  ICML 2020, Algorithm 1 lines 12-17, option II).
+  ICML 2020, Algorithm 1: option II, the communication and the server update).
 
   c_d+ = c_d - c + Δ_d / Σ_k η_{d,k} (c_d kept by an absent DC); the deltas
   c_d+ - c_d cross the WAN as an uncompressed float32 payload (identity

@@ -7,28 +7,28 @@ workers' mean gradient is the client's mini-batch gradient) and the "server" is
 the inter-DC round; the paper's server learning rate η_g is the outer optimizer
 (hfl.sync.outer).
 
-State (float32, leaves shaped like the parameters ``...``):
+State (leaves shaped like the parameters ``...``):
   c_d: DC d's control variate, ``DCState.c``, leaves f32[D, ...] in the TrainState
     (``hfl.step.TrainState.scaffold``, sharded P('dc')), zeros at the start.
   c: the global control variate, leaves f32[...], replicated
     (``TrainState.scaffold_c``), zeros at the start.
   Σ_k η_{d,k}: ``DCState.lr_sum``, f32[D], the learning rates of DC d's local
     steps since the last round (below).
-  n_d: ``DCState.count``, int32[D], DC d's inner updates so far, the count its
-    learning-rate schedule is evaluated at: the inner optimizer's own count (both
-    advance on the DC's active iterations only and are checkpointed; an absent DC's
-    round is rolled back for both, hfl.step.ROUND_FIELDS). Kept here because
-    ZeRO-1's sharded optimizer state holds its count per worker.
+  update count: ``DCState.count``, int32[D], DC d's inner updates so far, the count
+    its learning-rate schedule is evaluated at: the inner optimizer's own count
+    (both advance on the DC's active iterations only and are checkpointed; an
+    absent DC's round is rolled back for both, hfl.step.ROUND_FIELDS). Kept here
+    because ZeRO-1's sharded optimizer state holds its count per worker.
 
-Every local step (Algorithm 1, line 9), on every worker of DC d, the gradient is
-corrected where it is formed (:func:`hfl.step.local_gradient`, after DGC clipping
-and FedProx's term):
+Every local step (Algorithm 1's client update y_i <- y_i - η_l (g_i(y_i) - c_i + c)),
+on every worker of DC d, the gradient is corrected where it is formed
+(:func:`hfl.step.local_gradient`, after DGC clipping and FedProx's term):
 
     g <- g - c_d + c                                     (:func:`correction`)
 
-At the round (line 12, option II), with x_ref the model the DC started the round
-from and x_d its model after its K_d local steps (their difference is the round's
-pseudo-gradient Δ_d = x_ref - x_d, hfl.step.inter_dc_round):
+At the round (Algorithm 1's control-variate update, option II), with x_ref the model
+the DC started the round from and x_d its model after its K_d local steps (their
+difference is the round's pseudo-gradient Δ_d = x_ref - x_d, hfl.step.inter_dc_round):
 
     c_d+ = c_d - c + Δ_d / Σ_k η_{d,k}                   (:func:`update`)
 
@@ -59,7 +59,8 @@ DGC's momentum correction (``compression.dgc.momentum``, on the uplink) is not i
 the gain. A DC whose Σ_k η_{d,k} is 0 (every one of its steps in a learning-rate
 warm-up's first update) keeps its c_d.
 
-The global variate (line 17, with weights in place of the paper's 1/N):
+The global variate (Algorithm 1's server update c <- c + (|S|/N) Δc, with data weights
+in place of the paper's uniform 1/N):
 
     c <- c + Σ_d p_d (c_d+ - c_d),    p_d = n_d / n over all D DCs,
 
@@ -69,8 +70,8 @@ the round (hfl.sync.faults, aggregation weight 0) keeps its c_d and adds nothing
 as a client outside the paper's sampled set S.
 
 Communication: each present DC sends c_d+ - c_d over the WAN with the round's
-pseudo-gradient (the paper's line 13: SCAFFOLD doubles the uplink), as an
-uncompressed float32 payload, whatever ``compression.wan`` is: 32 bits per
+pseudo-gradient (the paper's clients communicate (Δy_i, Δc_i): SCAFFOLD doubles the
+uplink), as an uncompressed float32 payload, whatever ``compression.wan`` is: 32 bits per
 parameter per DC (:func:`payload_bits`), all-reduced over 'dc' with the weights
 p_d in 1/W slices per worker and re-gathered over 'worker' like an identity WAN
 leaf (hfl.step.scaffold_round). It is charged as such on the inter-DC link
