@@ -93,6 +93,7 @@ def get_config(arg: str | None = None) -> ml_collections.ConfigDict:
   c.sync.prox_mu = 0.0               # FedProx proximal coefficient mu (0: off)
   c.sync.progress_test = 'endpoints'  # plateau test: endpoints | window_means (hfl.sync.schedule)
   c.sync.k_max_scope = 'every_dc'    # semi_sync: k_max caps every_dc's K_d | k_base (slowest) only
+  c.sync.control_variates = 'none'   # none | scaffold (SCAFFOLD, hfl.sync.scaffold; 2x the WAN)
 
   c.compression = ml_collections.ConfigDict()
   c.compression.uplink = _compressor('identity')    # worker -> PS (large tensors)

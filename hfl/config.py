@@ -38,6 +38,7 @@ from hfl.compress import policy
 from hfl.sync import aggregation as aggregation_lib
 from hfl.sync import faults as faults_lib
 from hfl.sync import outer as outer_lib
+from hfl.sync import scaffold as scaffold_lib
 from hfl.sync import schedule as schedule_lib
 from hfl.sync import streaming
 
@@ -156,6 +157,7 @@ def validate(config: ml_collections.ConfigDict, paths: bool = True
   validate_dgc(config)
   validate_shard_state(config)
   validate_heterogeneity_options(config)
+  validate_control_variates(config)
   # The K schedule's fields (sync.progress_*), with stand-in times (t = 1 s, C = 0),
   # which only semi_sync's K_d use (hfl.train.setup builds it with the planned ones).
   schedule_lib.from_config(s, d, t=np.ones(d), c=np.zeros(d))
@@ -323,6 +325,26 @@ def validate_heterogeneity_options(config: ml_collections.ConfigDict) -> None:
     raise ValueError(f'sync.prox_mu={mu} must be a finite number >= 0 (FedProx mu; 0: off)')
 
 
+def validate_control_variates(config: ml_collections.ConfigDict) -> None:
+  """Checks ``sync.control_variates`` (absent: 'none'; hfl.sync.scaffold).
+
+  Raises:
+    ValueError: a value not in ``hfl.sync.scaffold.CONTROL_VARIATES``; 'scaffold'
+      with ``sync.strategy='sync'`` (every gradient is taken at the global model:
+      no local steps, no drift to correct). Streaming DiLoCo refuses it too
+      (:func:`validate_streaming`).
+  """
+  s = config.sync
+  value = s.get('control_variates', 'none')
+  _choice(value, 'sync.control_variates', scaffold_lib.CONTROL_VARIATES)
+  if value == 'scaffold' and s.strategy == 'sync':
+    raise ValueError(
+        "sync.control_variates='scaffold' has no effect with sync.strategy='sync': K = 1 "
+        'takes every gradient at the global model, so there is no client drift for '
+        "SCAFFOLD's control variates to correct; use it with 'periodic', 'semi_sync' or "
+        "'adacomm', or set sync.control_variates='none'")
+
+
 def validate_streaming(config: ml_collections.ConfigDict) -> None:
   """Checks Streaming DiLoCo's ``sync.fragments``, ``sync.overlap_steps``,
   ``sync.mixing_alpha`` and ``sync.eager`` (absent: off; hfl.sync.streaming).
@@ -330,7 +352,8 @@ def validate_streaming(config: ml_collections.ConfigDict) -> None:
   Raises:
     ValueError: a field out of range (:func:`hfl.sync.streaming.check`); streaming
       with another ``sync.strategy`` than 'periodic', FedNova, progress-aware K,
-      ``sync.faults``, ``sync.prox_mu``, ``sync.lr_scaling``, a
+      ``sync.faults``, ``sync.prox_mu``, ``sync.lr_scaling``,
+      ``sync.control_variates``, a
       ``train.sim_time_budget_s`` or ``train.sample_budget`` (streaming stops at
       ``train.num_steps``) or a
       ``train.num_steps`` that is not a multiple of
@@ -349,6 +372,8 @@ def validate_streaming(config: ml_collections.ConfigDict) -> None:
                                 ('sync.faults', s.faults, ''),
                                 ('sync.prox_mu', s.get('prox_mu', 0.0), 0.0),
                                 ('sync.lr_scaling', s.get('lr_scaling', 'none'), 'none'),
+                                ('sync.control_variates',
+                                 s.get('control_variates', 'none'), 'none'),
                                 ('train.sim_time_budget_s',
                                  config.train.get('sim_time_budget_s', 0.0), 0.0),
                                 ('train.sample_budget', config.train.get('sample_budget', 0),

@@ -54,6 +54,10 @@ iteration (as MaxText's DiLoCo wraps its inner step)::
      (p = c + e, payload = C_down(p), e <- p - D(payload)); the workers add
      D(payload), and the model they then hold is the next round's reference point
      x_ref, against which Δ_d is taken (x_ref = x_global at re-gathered leaves).
+  7. with SCAFFOLD (hfl.sync.scaffold; Karimireddy et al., ICML 2020) step 1's
+     gradient is corrected by c - c_d, and the round updates the control variates
+     and sends their deltas over 'dc' as a second, float32 payload
+     (:func:`scaffold_round`).
 
 Bits on every link are those of the payloads handed to the collectives
 (``Compressor.wire_bits``): Python ints fixed when the program is traced
@@ -88,6 +92,7 @@ from hfl.compress import base
 from hfl.compress import dgc
 from hfl.compress import ef
 from hfl.sync import outer as outer_lib
+from hfl.sync import scaffold as scaffold_lib
 from hfl.sync import streaming
 
 DC, WORKER = mesh_lib.DC, mesh_lib.WORKER
@@ -139,6 +144,12 @@ class TrainState(NamedTuple):
   # init_state(..., broadcast='gather')): such runs' checkpoints do not grow.
   bcast: Any = ()
   ref: Any = ()
+  # SCAFFOLD (hfl.sync.scaffold, sync.control_variates='scaffold'): the per-DC
+  # control variates c_d and learning-rate sums, a scaffold.DCState whose leaves are
+  # [D, ...] and [D], P('dc'); and the global control variate c, leaves f32[...],
+  # replicated. Both () when off (other runs' checkpoints do not grow).
+  scaffold: Any = ()
+  scaffold_c: Any = ()
 
 
 class Compressors(NamedTuple):
@@ -176,7 +187,7 @@ def state_specs(state_like: TrainState) -> TrainState:
       params=P(DC), opt_state=P(DC, WORKER) if is_sharded(state_like) else P(DC),
       global_params=P(), outer_state=P(), up=P(DC, WORKER), down=P(DC), wan=P(DC),
       local_steps=P(DC), step=P(), key=P(), dgc_velocity=P(DC, WORKER), eager=P(DC),
-      bcast=P(DC), ref=P(DC))
+      bcast=P(DC), ref=P(DC), scaffold=P(DC), scaffold_c=P())
 
 
 def state_shardings(mesh: Mesh, state_like: TrainState) -> TrainState:
@@ -276,7 +287,7 @@ def init_state(params, optimizer: optax.GradientTransformation,
                num_dcs: int, workers_per_dc: int, key,
                dgc_momentum: bool = False, shard_state: bool = False,
                stream: streaming.Spec | None = None,
-               broadcast: str = 'downlink') -> TrainState:
+               broadcast: str = 'downlink', scaffold: bool = False) -> TrainState:
   """Builds the initial state from one set of global parameters (all DCs start equal).
 
   Pure; call under ``jax.jit(..., out_shardings=...)`` to allocate it sharded.
@@ -301,6 +312,9 @@ def init_state(params, optimizer: optax.GradientTransformation,
       ``bcast`` holds the correction's link state (zero residual, fresh compressor
       state, leaves [D, ...]) and ``ref`` the workers' model (x_global at the start);
       both are () when no leaf does.
+    scaffold: allocate SCAFFOLD's control variates (hfl.sync.scaffold.init: zeros,
+      ``scaffold`` leaves f32[D, ...] and lr_sum f32[D], ``scaffold_c`` f32[...]);
+      otherwise both are ().
 
   Raises:
     ValueError: an unknown ``broadcast``; Streaming DiLoCo (``stream``) with a lossy
@@ -335,6 +349,9 @@ def init_state(params, optimizer: optax.GradientTransformation,
         ref=_stack(treedef.unflatten([x if b else None for b, x in zip(sent, leaves)]), (d,)))
   if stream is not None:
     state = state._replace(outer_state=streaming.init_outer(outer, params, stream.fragments))
+  if scaffold:
+    per_dc, c = scaffold_lib.init(params, d)
+    state = state._replace(scaffold=per_dc, scaffold_c=c)
   return state
 
 
@@ -559,6 +576,7 @@ class Setup(NamedTuple):
   stream: Any = None  # hfl.sync.streaming.Spec (Streaming DiLoCo), or None
   # per leaf, the round's update goes through the downlink (broadcast_leaves); () none
   bcast: tuple = ()
+  scaffold: Any = None  # hfl.sync.scaffold.Spec (SCAFFOLD control variates), or None
 
 
 class Keys(NamedTuple):
@@ -615,7 +633,8 @@ def _scatters(setup: Setup) -> list:
           for cu, cd in zip(setup.comps.up, setup.comps.down)]
 
 
-def local_gradient(setup: Setup, params, images, labels, global_params=None):
+def local_gradient(setup: Setup, params, images, labels, global_params=None,
+                   correction=None):
   """(loss f32[], gradient pytree like params) of this worker, DGC-clipped if asked.
 
   ``params`` are the DC's (invariant over 'worker'); they are cast to
@@ -626,6 +645,10 @@ def local_gradient(setup: Setup, params, images, labels, global_params=None):
   proximal term (mu / 2) ||x_d - x_global||^2, whose gradient mu (x_d - x_global)
   is added to the worker's gradient (after clipping; the reported loss is the data
   loss alone). ``global_params`` is the round's starting global model.
+
+  SCAFFOLD (Karimireddy et al., ICML 2020, Algorithm 1's client update): ``correction``
+  = c - c_d (hfl.sync.scaffold.correction, a pytree like the parameters, f32) is
+  added last, g <- g - c_d + c; None: off.
   """
   p_var = collectives.pvary(params, WORKER)
   loss, grads = jax.value_and_grad(setup.loss_fn)(p_var, images, labels)
@@ -634,6 +657,8 @@ def local_gradient(setup: Setup, params, images, labels, global_params=None):
   if float(setup.prox_mu) > 0:
     mu = float(setup.prox_mu)
     grads = jax.tree.map(lambda g, x, x0: g + mu * (x - x0), grads, params, global_params)
+  if correction is not None:
+    grads = jax.tree.map(lambda g, c: g + c.astype(g.dtype), grads, correction)
   return loss, grads
 
 
@@ -738,10 +763,14 @@ def intra_dc_iteration(setup: Setup, state: TrainState, images, labels, active, 
 
   Returns:
     (new state — step + 1, local_steps + active —, loss f32[], IterationCharge).
+    With SCAFFOLD (``setup.scaffold``) the gradient is corrected by c - c_d and an
+    active DC's ``scaffold.lr_sum`` grows by this update's η (hfl.sync.scaffold).
   """
   # FedProx's anchor is the model the workers started the round from (x_ref).
   anchor = round_reference(setup, state) if float(setup.prox_mu) > 0 else state.global_params
-  loss, grads = local_gradient(setup, state.params, images, labels, anchor)
+  sc = setup.scaffold
+  corr = None if sc is None else scaffold_lib.correction(state.scaffold.c, state.scaffold_c)
+  loss, grads = local_gradient(setup, state.params, images, labels, anchor, corr)
   up, velocity = uplink(setup, grads, state.up, state.dgc_velocity, keys.worker)
   down, down_grads, down_bits = ps_downlink(setup, up.agg, state.down, keys.dc)
   params, opt_state, gather = apply_inner(setup, state.params, state.opt_state, down_grads,
@@ -752,6 +781,11 @@ def intra_dc_iteration(setup: Setup, state: TrainState, images, labels, active, 
       up=keep(up.link, state.up), down=keep(down.link, state.down),
       dgc_velocity=keep(velocity, state.dgc_velocity),
       local_steps=state.local_steps + active.astype(jnp.int32), step=state.step + 1)
+  if sc is not None:  # Σ_k η_{d,k} of this DC's local steps (hfl.sync.scaffold)
+    cv = state.scaffold
+    eta = scaffold_lib.step_lr(sc.learning_rate, cv.count, lr_scale, sc.gain)
+    new = new._replace(scaffold=keep(cv._replace(lr_sum=cv.lr_sum + eta,
+                                                 count=cv.count + 1), cv))
   charge = IterationCharge(link_charge(up.bits, up.flags, gather),
                            link_charge(down_bits, down.flags, (setup.num_workers - 1) * gather))
   return new, loss, charge
@@ -794,7 +828,10 @@ def inter_dc_round(setup: Setup, state: TrainState, weights, key):
 
   Returns:
     (new state: params = global_params = the new global model, local_steps 0;
-    RoundCharge).
+    RoundCharge). With SCAFFOLD (``setup.scaffold``, :func:`scaffold_round`) the
+    control variates are updated and their deltas' float32 bits are added to the
+    WAN charge (static, all-reduced) and to the re-gather over 'worker'; their
+    finiteness flags are OR'ed into the WAN's.
   """
   present = weights[jax.lax.axis_index(DC)] > 0
   start = round_reference(setup, state)
@@ -815,10 +852,53 @@ def inter_dc_round(setup: Setup, state: TrainState, weights, key):
   static = [(int(b), reduces(c)) for c, b in zip(setup.comps.wan, wan.bits) if _is_static(b)]
   again = [(int(b), reduces(c)) for c, b, s in zip(setup.comps.wan, wan.bits, sent)
            if _is_static(b) and not s]
-  return new, RoundCharge(link_charge(wan.bits, wan.flags),
-                          sum(b for b, r in static if r), sum(b for b, r in static if not r),
-                          drift, bcast, sum(b for b, r in again if r),
+  flags, extra = wan.flags, 0  # SCAFFOLD's c_d deltas: a second, float32 WAN payload
+  if setup.scaffold is not None:
+    new, extra, cv_flags = scaffold_round(setup, new, state, pseudo, present, key)
+    flags = [f | g for f, g in zip(flags, cv_flags)]
+  return new, RoundCharge(link_charge(wan.bits, flags, extra),
+                          sum(b for b, r in static if r) + extra,
+                          sum(b for b, r in static if not r), drift, bcast,
+                          sum(b for b, r in again if r) + extra,
                           sum(b for b, r in again if not r), tuple(not s for s in sent))
+
+
+SCAFFOLD_KEY_OFFSET = 3000  # the c_d deltas' leaf i draws fold_in(dc key, 3000 + i)
+
+
+def scaffold_round(setup: Setup, new: TrainState, state: TrainState, pseudo, present, key):
+  """SCAFFOLD's end of a round on one device (hfl.sync.scaffold; Karimireddy et al.,
+  ICML 2020, Algorithm 1: option II, the communication and the server update).
+
+  c_d+ = c_d - c + Δ_d / Σ_k η_{d,k} (c_d kept by an absent DC); the deltas
+  c_d+ - c_d cross the WAN as an uncompressed float32 payload (identity
+  compressors: an all-reduce over 'dc' of 1/W slices per worker, weighted by the
+  data weights p_d, then re-gathered over 'worker', as an identity WAN leaf of
+  :func:`inter_dc_round`); c <- c + Σ_d p_d (c_d+ - c_d); every lr_sum restarts at 0.
+
+  Args:
+    setup: :class:`Setup` with ``scaffold`` set; new: the state after the outer step
+      (its scaffold fields are replaced); state: the state before the round (c_d, c,
+      lr_sum); pseudo: Δ_d = x_ref - x_d (pytree like the parameters, f32);
+    present: bool[], this DC takes part; key: ``Keys.dc``.
+
+  Returns:
+    (state, static bits of one DC's deltas (Python int: 32 per parameter), per-leaf
+    int32[] finiteness flags of the deltas).
+  """
+  cv, c = state.scaffold, state.scaffold_c
+  c_plus = _keep(present, scaffold_lib.update(cv.c, c, pseudo, cv.lr_sum), cv.c)
+  delta = jax.tree.map(lambda a, b: a - b, c_plus, cv.c)
+  leaves, treedef = jax.tree.flatten(delta)
+  comps = [base.identity(x.shape) for x in leaves]
+  link = LinkState(treedef.unflatten([None] * len(leaves)), [k.init() for k in comps])
+  ex = exchange(comps, delta, link, key, DC, setup.num_dcs,
+                weights=jnp.asarray(setup.scaffold.weights, jnp.float32),
+                split_axis=WORKER, split_size=setup.num_workers,
+                key_offset=SCAFFOLD_KEY_OFFSET, fuse=True)
+  new = new._replace(scaffold=cv._replace(c=c_plus, lr_sum=jnp.zeros_like(cv.lr_sum)),
+                     scaffold_c=jax.tree.map(lambda a, b: a + b, c, ex.agg))
+  return new, sum(int(b) for b in ex.bits), ex.flags
 
 
 def round_reference(setup: Setup, state: TrainState):
@@ -1097,7 +1177,8 @@ def make_step(apply_fn: Callable, optimizer: optax.GradientTransformation,
               outer: optax.GradientTransformation, comps: Compressors, mesh: Mesh,
               state_like: TrainState, dgc_options: dgc.Options | None = None,
               prox_mu: float = 0.0, stream: streaming.Spec | None = None,
-              mode: str = 'mesh', shape: tuple[int, int] | None = None) -> Callable:
+              mode: str = 'mesh', shape: tuple[int, int] | None = None,
+              scaffold: scaffold_lib.Spec | None = None, loss_fn=None) -> Callable:
   """Builds ``step(state, batch, active, weights, do_round) -> (state, metrics)``.
 
   Args:
@@ -1120,6 +1201,8 @@ def make_step(apply_fn: Callable, optimizer: optax.GradientTransformation,
       over 'dc' and 'worker', the whole hierarchy on ``mesh``'s (usually one)
       device. Same layout, metrics and bits; results equal to float32 rounding.
     shape: (D, W) simulated in 'vmap' mode (default and in 'mesh' mode: ``mesh``'s).
+    scaffold: SCAFFOLD (hfl.sync.scaffold.Spec; None: off; init_state(..., scaffold=True)).
+    loss_fn: ``(params, inputs, labels) -> f32[]`` of one worker (None: :func:`cross_entropy`).
 
   The returned function takes
     state: TrainState sharded by :func:`state_specs` (donated).
@@ -1143,16 +1226,14 @@ def make_step(apply_fn: Callable, optimizer: optax.GradientTransformation,
   Raises:
     ValueError: DGC momentum without a velocity in the state (or the reverse), or
       with ZeRO-1; a lossy compressor at a leaf where the state holds no residual
-      (:func:`check_links`).
+      (:func:`check_links`); ``scaffold`` and the state disagree (:func:`_check_scaffold`).
   """
   opts = dgc_options or dgc.Options()
-  sent = _check_make_step(comps, state_like, opts, stream)
+  sent = _check_make_step(comps, state_like, opts, stream, scaffold)
   shape = _step_shape(mode, mesh, shape)
-  loss_fn = lambda params, images, labels: optax.softmax_cross_entropy_with_integer_labels(
-      apply_fn(params, images), labels).mean()
-  setup = Setup(loss_fn, optimizer, outer, comps, shape[0], shape[1],
-                is_sharded(state_like), opts, prox_mu=float(prox_mu), stream=stream,
-                bcast=sent if any(sent) else ())
+  setup = Setup(loss_fn or cross_entropy(apply_fn), optimizer, outer, comps, shape[0],
+                shape[1], is_sharded(state_like), opts, prox_mu=float(prox_mu),
+                stream=stream, bcast=sent if any(sent) else (), scaffold=scaffold)
   num_leaves = jax.tree.structure(state_like.params).num_leaves
   specs, info = state_specs(state_like), {}
 
@@ -1174,6 +1255,13 @@ def make_step(apply_fn: Callable, optimizer: optax.GradientTransformation,
   return step
 
 
+def cross_entropy(apply_fn: Callable) -> Callable:
+  """``(params, inputs, labels) -> f32[]``: the mean softmax cross-entropy of
+  ``apply_fn(params, inputs)``'s logits against the integer ``labels``."""
+  return lambda params, images, labels: optax.softmax_cross_entropy_with_integer_labels(
+      apply_fn(params, images), labels).mean()
+
+
 def _step_shape(mode: str, mesh: Mesh, shape) -> tuple:
   """(D, W) of :func:`make_step`; raises ValueError for an unknown ``mode`` or, in
   'mesh' mode, a ``shape`` other than the mesh's."""
@@ -1188,10 +1276,11 @@ def _step_shape(mode: str, mesh: Mesh, shape) -> tuple:
 
 
 def _check_make_step(comps: Compressors, state_like: TrainState, opts: dgc.Options,
-                     stream: streaming.Spec | None) -> tuple:
+                     stream: streaming.Spec | None, scaffold=None) -> tuple:
   """:func:`make_step`'s checks (its Raises); returns ``_state_broadcast``: per leaf,
   whether the state sends the round's update through the downlink."""
   _check_options(state_like, opts)
+  _check_scaffold(state_like, scaffold, stream)
   check_links(comps, state_like)
   sent = _state_broadcast(comps, state_like)
   if any(sent) and stream is not None:
@@ -1199,6 +1288,20 @@ def _check_make_step(comps: Compressors, state_like: TrainState, opts: dgc.Optio
                      'downlink (init_state(..., broadcast=\'downlink\')), which Streaming '
                      'DiLoCo cannot; build it with broadcast=\'gather\'')
   return sent
+
+
+def _check_scaffold(state_like: TrainState, scaffold, stream) -> None:
+  """Raises ValueError when SCAFFOLD (``scaffold``, a hfl.sync.scaffold.Spec) and the
+  state's control variates disagree, or SCAFFOLD is asked with Streaming DiLoCo."""
+  has = bool(jax.tree.leaves(state_like.scaffold_c))
+  if (scaffold is not None) != has:
+    raise ValueError(
+        f'make_step: scaffold={"on" if scaffold is not None else "off"} but the state '
+        f'{"holds" if has else "has no"} control variates; build it with '
+        f'init_state(..., scaffold={scaffold is not None})')
+  if scaffold is not None and stream is not None:
+    raise ValueError('make_step: SCAFFOLD control variates cannot be combined with '
+                     'Streaming DiLoCo (fragments sync on their own schedule)')
 
 
 def _programs(body: Callable, mesh: Mesh, specs, mode: str, shape: tuple,
@@ -1368,7 +1471,7 @@ def first_nonfinite(flags, leaf_names: Sequence[str] | None = None) -> str | Non
 
 
 # Per-DC state of a round that an absent DC's work changes (hfl.sync.faults).
-ROUND_FIELDS = ('opt_state', 'up', 'down', 'wan', 'dgc_velocity')
+ROUND_FIELDS = ('opt_state', 'up', 'down', 'wan', 'dgc_velocity', 'scaffold')
 
 
 def round_start(state: TrainState) -> dict:
@@ -1381,7 +1484,8 @@ def discard_absent(state: TrainState, start: dict, present) -> TrainState:
 
   An absent DC's work in a round is discarded (hfl.sync.faults): its inner
   optimizer state, uplink/downlink/WAN link states (residuals and compressor
-  states) and DGC velocity are those of the round's start; its parameters are the new global
+  states), DGC velocity and SCAFFOLD state (c_d, learning-rate sum, update count) are
+  those of the round's start; its parameters are the new global
   model, like every DC's after a round. Elementwise: no collective.
 
   Args:

@@ -46,6 +46,7 @@ from hfl import tasks
 from hfl.compress import dgc
 from hfl.compress import policy
 from hfl.sync import aggregation, faults, outer as outer_lib, schedule as schedule_lib
+from hfl.sync import scaffold as scaffold_lib
 from hfl.sync import streaming
 
 # Fields that may change between a run and its resumption (they do not change what
@@ -310,10 +311,12 @@ def planned_times(config, net: network.NetworkModel, comps, params_shape
   """
   d, w = config.mesh.num_dcs, config.mesh.workers_per_dc
   up, down, wan = accounting.static_bits(comps, params_shape, w, shard_state(config))
+  # SCAFFOLD's control-variate deltas: a second, float32 WAN payload, re-gathered.
+  cv = scaffold_lib.payload_bits(params_shape) if scaffold_lib.enabled(config.sync) else 0
   t_d = network.iteration_time(net, np.full(d, up * w), np.full(d, down * w))
-  c_d = (network.round_comm_time(net, np.full(d, wan))
+  c_d = (network.round_comm_time(net, np.full(d, wan + cv))
          + network.lan_time(net, np.full(d, accounting.round_down_bits(
-             comps, w, d, broadcast(config)))))
+             comps, w, d, broadcast(config)) + w * cv)))
   return t_d, c_d
 
 
@@ -454,6 +457,7 @@ ADDED_SECTIONS = {('compression', 'dgc'): dict(momentum=0.0, clip_norm=0.0, warm
                   ('train', 'sim_time_budget_s'): 0.0, ('train', 'sample_budget'): 0,
                   ('sync', 'k_min_ratio'): 0.0,
                   ('sync', 'lr_scaling'): 'none', ('sync', 'prox_mu'): 0.0,
+                  ('sync', 'control_variates'): 'none',
                   ('sync', 'progress_test'): 'endpoints', ('sync', 'k_max_scope'): 'every_dc',
                   ('sync', 'fragments'): 1, ('sync', 'overlap_steps'): 0,
                   ('sync', 'mixing_alpha'): 0.0, ('sync', 'eager'): False,
@@ -903,7 +907,8 @@ def _init_fn(s: Setup) -> Callable:
     return step_lib.init_state(params, s.optimizer, s.outer, s.comps, s.num_dcs,
                                s.workers_per_dc, jax.random.fold_in(key, 1),
                                dgc_momentum=s.dgc.momentum > 0, shard_state=s.shard_state,
-                               stream=s.stream, broadcast=broadcast(s.config))
+                               stream=s.stream, broadcast=broadcast(s.config),
+                               scaffold=scaffold_lib.enabled(s.config.sync))
   return init
 
 
@@ -918,7 +923,9 @@ def make_runtime(s: Setup, workdir: str, wall0: float) -> Runtime:
   make = lambda comps: step_lib.make_step(apply_fn, s.optimizer, s.outer, comps, s.mesh,
                                           state_shape, s.dgc, prox_mu=s.loop.prox_mu,
                                           stream=s.stream, mode=s.mode,
-                                          shape=(s.num_dcs, s.workers_per_dc))
+                                          shape=(s.num_dcs, s.workers_per_dc),
+                                          scaffold=scaffold_lib.spec_from_config(
+                                              s.config, s.dc_weights))
   step_fns = {None: make(s.comps)}
   evaluate = make_eval(s.model, s.mesh, s.dataset.test_images, s.dataset.test_labels,
                        s.loop.eval_batch_size)

@@ -16,7 +16,11 @@ Arms, in the order they run: ``sync`` (K = 1, the baseline), ``periodic`` (K = 4
 FedNova, a K_d floor of 0.75 max K, per-DC learning rate x min K / K_d, and FedProx
 (mu = 0.01); then progress-aware K with ``sync.k_max_scope='k_base'`` (the cap bounds
 only the slowest DC's K), with the thesis's plateau test and with the window-means
-test over 8 rounds. 72 runs. Evaluations about every 40 iterations of the fastest DC.
+test over 8 rounds; last ``semi_sync`` with SCAFFOLD's control variates
+(``sync.control_variates='scaffold'``, hfl.sync.scaffold: against the DCs' client
+drift; twice the WAN bytes per round). 78 runs (the first 72 archived in
+docs/results/runs/semisync_work; the SCAFFOLD arm's 6 not run yet). Evaluations
+about every 40 iterations of the fastest DC.
 
 Cost: the lockstep program runs every DC for max_d K_d iterations per round and
 masks the ones that are done (bench/skip_idle.py: on XLA:CPU a per-DC lax.cond is
@@ -50,12 +54,15 @@ PROGRESS = [
     {'sync.progress_aware': True, 'sync.k_max_scope': 'k_base',
      'sync.progress_test': 'window_means', 'sync.progress_window': 8, 'train.eval_every': 2},
 ]
+# SCAFFOLD's control variates (Karimireddy et al., ICML 2020; hfl.sync.scaffold), last so
+# that the archived runs keep their order.
+CONTROL = [{'sync.control_variates': 'scaffold'}]
 
 
 def get_sweep():
   work = {'train.num_steps': 0, 'train.sample_budget': SAMPLES, 'seed': SEEDS,
           'train.checkpoint_every': 100}
   semi = {'sync.strategy': 'semi_sync', 'train.eval_every': 4}
-  arms = STRATEGIES + [dict(semi, **r) for r in REMEDIES + PROGRESS]
+  arms = STRATEGIES + [dict(semi, **r) for r in REMEDIES + PROGRESS + CONTROL]
   return 'configs/semisync.py', [dict(work, **a, **{'network.dc_speed': speed})
                                  for a in arms for speed in SPEEDS]

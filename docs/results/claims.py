@@ -297,6 +297,7 @@ _WORK_LABELS = [
     ({'sync.k_max_scope': 'k_base', 'sync.progress_test': 'window_means'},
      'semi_sync + progress-aware, K_max on K_base only, window-means test'),
     ({'sync.k_max_scope': 'k_base'}, 'semi_sync + progress-aware, K_max on K_base only'),
+    ({'sync.control_variates': 'scaffold'}, 'semi_sync + SCAFFOLD control variates'),
 ] + _SEMISYNC['tables'][0]['labels']
 
 

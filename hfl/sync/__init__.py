@@ -8,6 +8,8 @@ Modules:
                (JAX, jit-compatible).
   outer:       outer optimizers on the pseudo-gradient (avg, sgd, DiLoCo nesterov).
   faults:      the ``sync.faults`` outage spec -> ``present(round) -> bool [D]``.
+  scaffold:    SCAFFOLD's control variates between DCs (``sync.control_variates``;
+               the device side is hfl.step.scaffold_round).
   streaming:   Streaming DiLoCo: fragments of the model by layer order, which
                fragment syncs / merges at which iteration (hfl.step.stream_event).
 
