@@ -6,6 +6,8 @@ stable argsort for top-k, and a plain numpy loop of DeMo's Algorithm 1 (Peng,
 Quesnelle & Kingma, arXiv:2411.19870) for the worker update.
 """
 
+import os
+
 import jax
 import jax.numpy as jnp
 import ml_collections
@@ -16,10 +18,11 @@ import scipy.fft
 
 from configs import demo as demo_config
 from hfl import config as config_lib
-from hfl import optim
+from hfl import models, optim, train
 from hfl.compress import dct, ef, policy, registry
 
 KEY = jax.random.PRNGKey(0)
+REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 
 
 def _ref_chunks(x, a, b):
@@ -252,3 +255,26 @@ def test_demo_config_is_valid_and_is_demo_in_hfl_terms():
   up = c.compression.uplink
   assert (up.name, up.chunk_size, up.density * 4096, up.gamma) == ('dct_topk', 64, 32.0, 0.999)
   assert c.compression.downlink.name == 'identity'
+
+
+def test_docs_quote_the_bytes_per_step_of_the_lm():
+  """docs/demo.md's bytes per worker and iteration are the registry's wire bits of
+  configs/demo.py on the LM (65 characters), as its command prints them."""
+  c = demo_config.get_config()
+  shapes = jax.eval_shape(lambda: models.from_config(c.model, 65).init(
+      jax.random.PRNGKey(0), jnp.zeros((1, 128), jnp.int32)))['params']
+  comps = train.build_compressors(c, shapes)
+  up = sum(policy.static_bits(x) for x in comps.up) // 8
+  down = sum(policy.static_bits(x) for x in comps.down) // 8
+  leaves = jax.tree.leaves(shapes)
+  one_d = 4 * sum(x.size for x in leaves if len(x.shape) < 2)
+  workers = c.mesh.workers_per_dc
+  with open(os.path.join(REPO, 'docs', 'demo.md'), encoding='utf-8') as f:
+    doc = f.read()
+  assert f'prints `{up} {down}`' in doc
+  assert down == 4 * sum(x.size for x in leaves)
+  for value in (up, down, one_d, (workers - 1) * up, round(2 * (workers - 1) / workers * down),
+                20 * workers * up, (20 + 2) * workers * down):
+    assert f'{value:,} B' in doc, value
+  assert f'{down / up:.1f}× fewer' in doc
+  assert f'{(down - one_d) / (up - one_d):.1f}× fewer' in doc
