@@ -105,15 +105,8 @@ def make_optimizer(cfg, total_steps: int | None = None) -> optax.GradientTransfo
   every other leaf (biases, norms, convolution kernels), both at the scheduled
   learning rate; ``weight_decay`` applies to both (scaled by the learning rate).
 
-  ``signum``: signSGD with momentum (Bernstein et al., "signSGD: Compressed
-  Optimisation for Non-Convex Problems", ICML 2018, Algorithm 3): ``m <- β m + (1 - β)
-  g`` (β = ``momentum``; optax.signum's EMA, not debiased, as only its sign is used),
-  ``x <- x - lr (sign(m) + weight_decay x)``, decoupled weight decay as DeMo's
-  (Peng et al., arXiv:2411.19870, Algorithm 1; ``x <- (1 - lr λ) x`` in its reference
-  code, the same update). With ``momentum = 0`` it is signSGD, ``x <- x - lr sign(g)``,
-  and keeps no state (optax.sign_sgd): DeMo's update of the averaged fast components,
-  whose momentum lives in the uplink's error-feedback residual (``docs/demo.md``).
-  ``sign(0) = 0``. Elementwise, so ``shard_state`` may slice it.
+  ``signum``: signSGD with momentum and decoupled weight decay (:func:`_signum`;
+  momentum 0: DeMo's update, ``docs/demo.md``).
 
   Args:
     cfg: the ``optimizer`` section.
@@ -154,10 +147,26 @@ def make_optimizer(cfg, total_steps: int | None = None) -> optax.GradientTransfo
 
 
 def _signum(lr, beta: float, weight_decay: float) -> optax.GradientTransformation:
-  """``-lr (sign(m) + weight_decay x)``, m the undebiased EMA of the gradient with decay
-  ``beta`` (the gradient itself, and no state, when ``beta`` is 0): optax.signum /
-  optax.sign_sgd with decoupled weight decay added before the learning-rate scaling
-  (:func:`make_optimizer`)."""
+  """signSGD with momentum (Bernstein et al., "signSGD: Compressed Optimisation for
+  Non-Convex Problems", ICML 2018, Algorithm 3) and decoupled weight decay.
+
+  ``m <- β m + (1 - β) g`` (optax.signum's EMA, not debiased: only its sign is used),
+  ``x <- x - lr (sign(m) + weight_decay x)``: the decay as DeMo's (Peng et al.,
+  arXiv:2411.19870, Algorithm 1; ``x <- (1 - lr λ) x`` before the step in its reference
+  code, the same update). With ``beta = 0`` it is signSGD, ``x <- x - lr sign(g)``, and
+  keeps no state (optax.sign_sgd): DeMo's update of the averaged fast components, whose
+  momentum lives in the uplink's error-feedback residual (``docs/demo.md``).
+  ``sign(0) = 0``. Elementwise (:data:`ELEMENTWISE`).
+
+  Args:
+    lr: the learning rate, a float or an optax schedule.
+    beta: the momentum β in [0, 1) (``optimizer.momentum``, checked by the caller).
+    weight_decay: λ >= 0 (``optimizer.weight_decay``).
+
+  Returns:
+    optax.chain(ema if beta, scale_by_sign, add_decayed_weights if weight_decay,
+    scale_by_learning_rate).
+  """
   parts = [optax.ema(beta, debias=False)] if beta else []
   parts.append(optax.scale_by_sign())
   if weight_decay:
