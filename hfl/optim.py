@@ -8,8 +8,8 @@ import jax
 import jax.numpy as jnp
 import optax
 
-OPTIMIZERS = ('sgd', 'momentum', 'nesterov', 'adam', 'adamw', 'muon')
-ELEMENTWISE = ('sgd', 'momentum', 'nesterov', 'adam', 'adamw')  # state can be sliced (ZeRO-1)
+OPTIMIZERS = ('sgd', 'momentum', 'nesterov', 'adam', 'adamw', 'muon', 'signum')
+ELEMENTWISE = ('sgd', 'momentum', 'nesterov', 'adam', 'adamw', 'signum')  # state can be sliced (ZeRO-1)
 SCHEDULES = ('constant', 'cosine', 'linear')
 
 
@@ -144,8 +144,8 @@ def make_optimizer(cfg, total_steps: int | None = None) -> optax.GradientTransfo
 
   Fields: name (one of OPTIMIZERS), learning_rate (> 0; the peak of the
   schedule), momentum (in [0, 1), used by momentum/nesterov), weight_decay
-  (>= 0; decoupled for adamw — scaled by the scheduled learning rate, as in
-  optax —, L2 for the others), and the schedule fields of :func:`make_schedule`.
+  (>= 0; decoupled for adamw and signum — scaled by the scheduled learning rate, as
+  in optax —, L2 for the others), and the schedule fields of :func:`make_schedule`.
   (``shard_state`` is read by the training loop, hfl.step.ShardedOptState.)
   ``freeze_second_moment_after`` (int >= 0, 0 = off; adam and adamw only): Adam's
   second moment frozen after that many steps (:func:`scale_by_adam_frozen_variance`),
@@ -162,6 +162,9 @@ def make_optimizer(cfg, total_steps: int | None = None) -> optax.GradientTransfo
   orthogonalised by 5 Newton-Schulz iterations, and Nesterov AdamW (β1 0.9, β2 0.999) for
   every other leaf (biases, norms, convolution kernels), both at the scheduled
   learning rate; ``weight_decay`` applies to both (scaled by the learning rate).
+
+  ``signum``: signSGD with momentum and decoupled weight decay (:func:`_signum`;
+  momentum 0: DeMo's update, ``docs/demo.md``).
 
   Args:
     cfg: the ``optimizer`` section.
@@ -200,6 +203,8 @@ def make_optimizer(cfg, total_steps: int | None = None) -> optax.GradientTransfo
     return optax.contrib.muon(lr, beta=mom, weight_decay=wd, adam_weight_decay=wd)
   if name == 'adamw':
     return optax.adamw(lr, weight_decay=wd)
+  if name == 'signum':
+    return _signum(lr, mom, wd)
   if name == 'adam':
     opt = optax.adam(lr)
   elif name == 'sgd':
@@ -209,3 +214,32 @@ def make_optimizer(cfg, total_steps: int | None = None) -> optax.GradientTransfo
   if wd:
     opt = optax.chain(optax.add_decayed_weights(wd), opt)
   return opt
+
+
+def _signum(lr, beta: float, weight_decay: float) -> optax.GradientTransformation:
+  """signSGD with momentum (Bernstein et al., "signSGD: Compressed Optimisation for
+  Non-Convex Problems", ICML 2018, Algorithm 3) and decoupled weight decay.
+
+  ``m <- β m + (1 - β) g`` (optax.signum's EMA, not debiased: only its sign is used),
+  ``x <- x - lr (sign(m) + weight_decay x)``: the decay as DeMo's (Peng et al.,
+  arXiv:2411.19870, Algorithm 1; ``x <- (1 - lr λ) x`` before the step in its reference
+  code, the same update). With ``beta = 0`` it is signSGD, ``x <- x - lr sign(g)``, and
+  keeps no state (optax.sign_sgd): DeMo's update of the averaged fast components, whose
+  momentum lives in the uplink's error-feedback residual (``docs/demo.md``).
+  ``sign(0) = 0``. Elementwise (:data:`ELEMENTWISE`).
+
+  Args:
+    lr: the learning rate, a float or an optax schedule.
+    beta: the momentum β in [0, 1) (``optimizer.momentum``, checked by the caller).
+    weight_decay: λ >= 0 (``optimizer.weight_decay``).
+
+  Returns:
+    optax.chain(ema if beta, scale_by_sign, add_decayed_weights if weight_decay,
+    scale_by_learning_rate).
+  """
+  parts = [optax.ema(beta, debias=False)] if beta else []
+  parts.append(optax.scale_by_sign())
+  if weight_decay:
+    parts.append(optax.add_decayed_weights(weight_decay))
+  parts.append(optax.scale_by_learning_rate(lr))
+  return optax.chain(*parts)

@@ -55,7 +55,7 @@ def _is_int(v):
 
 # Integer hyper-parameters that must be >= 1, with what they mean.
 _POSITIVE_INTS = {'levels': 'QSGD quantisation levels s', 'bucket_size': 'QSGD entries per norm',
-                  'rank': 'PowerSGD rank r', 'chunk_size': 'chunked top-k entries per chunk'}
+                  'rank': 'PowerSGD rank r', 'chunk_size': 'chunked_topk: entries per chunk; dct_topk: chunk edge'}
 
 
 def _check_hyper(field, name, value):
