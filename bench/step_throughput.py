@@ -119,6 +119,32 @@ def build(name: str, batch: int, rng, d: int = 2, w: int = 4):
 # The three programs.
 # ------------------------------------------------------------------------------
 
+def hierarchical(apply_fn, params, opt, mesh):
+  """(hfl's step with identity compressors on every link and ``opt`` on the workers,
+  outer SGD(1) (averaging), its initial state placed on ``mesh``)."""
+  ident = [base.identity(l.shape) for l in jax.tree.leaves(params)]
+  comps = step_lib.Compressors(ident, ident, ident)
+  D, W = mesh.shape['dc'], mesh.shape['worker']  # pylint: disable=invalid-name
+  state = step_lib.init_state(params, opt, optax.sgd(1.0), comps, D, W, jax.random.PRNGKey(1))
+  state = jax.device_put(state, step_lib.state_shardings(mesh, state))
+  return step_lib.make_step(apply_fn, opt, optax.sgd(1.0), comps, mesh, state), state
+
+
+def data_parallel(loss_fn, opt, mesh):
+  """The plain data-parallel step, jitted: ``(params, opt_state, x, y) -> (params,
+  opt_state)`` with replicated params and optimizer state (donated), inputs
+  [D, W, B, ...] sharded P('dc', 'worker'), one gradient pmean over both axes."""
+  def dp_body(p, o, x, y):
+    p_var = jax.lax.pcast(p, ('dc', 'worker'), to='varying')
+    g = jax.grad(loss_fn)(p_var, x[0, 0], y[0, 0])
+    g = jax.lax.pmean(g, ('dc', 'worker'))
+    u, o = opt.update(g, o, p)
+    return optax.apply_updates(p, u), o
+  return jax.jit(jax.shard_map(dp_body, mesh=mesh,
+                               in_specs=(P(), P(), P('dc', 'worker'), P('dc', 'worker')),
+                               out_specs=(P(), P())), donate_argnums=(0, 1))
+
+
 def programs(net, x_host, y_host, mesh, k: int = 4):
   """Returns {name: (run(n) -> None, xla FLOPs/step)}, the model FLOPs/step and the
   MB each device's program reads and writes per step (XLA's "bytes accessed":
@@ -137,11 +163,7 @@ def programs(net, x_host, y_host, mesh, k: int = 4):
   model_flops = jaxpr_flops(jax.make_jaxpr(jax.value_and_grad(loss_fn))(params, gx, gy))
 
   # ---- Hierarchical step.
-  ident = [base.identity(l.shape) for l in jax.tree.leaves(params)]
-  comps = step_lib.Compressors(ident, ident, ident)
-  state = step_lib.init_state(params, opt, optax.sgd(1.0), comps, D, W, jax.random.PRNGKey(1))
-  state = jax.device_put(state, step_lib.state_shardings(mesh, state))
-  hstep = step_lib.make_step(apply_fn, opt, optax.sgd(1.0), comps, mesh, state)
+  hstep, state = hierarchical(apply_fn, params, opt, mesh)
   bsh = NamedSharding(mesh, P('dc', 'worker'))
   rep = NamedSharding(mesh, P())
   x, y = jax.device_put(x_host, bsh), jax.device_put(y_host, bsh)
@@ -166,15 +188,7 @@ def programs(net, x_host, y_host, mesh, k: int = 4):
     return m
 
   # ---- Data-parallel step.
-  def dp_body(p, o, x, y):
-    p_var = jax.lax.pcast(p, ('dc', 'worker'), to='varying')
-    g = jax.grad(loss_fn)(p_var, x[0, 0], y[0, 0])
-    g = jax.lax.pmean(g, ('dc', 'worker'))
-    u, o = opt.update(g, o, p)
-    return optax.apply_updates(p, u), o
-  dp = jax.jit(jax.shard_map(dp_body, mesh=mesh,
-                             in_specs=(P(), P(), P('dc', 'worker'), P('dc', 'worker')),
-                             out_specs=(P(), P())), donate_argnums=(0, 1))
+  dp = data_parallel(loss_fn, opt, mesh)
   box['dp'] = (jax.device_put(jax.tree.map(jnp.array, params), rep),
                jax.device_put(opt.init(params), rep))
   dp_compiled = dp.lower(*box['dp'], x, y).compile()
