@@ -9,8 +9,8 @@ the machine's speed, so it can be measured on this CPU and compared across commi
 What is counted: the instructions of the ENTRY computation of each program as XLA
 compiled it (``jax.jit(...).lower(...).compile().as_text()``, after fusion: a fusion is
 one operation), leaving out those that launch no work: ``parameter``, ``constant``,
-``tuple``, ``get-tuple-element`` and ``bitcast`` (:data:`FREE`). On a device mesh the
-program is the SPMD program each device runs.
+``tuple``, ``get-tuple-element`` and ``bitcast`` (``bench/hlo_ops.py``). On a device
+mesh the program is the SPMD program each device runs.
 
 The programs (bench/step_throughput.py's, same model, batch and mesh; SGD on the
 workers, identity compressors on every link, outer averaging):
@@ -22,22 +22,23 @@ workers, identity compressors on every link, outer averaging):
   * data parallel: one gradient pmean over ('dc', 'worker') and the SGD update.
 The issue's targets (issue 52): iteration / DP <= 1.3, round / DP <= 1.6.
 
-  python3 bench/op_count.py [--model=cnn,...|all] [--mesh=2,4] [--batch=32] [--ops]
+  python3 bench/op_count.py [--model=cnn,...|all|transformer_large] [--mesh=2,4] \
+      [--batch=32] [--ops]
 
 ``--ops`` also prints, per program, the operations by opcode. Compiles only: runs no
 step.
 """
 
 import argparse
-import collections
 import os
-import re
 import sys
 
 sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 
 import step_throughput as st  # noqa: E402  (re-executes once with tcmalloc, as it does)
+from arg_types import int_at_least  # noqa: E402
+from hlo_ops import FREE, entry_opcodes, op_count  # noqa: E402
 import jax  # noqa: E402
 import jax.numpy as jnp  # noqa: E402
 import numpy as np  # noqa: E402
@@ -46,62 +47,7 @@ from jax.sharding import NamedSharding, PartitionSpec as P  # noqa: E402
 
 from hfl import mesh as mesh_lib, models  # noqa: E402
 
-# ENTRY instructions that launch no work.
-FREE = frozenset({'parameter', 'constant', 'tuple', 'get-tuple-element', 'bitcast'})
-_COMMENT = re.compile(r'/\*.*?\*/')
-_NAME = re.compile(r'^\s*(?:ROOT\s+)?%?[\w.\-]+\s*=\s*')
-_OPCODE = re.compile(r'\s*([\w\-]+)\(')
-MODEL_CHOICES = models.MODELS  # bench_models adds the benchmark-only sizes
-
-
-def _opcode(line: str) -> str | None:
-  """The opcode of one instruction line ``%name = <shape> opcode(...)``, whose shape
-  may be a tuple ``(...)`` (parentheses nest in layouts), or None."""
-  m = _NAME.match(line)
-  if m is None:
-    return None
-  i = m.end()
-  if line[i:i + 1] == '(':  # a tuple shape: skip to its closing parenthesis
-    depth = 0
-    for j in range(i, len(line)):
-      depth += {'(': 1, ')': -1}.get(line[j], 0)
-      if depth == 0:
-        i = j + 1
-        break
-  else:  # an array shape: up to the first space
-    i = line.find(' ', i)
-  op = _OPCODE.match(line, i) if i > 0 else None
-  return op.group(1) if op else None
-
-
-def entry_opcodes(hlo_text: str) -> collections.Counter:
-  """Opcode -> instructions of the ENTRY computation of an HLO module's text (the
-  first module when the text holds several).
-
-  Raises:
-    ValueError: the text has no ENTRY computation, or a line of it is not an
-      instruction.
-  """
-  lines = hlo_text.splitlines()
-  start = next((i for i, l in enumerate(lines) if l.startswith('ENTRY')), None)
-  if start is None:
-    raise ValueError('no ENTRY computation in the HLO text')
-  ops = collections.Counter()
-  for line in lines[start + 1:]:
-    if line.startswith('}'):
-      break
-    if not line.strip():
-      continue
-    op = _opcode(_COMMENT.sub('', line))
-    if op is None:
-      raise ValueError(f'not an HLO instruction: {line.strip()[:120]}')
-    ops[op] += 1
-  return ops
-
-
-def op_count(ops: collections.Counter) -> int:
-  """Top-level operations that launch work: every opcode of ``ops`` but :data:`FREE`."""
-  return sum(n for op, n in ops.items() if op not in FREE)
+MODEL_CHOICES = st.CHOICES  # hfl.models' and the benchmark-only sizes
 
 
 def compiled_programs(name: str, batch: int, mesh) -> dict:
@@ -130,19 +76,25 @@ def compiled_programs(name: str, batch: int, mesh) -> dict:
 def main():
   ap = argparse.ArgumentParser(description=__doc__.split('\n\n')[0])
   ap.add_argument('--model', default='all',
-                  help=f'comma-separated models, or all ({", ".join(MODEL_CHOICES)})')
+                  help=f'comma-separated models, each once ({", ".join(MODEL_CHOICES)}), or '
+                       f'all (those of hfl.models: {", ".join(models.MODELS)})')
   ap.add_argument('--mesh', default='2,4', help='D,W: DCs and workers per DC')
-  ap.add_argument('--batch', type=int, default=32, help='examples per worker')
+  ap.add_argument('--batch', type=int_at_least(1), default=32, help='examples per worker')
   ap.add_argument('--ops', action='store_true', help='also list each program\'s opcodes')
   args = ap.parse_args()
-  names = list(MODEL_CHOICES) if args.model == 'all' else args.model.split(',')
-  for n in names:
+  names = list(models.MODELS) if args.model == 'all' else args.model.split(',')
+  for i, n in enumerate(names):
     if n not in MODEL_CHOICES:
       ap.error(f'--model={n!r} is not one of {", ".join(MODEL_CHOICES)}')
+    if n in names[:i]:
+      ap.error(f'argument --model: {n!r} is repeated in {args.model!r}; give each model once')
   try:
     d, w = mesh_lib.parse_shape(args.mesh)
   except ValueError as e:
     ap.error(str(e))
+  if d * w > mesh_lib.MAX_CPU_DEVICES:
+    ap.error(f'argument --mesh: {args.mesh} asks for D x W = {d * w} devices; at most '
+             f'{mesh_lib.MAX_CPU_DEVICES} simulated devices are allowed in one process')
   mesh_lib.configure_cpu_devices(d * w)  # before anything starts the backend
   mesh = mesh_lib.make_mesh(d, w)
   print(f'{d}x{w} mesh of {jax.device_count()} {jax.default_backend()} devices, '

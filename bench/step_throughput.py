@@ -37,6 +37,9 @@ for CIFAR), float32 images with int labels; a token model (``seq_len``/
 ``vocab_size`` attributes, or hfl.models.input_kind) gets int32 token windows
 [B, seq_len] with next-token labels.
 
+A benchmark-only size, transformer_large (12 layers x 768 wide, sequence 512,
+synthetic tokens; :data:`BENCH_ONLY`), is selected by name and never by ``all``.
+
   python3 bench/step_throughput.py [--model=cnn[,mlp,...]|all] [--steps=30] \
       [--blocks=4] [--batch=32] [--k=4] [--mesh=2,4] [--fma_units=N] [--clock_ghz=F] \
       [--peak_tflops=F]
@@ -74,6 +77,25 @@ from arg_types import int_at_least, number_in  # noqa: E402
 IMAGE_SHAPES = {'fashion_mnist': (28, 28, 1), 'mnist': (28, 28, 1), 'cifar10': (32, 32, 3),
                 'cifar100': (32, 32, 3), 'svhn_cropped': (32, 32, 3)}
 DEFAULT_VOCAB = 65  # Tiny Shakespeare's characters
+# Benchmark-only model sizes, outside hfl.models.MODELS so that no config can train
+# them: name -> (the hfl.models name it is built with, its options).
+# transformer_large: GPT-2 small's shape (12 layers, 12 heads, width 768) at sequence
+# 512 with the character vocabulary: 85.5M parameters in 198 leaves, 0.29 TFLOP (the
+# matmuls of forward and backward) per 512-token window. Big enough for a GPU to spend
+# its time computing; on a 2-core CPU one example per worker runs a few steps
+# (--mesh=1,1 --batch=1 --steps=1 --blocks=1).
+BENCH_ONLY = {'transformer_large': ('transformer', dict(num_layers=12, num_heads=12,
+                                                        embed_dim=768, seq_len=512))}
+CHOICES = tuple(models.MODELS) + tuple(BENCH_ONLY)
+
+
+def get_model(name: str):
+  """(the Flax module of ``name``, one of :data:`CHOICES`; whether it reads tokens): a
+  token model with the character vocabulary (:data:`DEFAULT_VOCAB`), an image model
+  with 10 classes."""
+  base, opts = BENCH_ONLY.get(name, (name, {}))
+  tokens = models.input_kind(base) == 'tokens'
+  return models.get_model(base, DEFAULT_VOCAB if tokens else 10, **opts), tokens
 
 
 # ------------------------------------------------------------------------------
@@ -96,15 +118,10 @@ def model_dataset(name: str) -> str | None:
 
 
 def build(name: str, batch: int, rng, d: int = 2, w: int = 4):
-  """(net, global inputs x [d, w, B, ...], labels y [d, w, B(, T)], description)."""
-  kind = models.input_kind(name) if hasattr(models, 'input_kind') else None
-  try:
-    net = models.get_model(name, DEFAULT_VOCAB if kind == 'tokens' else 10)
-  except TypeError:
-    net = models.get_model(name, 10)
-  if kind is None:
-    kind = 'tokens' if hasattr(net, 'vocab_size') else 'image'
-  if kind == 'tokens':
+  """(net, global inputs x [d, w, B, ...], labels y [d, w, B(, T)], description) of
+  model ``name`` (:data:`CHOICES`)."""
+  net, tokens = get_model(name)
+  if tokens:
     t, v = int(getattr(net, 'seq_len', 64)), int(getattr(net, 'vocab_size', DEFAULT_VOCAB))
     tokens = rng.integers(0, v, size=(d, w, batch, t + 1)).astype(np.int32)
     return net, tokens[..., :-1], tokens[..., 1:], f'int32 tokens [{t}], vocab {v}'
@@ -273,7 +290,8 @@ def main():
   ap = argparse.ArgumentParser(description=__doc__.split('\n\n')[0],
                                formatter_class=argparse.ArgumentDefaultsHelpFormatter)
   ap.add_argument('--model', default='cnn',
-                  help=f'comma-separated models, each once, or all ({", ".join(models.MODELS)})')
+                  help=f'comma-separated models, each once ({", ".join(CHOICES)}), or all '
+                       f'(those of hfl.models: {", ".join(models.MODELS)})')
   ap.add_argument('--steps', type=int_at_least(1), default=30,
                   help='steps per timed block (the K program: rounded up to whole rounds)')
   ap.add_argument('--blocks', type=int_at_least(1), default=4,
@@ -301,8 +319,8 @@ def main():
              f'{mesh_lib.MAX_CPU_DEVICES} simulated devices are allowed in one process')
   names = list(models.MODELS) if args.model == 'all' else args.model.split(',')
   for i, n in enumerate(names):
-    if n not in models.MODELS:
-      ap.error(f'--model={n!r} is not one of {", ".join(models.MODELS)}')
+    if n not in CHOICES:
+      ap.error(f'--model={n!r} is not one of {", ".join(CHOICES)}')
     if n in names[:i]:
       ap.error(f'argument --model: {n!r} is repeated in {args.model!r}; give each model once')
   mesh_lib.configure_cpu_devices(D * W)  # before anything starts the backend
