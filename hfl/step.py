@@ -438,12 +438,20 @@ def _check_items(check: Check) -> list:
   return [(mask, arrays) for mask, arrays in items if any(a.size for a in arrays)]
 
 
+def _leaf_checks(check) -> tuple:
+  """A leaf's entry in :attr:`LinkCharge.checks` as a tuple of :class:`Check`: None
+  is (), a Check is (check,), a tuple of Checks stays (their flags are OR'ed)."""
+  if check is None:
+    return ()
+  return (check,) if isinstance(check, Check) else tuple(check)
+
+
 def flag_items(links: Sequence['LinkCharge']) -> list:
   """Every flag bit of a program, in order: [((link, leaf, mask), arrays, part)] over
   the links (in the order of :data:`LINK_NAMES`) and their leaves' checks."""
   return [((k, i, mask), arrays, check.part)
-          for k, link in enumerate(links) for i, check in enumerate(link.checks)
-          if check is not None for mask, arrays in _check_items(check)]
+          for k, link in enumerate(links) for i, entry in enumerate(link.checks)
+          for check in _leaf_checks(entry) for mask, arrays in _check_items(check)]
 
 
 def flag_layout(links: Sequence['LinkCharge']) -> tuple:
@@ -457,8 +465,13 @@ def flag_layout(links: Sequence['LinkCharge']) -> tuple:
 FLAG_GROUP = 8
 
 
-def _codes(arrays, part, bit: int) -> list:
-  """uint32 per entry of each array, flattened: 0 where finite (or outside this
+def _code_dtype(num_bits: int):
+  """The narrowest unsigned dtype holding ``num_bits`` (<= 32) flag bits."""
+  return jnp.uint8 if num_bits <= 8 else jnp.uint16 if num_bits <= 16 else jnp.uint32
+
+
+def _codes(arrays, part, bit: int, dtype) -> list:
+  """``dtype`` per entry of each array, flattened: 0 where finite (or outside this
   member's share), ``1 << bit`` where not."""
   out = []
   for a in arrays:
@@ -467,20 +480,21 @@ def _codes(arrays, part, bit: int) -> list:
     else:
       v, valid = collectives.share(a, part[1], part[0])
       ok = jnp.isfinite(v) | ~valid
-    out.append(jnp.where(ok, jnp.uint32(0), jnp.uint32(1 << bit)))
+    out.append(jnp.where(ok, dtype(0), dtype(1 << bit)))
   return out
 
 
 def _or_all(codes: list) -> jax.Array:
-  """uint32[]: the OR of every entry of ``codes`` (flat uint32 arrays), written into
-  one buffer (groups of :data:`FLAG_GROUP` arrays, each group's codes one fusion)
-  and reduced once. The barriers keep XLA from splitting the reduction of a
-  concatenation back into one reduction per array (its algebraic simplifier's
+  """uint32[]: the OR of every entry of ``codes`` (flat arrays of one unsigned dtype),
+  written into one buffer (groups of :data:`FLAG_GROUP` arrays, each group's codes
+  one fusion) and reduced once. The barriers keep XLA from splitting the reduction
+  of a concatenation back into one reduction per array (its algebraic simplifier's
   reduce-of-concatenate rule) and from merging the groups again."""
   barrier = jax.lax.optimization_barrier
   groups = [jnp.concatenate(codes[i:i + FLAG_GROUP]) for i in range(0, len(codes), FLAG_GROUP)]
   flat = barrier(jnp.concatenate(barrier(groups)) if len(groups) > 1 else groups[0])
-  return jax.lax.reduce(flat, np.uint32(0), jax.lax.bitwise_or, (0,))
+  zero = np.zeros((), flat.dtype)
+  return jax.lax.reduce(flat, zero, jax.lax.bitwise_or, (0,)).astype(jnp.uint32)
 
 
 def fused_flags(links: Sequence['LinkCharge'], num_words: int) -> jax.Array:
@@ -488,8 +502,9 @@ def fused_flags(links: Sequence['LinkCharge'], num_words: int) -> jax.Array:
 
   Bit j (:func:`flag_layout`) is set where an array of its item has a non-finite
   entry (within the member's share, with ``part``): each entry becomes 0 or
-  ``1 << (j % 32)`` (uint32), and the entries of the 32 items of one word,
-  concatenated, are OR-reduced at once (:func:`_or_all`). A few operations per 32
+  ``1 << (j % 32)`` (in the narrowest of uint8, uint16 and uint32 holding the
+  word's bits), and the entries of the 32 items of one word, concatenated, are
+  OR-reduced at once (:func:`_or_all`). A few operations per 32
   flag bits instead of several per leaf and link (on XLA:CPU: one per
   :data:`FLAG_GROUP` arrays, one concatenation, and a chain of about log_32 of its
   length reduce-windows). :func:`host_metrics` unpacks the bits into the per-leaf
@@ -501,9 +516,12 @@ def fused_flags(links: Sequence['LinkCharge'], num_words: int) -> jax.Array:
   items = flag_items(links)
   if -(-len(items) // 32) > num_words:
     raise ValueError(f'fused_flags: {len(items)} flag bits need more than {num_words} words')
-  words = [_or_all([c for j, (_, arrays, part) in enumerate(items[start:start + 32])
-                    for c in _codes(arrays, part, j)])
-           for start in range(0, len(items), 32)]
+  words = []
+  for start in range(0, len(items), 32):
+    word = items[start:start + 32]
+    dtype = _code_dtype(len(word))  # 1, 2 or 4 bytes per checked entry
+    words.append(_or_all([c for j, (_, arrays, part) in enumerate(word)
+                          for c in _codes(arrays, part, j, dtype)]))
   words += [jnp.uint32(0)] * (num_words - len(words))
   return jnp.stack(words) if words else jnp.zeros((0,), jnp.uint32)
 
@@ -703,7 +721,9 @@ class LinkCharge(NamedTuple):
   Attributes:
     static: Python int, bits whose size is fixed at trace time.
     dynamic: list per leaf, int32[] bits of variable-length codes (0 otherwise).
-    checks: list per leaf, its :class:`Check`, or None where the link sent nothing.
+    checks: list per leaf, its :class:`Check`; a tuple of Checks, whose flags are
+      OR'ed (e.g. a second payload of the same leaf); or None where the link sent
+      nothing.
   """
   static: int
   dynamic: list
@@ -1177,11 +1197,15 @@ class ProgramInfo(NamedTuple):
 NUM_LINKS = 4  # uplink, downlink, WAN, the round's correction (LINK_NAMES)
 
 
+FLAG_BITS_PER_LEAF = 4  # room per leaf and link: a lossy check's 3, or several checks'
+
+
 def flag_words(num_leaves: int) -> int:
-  """uint32 words of finiteness flags in the metrics: room for three flag bits
-  (BAD_*) per leaf and link, so every program of a step (whatever its compressors'
-  lossless-ness) packs its metrics to the same length."""
-  return -(-3 * NUM_LINKS * num_leaves // 32)
+  """uint32 words of finiteness flags in the metrics: room for
+  :data:`FLAG_BITS_PER_LEAF` flag bits per leaf and link (a lossy check takes three,
+  a lossless one one), so every program of a step, whatever its compressors'
+  lossless-ness, packs its metrics to the same length."""
+  return -(-FLAG_BITS_PER_LEAF * NUM_LINKS * num_leaves // 32)
 
 
 def metrics_size(num_leaves: int) -> int:
@@ -1217,10 +1241,10 @@ def unpack_flags(words, layout: Sequence, num_leaves: int) -> np.ndarray:
     on = (words[..., j // 32] >> (j % 32).astype(np.uint32)) & 1  # [..., bits]
     where = np.array([k * num_leaves + i for k, i, _ in layout])
     masks = np.array([mask for _, _, mask in layout], np.int64)
-    # A (link, leaf)'s bits carry distinct masks: their sum is their OR.
-    onto = np.zeros((len(layout), NUM_LINKS * num_leaves), np.int64)
-    onto[j, where] = masks
-    flags = on.astype(np.int64) @ onto
+    for flag in FLAG_NAMES:  # OR: whether any set bit of a (link, leaf) carries ``flag``
+      onto = np.zeros((len(layout), NUM_LINKS * num_leaves), np.int64)
+      onto[j, where] = (masks & flag) != 0
+      flags |= np.where(on.astype(np.int64) @ onto > 0, flag, 0)
   return flags.reshape(lead + (NUM_LINKS, num_leaves)).astype(np.int32)
 
 

@@ -302,7 +302,9 @@ FUSED_SHAPES = [(3,), (1,), (7, 11), (1001,), (4, 4), (2,), (64, 3), (5,), (1,),
 
 def _member_links(arrays, lossless, part):
   """The four links' LinkCharges of one member: leaf i of link k checks arrays[k][i]
-  (x, payload values, decoded, residual); the correction link only at even leaves."""
+  (x, payload values, decoded, residual); the correction link only at even leaves; the
+  WAN's leaf 1 also checks the downlink's arrays of leaf 1 as a second, lossless
+  payload (a tuple of two checks, whose flags OR)."""
   links = []
   for k in range(step_lib.NUM_LINKS):
     checks = []
@@ -313,6 +315,9 @@ def _member_links(arrays, lossless, part):
       payload = {'values': values, 'indices': jnp.zeros(values.shape, jnp.int32)}
       checks.append(step_lib.Check(x, payload, decoded, None if lossless[i] else residual,
                                    bool(lossless[i]), part if k else None))
+      if k == 2 and i == 1:
+        second = step_lib.Check(arrays[1][i][0], {}, arrays[1][i][0], None, True, part)
+        checks[-1] = (checks[-1], second)
     links.append(step_lib.LinkCharge(0, [jnp.int32(0)] * len(checks), checks))
   return links
 
@@ -323,9 +328,9 @@ def test_fused_flags_name_what_the_per_leaf_flags_name(seed):
   leaves, unpacked on the host by unpack_flags) gives every member's flags per link
   and leaf exactly as finiteness_flags does leaf by leaf: non-finite inputs, payloads
   and residuals injected at random leaves, links and members of a 2 x 3 hierarchy
-  (lossless and lossy leaves; the downlink, WAN and correction checked in shares; more
-  than 32 flag bits and more than FLAG_GROUP arrays per word), and first_nonfinite
-  names the same leaf, link, DC and worker."""
+  (lossless and lossy leaves; the downlink, WAN and correction checked in shares; a
+  leaf with two checks; more than 32 flag bits and more than FLAG_GROUP arrays per
+  word), and first_nonfinite names the same leaf, link, DC and worker."""
   d, w, n = 2, 3, len(FUSED_SHAPES)
   rng = np.random.default_rng(seed)
   lossless = rng.random(n) < 0.4
@@ -335,8 +340,9 @@ def test_fused_flags_name_what_the_per_leaf_flags_name(seed):
     links = _member_links(arrays, lossless, (index, w))
     layout['bits'] = step_lib.flag_layout(links)
     words = step_lib.fused_flags(links, step_lib.flag_words(n))
-    slow = jnp.stack([jnp.stack([jnp.int32(0) if c is None else step_lib.check_flags(c)
-                                 for c in link.checks]) for link in links])
+    one = lambda c: jnp.int32(0) if c is None else step_lib.check_flags(c)
+    both = lambda c: one(c) if c is None or isinstance(c, step_lib.Check) else one(c[0]) | one(c[1])
+    slow = jnp.stack([jnp.stack([both(c) for c in link.checks]) for link in links])
     return words, slow
   run = jax.jit(member)
   fused = np.zeros((d, w, step_lib.NUM_LINKS, n), np.int32)

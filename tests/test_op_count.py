@@ -55,7 +55,7 @@ def test_a_compiled_elementwise_chain_is_one_operation():
 def test_transformer_large_is_a_benchmark_only_12_by_768_transformer():
   """Not a model a config can name; 12 blocks of width 768 at sequence 512 (built
   abstractly: 85.5M parameters, nothing allocated)."""
-  import step_throughput as st  # pylint: disable=g-import-not-at-top  (allocator chosen: no re-exec)
+  import step_throughput as st  # pylint: disable=g-import-not-at-top
   assert 'transformer_large' not in models.MODELS and 'transformer_large' in st.CHOICES
   net, tokens = st.get_model('transformer_large')
   assert tokens and (net.num_layers, net.num_heads, net.embed_dim, net.seq_len) == (
