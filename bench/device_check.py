@@ -12,14 +12,16 @@ tensorboardX; Python 3.12, no dependencies) into ``.device/whl``; ``.device/`` i
 git-ignored and about 21 MB. Then, on the accelerator host, from the repository root
 with ``.device`` next to it:
 
-  python3 bench/device_check.py --out=$OUT [--peak_tflops=F] [--budget_s=420]
+  python3 bench/device_check.py --out=$OUT [--peak_tflops=F] [--budget_s=420] \
+      [--bench_models=cnn,...|transformer_large] [--bench_batch=256]
 
 installs the wheels into /tmp/site (when ``.device/whl`` has any), then runs, each
 under its share of the budget plus whatever the stages before it left unused:
   1. ``bench/step_throughput.py`` on the models of the three configs and the
-     Fashion-MNIST CNN, on a ``--mesh`` of the host's devices (default 1,1: one GPU;
-     XLA simulates several devices on CPU only), with the same global batch as the
-     CPU tables (256);
+     Fashion-MNIST CNN (``--bench_models``; ``transformer_large`` is the
+     benchmark-only 12 x 768 transformer at sequence 512), on a ``--mesh`` of the
+     host's devices (default 1,1: one GPU; XLA simulates several devices on CPU
+     only), with the same global batch as the CPU tables (``--bench_batch``, 256);
   2. ``bench/max_pool.py`` (flax's pooling against ``hfl.models.max_pool_2x2``, which
      the CNNs use on every backend; its speed-up was measured on CPU only);
   3. ``main.py`` with ``configs/cifar10.py``, ``configs/shakespeare.py`` and
@@ -267,9 +269,11 @@ def check_sweep(out: str, sweep: str, budget_s: float) -> int:
 
 
 def check(out: str, mesh: str, budget_s: float, peak_tflops: float | None,
-          num_steps: int = 0) -> int:
-  """Runs the benchmark and the configs; writes ``out``/device_check.{md,tar.gz} after
-  every stage. Returns 0, or 1 when a stage failed or was stopped."""
+          num_steps: int = 0, bench_models: str = BENCH_MODELS,
+          bench_batch: int = 256) -> int:
+  """Runs the benchmark (of ``bench_models`` at global batch ``bench_batch``) and the
+  configs; writes ``out``/device_check.{md,tar.gz} after every stage. Returns 0, or 1
+  when a stage failed or was stopped."""
   os.makedirs(out, exist_ok=True)
   work = '/tmp/hfl_device_check'
   shutil.rmtree(work, ignore_errors=True)
@@ -288,8 +292,9 @@ def check(out: str, mesh: str, budget_s: float, peak_tflops: float | None,
     deadline = time.time() + budget_s
     spare = 0.0  # seconds the stages before left unused
     bench_log = os.path.join(work, 'bench.out')
-    cmd = [sys.executable, 'bench/step_throughput.py', f'--model={BENCH_MODELS}',
-           f'--mesh={mesh}', f'--batch={max(1, 256 // (d * w))}', '--steps=20', '--blocks=5']
+    cmd = [sys.executable, 'bench/step_throughput.py', f'--model={bench_models}',
+           f'--mesh={mesh}', f'--batch={max(1, bench_batch // (d * w))}', '--steps=20',
+           '--blocks=5']
     if peak_tflops:
       cmd.append(f'--peak_tflops={peak_tflops}')
     allowed = SHARES[0] * budget_s
@@ -348,6 +353,12 @@ def main(argv=None) -> int:
   ap.add_argument('--sweep', default=None,
                   help='a sweep file to run instead of the stages (its runs come back in '
                   'the results archive\'s layout)')
+  ap.add_argument('--bench_models', default=BENCH_MODELS,
+                  help='models of the step benchmark (bench/step_throughput.py --model), e.g. '
+                       'transformer_large, the benchmark-only 12 x 768 transformer at sequence '
+                       '512 (with --bench_batch=32 it fits an 80 GB GPU)')
+  ap.add_argument('--bench_batch', type=int, default=256,
+                  help='global batch of the step benchmark (split over the mesh)')
   args = ap.parse_args(argv)
   if args.prepare:
     try:
@@ -364,6 +375,8 @@ def main(argv=None) -> int:
     ap.error(f'--budget_s must be in (0, {MAX_BUDGET_S:.0f}] seconds, got {args.budget_s}')
   if args.num_steps < 0:
     ap.error(f'--num_steps must be >= 0 (0: the config\'s), got {args.num_steps}')
+  if args.bench_batch < 1:
+    ap.error(f'--bench_batch must be >= 1, got {args.bench_batch}')
   if args.peak_tflops is not None and not args.peak_tflops > 0:
     ap.error(f'--peak_tflops must be > 0, got {args.peak_tflops}')
   missing = [n for n in DATA_FILES.values()
@@ -379,7 +392,8 @@ def main(argv=None) -> int:
       ap.error(f'--sweep={args.sweep} is not a file (give e.g. '
                'configs/sweeps/cifar10_semisync.py, relative to the repository root)')
     return check_sweep(args.out, args.sweep, args.budget_s)
-  return check(args.out, args.mesh, args.budget_s, args.peak_tflops, args.num_steps)
+  return check(args.out, args.mesh, args.budget_s, args.peak_tflops, args.num_steps,
+               args.bench_models, args.bench_batch)
 
 
 if __name__ == '__main__':

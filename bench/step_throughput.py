@@ -37,6 +37,9 @@ for CIFAR), float32 images with int labels; a token model (``seq_len``/
 ``vocab_size`` attributes, or hfl.models.input_kind) gets int32 token windows
 [B, seq_len] with next-token labels.
 
+A benchmark-only size, transformer_large (12 layers x 768 wide, sequence 512,
+synthetic tokens; :data:`BENCH_ONLY`), is selected by name and never by ``all``.
+
   python3 bench/step_throughput.py [--model=cnn[,mlp,...]|all] [--steps=30] \
       [--blocks=4] [--batch=32] [--k=4] [--mesh=2,4] [--fma_units=N] [--clock_ghz=F] \
       [--peak_tflops=F]
@@ -74,6 +77,25 @@ from arg_types import int_at_least, number_in  # noqa: E402
 IMAGE_SHAPES = {'fashion_mnist': (28, 28, 1), 'mnist': (28, 28, 1), 'cifar10': (32, 32, 3),
                 'cifar100': (32, 32, 3), 'svhn_cropped': (32, 32, 3)}
 DEFAULT_VOCAB = 65  # Tiny Shakespeare's characters
+# Benchmark-only model sizes, outside hfl.models.MODELS so that no config can train
+# them: name -> (the hfl.models name it is built with, its options).
+# transformer_large: GPT-2 small's shape (12 layers, 12 heads, width 768) at sequence
+# 512 with the character vocabulary: 85.5M parameters in 198 leaves, 0.29 TFLOP (the
+# matmuls of forward and backward) per 512-token window. Big enough for a GPU to spend
+# its time computing; on a 2-core CPU one example per worker runs a few steps
+# (--mesh=1,1 --batch=1 --steps=1 --blocks=1).
+BENCH_ONLY = {'transformer_large': ('transformer', dict(num_layers=12, num_heads=12,
+                                                        embed_dim=768, seq_len=512))}
+CHOICES = tuple(models.MODELS) + tuple(BENCH_ONLY)
+
+
+def get_model(name: str):
+  """(the Flax module of ``name``, one of :data:`CHOICES`; whether it reads tokens): a
+  token model with the character vocabulary (:data:`DEFAULT_VOCAB`), an image model
+  with 10 classes."""
+  base, opts = BENCH_ONLY.get(name, (name, {}))
+  tokens = models.input_kind(base) == 'tokens'
+  return models.get_model(base, DEFAULT_VOCAB if tokens else 10, **opts), tokens
 
 
 # ------------------------------------------------------------------------------
@@ -96,15 +118,10 @@ def model_dataset(name: str) -> str | None:
 
 
 def build(name: str, batch: int, rng, d: int = 2, w: int = 4):
-  """(net, global inputs x [d, w, B, ...], labels y [d, w, B(, T)], description)."""
-  kind = models.input_kind(name) if hasattr(models, 'input_kind') else None
-  try:
-    net = models.get_model(name, DEFAULT_VOCAB if kind == 'tokens' else 10)
-  except TypeError:
-    net = models.get_model(name, 10)
-  if kind is None:
-    kind = 'tokens' if hasattr(net, 'vocab_size') else 'image'
-  if kind == 'tokens':
+  """(net, global inputs x [d, w, B, ...], labels y [d, w, B(, T)], description) of
+  model ``name`` (:data:`CHOICES`)."""
+  net, tokens = get_model(name)
+  if tokens:
     t, v = int(getattr(net, 'seq_len', 64)), int(getattr(net, 'vocab_size', DEFAULT_VOCAB))
     tokens = rng.integers(0, v, size=(d, w, batch, t + 1)).astype(np.int32)
     return net, tokens[..., :-1], tokens[..., 1:], f'int32 tokens [{t}], vocab {v}'
@@ -118,6 +135,32 @@ def build(name: str, batch: int, rng, d: int = 2, w: int = 4):
 # ------------------------------------------------------------------------------
 # The three programs.
 # ------------------------------------------------------------------------------
+
+def hierarchical(apply_fn, params, opt, mesh):
+  """(hfl's step with identity compressors on every link and ``opt`` on the workers,
+  outer SGD(1) (averaging), its initial state placed on ``mesh``)."""
+  ident = [base.identity(l.shape) for l in jax.tree.leaves(params)]
+  comps = step_lib.Compressors(ident, ident, ident)
+  D, W = mesh.shape['dc'], mesh.shape['worker']  # pylint: disable=invalid-name
+  state = step_lib.init_state(params, opt, optax.sgd(1.0), comps, D, W, jax.random.PRNGKey(1))
+  state = jax.device_put(state, step_lib.state_shardings(mesh, state))
+  return step_lib.make_step(apply_fn, opt, optax.sgd(1.0), comps, mesh, state), state
+
+
+def data_parallel(loss_fn, opt, mesh):
+  """The plain data-parallel step, jitted: ``(params, opt_state, x, y) -> (params,
+  opt_state)`` with replicated params and optimizer state (donated), inputs
+  [D, W, B, ...] sharded P('dc', 'worker'), one gradient pmean over both axes."""
+  def dp_body(p, o, x, y):
+    p_var = jax.lax.pcast(p, ('dc', 'worker'), to='varying')
+    g = jax.grad(loss_fn)(p_var, x[0, 0], y[0, 0])
+    g = jax.lax.pmean(g, ('dc', 'worker'))
+    u, o = opt.update(g, o, p)
+    return optax.apply_updates(p, u), o
+  return jax.jit(jax.shard_map(dp_body, mesh=mesh,
+                               in_specs=(P(), P(), P('dc', 'worker'), P('dc', 'worker')),
+                               out_specs=(P(), P())), donate_argnums=(0, 1))
+
 
 def programs(net, x_host, y_host, mesh, k: int = 4):
   """Returns {name: (run(n) -> None, xla FLOPs/step)}, the model FLOPs/step and the
@@ -137,11 +180,7 @@ def programs(net, x_host, y_host, mesh, k: int = 4):
   model_flops = jaxpr_flops(jax.make_jaxpr(jax.value_and_grad(loss_fn))(params, gx, gy))
 
   # ---- Hierarchical step.
-  ident = [base.identity(l.shape) for l in jax.tree.leaves(params)]
-  comps = step_lib.Compressors(ident, ident, ident)
-  state = step_lib.init_state(params, opt, optax.sgd(1.0), comps, D, W, jax.random.PRNGKey(1))
-  state = jax.device_put(state, step_lib.state_shardings(mesh, state))
-  hstep = step_lib.make_step(apply_fn, opt, optax.sgd(1.0), comps, mesh, state)
+  hstep, state = hierarchical(apply_fn, params, opt, mesh)
   bsh = NamedSharding(mesh, P('dc', 'worker'))
   rep = NamedSharding(mesh, P())
   x, y = jax.device_put(x_host, bsh), jax.device_put(y_host, bsh)
@@ -166,15 +205,7 @@ def programs(net, x_host, y_host, mesh, k: int = 4):
     return m
 
   # ---- Data-parallel step.
-  def dp_body(p, o, x, y):
-    p_var = jax.lax.pcast(p, ('dc', 'worker'), to='varying')
-    g = jax.grad(loss_fn)(p_var, x[0, 0], y[0, 0])
-    g = jax.lax.pmean(g, ('dc', 'worker'))
-    u, o = opt.update(g, o, p)
-    return optax.apply_updates(p, u), o
-  dp = jax.jit(jax.shard_map(dp_body, mesh=mesh,
-                             in_specs=(P(), P(), P('dc', 'worker'), P('dc', 'worker')),
-                             out_specs=(P(), P())), donate_argnums=(0, 1))
+  dp = data_parallel(loss_fn, opt, mesh)
   box['dp'] = (jax.device_put(jax.tree.map(jnp.array, params), rep),
                jax.device_put(opt.init(params), rep))
   dp_compiled = dp.lower(*box['dp'], x, y).compile()
@@ -259,7 +290,8 @@ def main():
   ap = argparse.ArgumentParser(description=__doc__.split('\n\n')[0],
                                formatter_class=argparse.ArgumentDefaultsHelpFormatter)
   ap.add_argument('--model', default='cnn',
-                  help=f'comma-separated models, each once, or all ({", ".join(models.MODELS)})')
+                  help=f'comma-separated models, each once ({", ".join(CHOICES)}), or all '
+                       f'(those of hfl.models: {", ".join(models.MODELS)})')
   ap.add_argument('--steps', type=int_at_least(1), default=30,
                   help='steps per timed block (the K program: rounded up to whole rounds)')
   ap.add_argument('--blocks', type=int_at_least(1), default=4,
@@ -287,8 +319,8 @@ def main():
              f'{mesh_lib.MAX_CPU_DEVICES} simulated devices are allowed in one process')
   names = list(models.MODELS) if args.model == 'all' else args.model.split(',')
   for i, n in enumerate(names):
-    if n not in models.MODELS:
-      ap.error(f'--model={n!r} is not one of {", ".join(models.MODELS)}')
+    if n not in CHOICES:
+      ap.error(f'--model={n!r} is not one of {", ".join(CHOICES)}')
     if n in names[:i]:
       ap.error(f'argument --model: {n!r} is repeated in {args.model!r}; give each model once')
   mesh_lib.configure_cpu_devices(D * W)  # before anything starts the backend

@@ -73,8 +73,12 @@ only assembles x_global' on the replicated PS, and ``round_down_bits`` charges
 W x the correction's payload instead, which, like the PS downlink, crosses no
 collective of the simulation). A dense (linear) downlink reaches each worker
 as its slice only with ZeRO-1 (hfl.accounting.static_bits). Non-finite
-gradients, payloads and residuals are flagged per link and leaf
-(:func:`finiteness_flags`).
+gradients, payloads and residuals are flagged per link and leaf: every link
+returns its leaves' checks (:class:`Check`), and the program reduces all of them
+at once, a few operations per 32 flag bits (:func:`fused_flags`), instead of
+several per leaf and link; the host unpacks the bits into the per-leaf flags of
+:func:`finiteness_flags` (:func:`host_metrics`), so a non-finite value is named by
+its leaf, link, DC and worker as before.
 """
 
 from typing import Any, Callable, NamedTuple, Sequence
@@ -407,6 +411,138 @@ def finiteness_flags(x, payload, decoded, residual, lossless: bool = False,
           | jnp.where(ok(residual), 0, BAD_RESIDUAL)).astype(jnp.int32)
 
 
+class Check(NamedTuple):
+  """One leaf's finiteness check on one link, not yet reduced: the arguments of
+  :func:`finiteness_flags`. The step reduces every check of a program together
+  (:func:`fused_flags`); :func:`check_flags` reduces one alone.
+
+  Attributes:
+    x: f32 array, the value sent (gradient, aggregate, pseudo-gradient, correction).
+    payload: its payload (dict of arrays; the float ones are read).
+    decoded: f32 array, the payload decoded.
+    residual: f32 array, the new residual (None: no residual, lossless).
+    lossless: the leaf's compressor is lossless (only ``x`` is read).
+    part: None, or (index int32[], parts): this member checks its share only.
+  """
+  x: Any
+  payload: Any
+  decoded: Any
+  residual: Any
+  lossless: bool
+  part: Any = None
+
+
+def check_flags(check: Check) -> jax.Array:
+  """int32[] :func:`finiteness_flags` of one :class:`Check` (its own reductions)."""
+  return finiteness_flags(*check)
+
+
+def _floats(*trees) -> list:
+  """The inexact (float) arrays of ``trees``, in order."""
+  return [a for t in trees for a in jax.tree.leaves(t)
+          if jnp.issubdtype(jnp.result_type(a), jnp.inexact)]
+
+
+def _check_items(check: Check) -> list:
+  """[(flag mask, arrays)] of one check: what each of its flag bits reads (items
+  without a float array, which can never fire, left out)."""
+  if check.lossless:
+    items = [(BAD_INPUT | BAD_PAYLOAD, _floats(check.x))]
+  else:
+    items = [(BAD_INPUT, _floats(check.x)),
+             (BAD_PAYLOAD, _floats(check.payload, check.decoded)),
+             (BAD_RESIDUAL, _floats(check.residual))]
+  return [(mask, arrays) for mask, arrays in items if any(a.size for a in arrays)]
+
+
+def _leaf_checks(check) -> tuple:
+  """A leaf's entry in :attr:`LinkCharge.checks` as a tuple of :class:`Check`: None
+  is (), a Check is (check,), a tuple of Checks stays (their flags are OR'ed)."""
+  if check is None:
+    return ()
+  return (check,) if isinstance(check, Check) else tuple(check)
+
+
+def flag_items(links: Sequence['LinkCharge']) -> list:
+  """Every flag bit of a program, in order: [((link, leaf, mask), arrays, part)] over
+  the links (in the order of :data:`LINK_NAMES`) and their leaves' checks."""
+  return [((k, i, mask), arrays, check.part)
+          for k, link in enumerate(links) for i, entry in enumerate(link.checks)
+          for check in _leaf_checks(entry) for mask, arrays in _check_items(check)]
+
+
+def flag_layout(links: Sequence['LinkCharge']) -> tuple:
+  """Static: ((link, leaf, mask), ...), what bit j of :func:`fused_flags`' words
+  (word j // 32, bit j % 32) stands for: ``mask`` (BAD_*) of ``leaf`` on ``link``."""
+  return tuple(where for where, _, _ in flag_items(links))
+
+
+# Arrays whose codes one fusion writes: XLA:CPU fuses a concatenation with its
+# elementwise producers only up to 8 operands (measured, jax 0.10).
+FLAG_GROUP = 8
+
+
+def _code_dtype(num_bits: int):
+  """The narrowest unsigned dtype holding ``num_bits`` (<= 32) flag bits."""
+  return jnp.uint8 if num_bits <= 8 else jnp.uint16 if num_bits <= 16 else jnp.uint32
+
+
+def _codes(arrays, part, bit: int, dtype) -> list:
+  """``dtype`` per entry of each array, flattened: 0 where finite (or outside this
+  member's share), ``1 << bit`` where not."""
+  out = []
+  for a in arrays:
+    if part is None:
+      ok = jnp.isfinite(a).reshape(-1)
+    else:
+      v, valid = collectives.share(a, part[1], part[0])
+      ok = jnp.isfinite(v) | ~valid
+    out.append(jnp.where(ok, dtype(0), dtype(1 << bit)))
+  return out
+
+
+def _or_all(codes: list) -> jax.Array:
+  """uint32[]: the OR of every entry of ``codes`` (flat arrays of one unsigned dtype),
+  written into one buffer (groups of :data:`FLAG_GROUP` arrays, each group's codes
+  one fusion) and reduced once. The barriers keep XLA from splitting the reduction
+  of a concatenation back into one reduction per array (its algebraic simplifier's
+  reduce-of-concatenate rule) and from merging the groups again."""
+  barrier = jax.lax.optimization_barrier
+  groups = [jnp.concatenate(codes[i:i + FLAG_GROUP]) for i in range(0, len(codes), FLAG_GROUP)]
+  flat = barrier(jnp.concatenate(barrier(groups)) if len(groups) > 1 else groups[0])
+  zero = np.zeros((), flat.dtype)
+  return jax.lax.reduce(flat, zero, jax.lax.bitwise_or, (0,)).astype(jnp.uint32)
+
+
+def fused_flags(links: Sequence['LinkCharge'], num_words: int) -> jax.Array:
+  """uint32[num_words]: every finiteness check of a program in a few reductions.
+
+  Bit j (:func:`flag_layout`) is set where an array of its item has a non-finite
+  entry (within the member's share, with ``part``): each entry becomes 0 or
+  ``1 << (j % 32)`` (in the narrowest of uint8, uint16 and uint32 holding the
+  word's bits), and the entries of the 32 items of one word, concatenated, are
+  OR-reduced at once (:func:`_or_all`). A few operations per 32
+  flag bits instead of several per leaf and link (on XLA:CPU: one per
+  :data:`FLAG_GROUP` arrays, one concatenation, and a chain of about log_32 of its
+  length reduce-windows). :func:`host_metrics` unpacks the bits into the per-leaf
+  flags :func:`finiteness_flags` gives. Words past the last bit are 0.
+
+  Raises:
+    ValueError: the checks need more than ``num_words`` words.
+  """
+  items = flag_items(links)
+  if -(-len(items) // 32) > num_words:
+    raise ValueError(f'fused_flags: {len(items)} flag bits need more than {num_words} words')
+  words = []
+  for start in range(0, len(items), 32):
+    word = items[start:start + 32]
+    dtype = _code_dtype(len(word))  # 1, 2 or 4 bytes per checked entry
+    words.append(_or_all([c for j, (_, arrays, part) in enumerate(word)
+                          for c in _codes(arrays, part, j, dtype)]))
+  words += [jnp.uint32(0)] * (num_words - len(words))
+  return jnp.stack(words) if words else jnp.zeros((0,), jnp.uint32)
+
+
 class Exchanged(NamedTuple):
   """One member's side of a pytree crossing one link (:func:`exchange`, :func:`downlink`).
 
@@ -416,15 +552,21 @@ class Exchanged(NamedTuple):
     link: the member's new :class:`LinkState`.
     bits: list per leaf, wire bits of the member's payload: Python int (static)
       or int32[] (variable-length codes).
-    flags: list per leaf, int32[] finiteness flags (BAD_INPUT | BAD_PAYLOAD |
-      BAD_RESIDUAL).
+    checks: list per leaf, its :class:`Check` (reduced with the program's others,
+      :func:`fused_flags`).
     payloads: list per leaf, the member's payload (dict of arrays).
   """
   agg: Any
   link: LinkState
   bits: list
-  flags: list
+  checks: list
   payloads: list
+
+  @property
+  def flags(self) -> list:
+    """list per leaf, int32[] finiteness flags (BAD_INPUT | BAD_PAYLOAD |
+    BAD_RESIDUAL), each leaf reduced on its own (:func:`check_flags`)."""
+    return [check_flags(c) for c in self.checks]
 
 
 def _collect(c: base.Compressor, sent, payload, axis: str, axis_size: int, weights,
@@ -519,9 +661,9 @@ def exchange(comps: Sequence[base.Compressor], xs, link: LinkState, key, axis: s
           for c, p, sc in zip(comps, payloads, scatter)]
   # With split_axis every value here is identical over it: each member checks 1/split_size.
   part = None if split_axis is None else (jax.lax.axis_index(split_axis), split_size)
-  flags = [finiteness_flags(x, p, s, r, c.lossless, part) for c, x, p, s, r in
-           zip(comps, xs32, payloads, sent, treedef.flatten_up_to(residual))]
-  return Exchanged(treedef.unflatten(aggs), LinkState(residual, states), bits, flags,
+  checks = [Check(x, p, s, r, c.lossless, part) for c, x, p, s, r in
+            zip(comps, xs32, payloads, sent, treedef.flatten_up_to(residual))]
+  return Exchanged(treedef.unflatten(aggs), LinkState(residual, states), bits, checks,
                    payloads)
 
 
@@ -552,10 +694,10 @@ def downlink(comps: Sequence[base.Compressor], qs, link: LinkState, key,
   payloads, residual, states = ef.tree_ef_step(comps, qs, link.residual,
                                                link.compressor_state, key)
   received = [c.decode(p) for c, p in zip(comps, payloads)]
-  flags = [finiteness_flags(q, p, r, e, c.lossless, pt) for c, q, p, r, e, pt in
-           zip(comps, leaves, payloads, received, treedef.flatten_up_to(residual), parts)]
+  checks = [Check(q, p, r, e, c.lossless, pt) for c, q, p, r, e, pt in
+            zip(comps, leaves, payloads, received, treedef.flatten_up_to(residual), parts)]
   return Exchanged(treedef.unflatten(received), LinkState(residual, states),
-                   [c.wire_bits(p) for c, p in zip(comps, payloads)], flags, payloads)
+                   [c.wire_bits(p) for c, p in zip(comps, payloads)], checks, payloads)
 
 
 # --------------------------------------------------------------------------------
@@ -597,29 +739,31 @@ class LinkCharge(NamedTuple):
   Attributes:
     static: Python int, bits whose size is fixed at trace time.
     dynamic: list per leaf, int32[] bits of variable-length codes (0 otherwise).
-    flags: list per leaf, int32[] finiteness flags (BAD_*).
+    checks: list per leaf, its :class:`Check`; a tuple of Checks, whose flags are
+      OR'ed (e.g. a second payload of the same leaf); or None where the link sent
+      nothing.
   """
   static: int
   dynamic: list
-  flags: list
+  checks: list
 
 
 def _is_static(bits) -> bool:
   return isinstance(bits, (int, np.integer))
 
 
-def link_charge(bits: Sequence, flags: Sequence, extra: int = 0) -> LinkCharge:
+def link_charge(bits: Sequence, checks: Sequence, extra: int = 0) -> LinkCharge:
   """Splits per-leaf ``bits`` into a static total (plus ``extra``) and per-leaf
-  int32 dynamic counts."""
+  int32 dynamic counts; ``checks``: per leaf, a :class:`Check` or None."""
   return LinkCharge(
       int(extra) + sum(int(b) for b in bits if _is_static(b)),
       [jnp.int32(0) if _is_static(b) else jnp.int32(0) + b.astype(jnp.int32) for b in bits],
-      list(flags))
+      list(checks))
 
 
 def no_charge(num_leaves: int) -> LinkCharge:
   """A link that moves nothing in this program (the WAN without a round)."""
-  return LinkCharge(0, [jnp.int32(0)] * num_leaves, [jnp.int32(0)] * num_leaves)
+  return LinkCharge(0, [jnp.int32(0)] * num_leaves, [None] * num_leaves)
 
 
 def _keep(active, new, old):
@@ -725,8 +869,7 @@ def apply_inner(setup: Setup, params, opt_state, grads, lr_scale=None):
     (new params, new opt_state, bits of one worker's parameter slice moved by the
     ZeRO-1 all-gather: Python int, 0 without ZeRO-1 or with W = 1).
   """
-  scale = (lambda u: u) if lr_scale is None else (
-      lambda u: jax.tree.map(lambda x: x * lr_scale.astype(x.dtype), u))
+  scale = _lr_scale(lr_scale)
   if not setup.shard:
     updates, new_opt = setup.optimizer.update(grads, opt_state, params)
     return optax.apply_updates(params, scale(updates)), new_opt, 0
@@ -739,6 +882,35 @@ def apply_inner(setup: Setup, params, opt_state, grads, lr_scale=None):
   return new_params, ShardedOptState(new_opt), chunk_bits(params, w) if w > 1 else 0
 
 
+def _lr_scale(lr_scale) -> Callable:
+  """updates -> updates x ``lr_scale`` (f32[]; None: unchanged)."""
+  if lr_scale is None:
+    return lambda u: u
+  return lambda u: jax.tree.map(lambda x: x * lr_scale.astype(x.dtype), u)
+
+
+def _inner_step(setup: Setup, state: TrainState, grads, active, lr_scale, lead_params):
+  """:func:`apply_inner` with the semi-synchronous mask: (params, opt_state, gather
+  bits), params and opt_state those of ``state`` where this DC is not ``active``.
+
+  ``lead_params``: None, or this DC's parameters as the program received them, with
+  their leading mesh axis ([1, ...]); then (without ZeRO-1) the masked update
+  x <- where(active, x + u, x) is written in that shape and the local view taken
+  after it, which lets XLA update the donated parameter buffers in place instead of
+  copying every updated leaf into them. The same values either way.
+  """
+  keep = lambda new, old: _keep(active, new, old)
+  if lead_params is None or setup.shard:
+    params, opt_state, gather = apply_inner(setup, state.params, state.opt_state, grads,
+                                            lr_scale)
+    return keep(params, state.params), keep(opt_state, state.opt_state), gather
+  updates, opt_state = setup.optimizer.update(grads, state.opt_state, state.params)
+  updates = _lr_scale(lr_scale)(updates)
+  params = jax.tree.map(lambda x, u: jnp.where(active, optax.apply_updates(x, u[None]), x)[0],
+                        lead_params, updates)
+  return params, keep(opt_state, state.opt_state), 0
+
+
 class IterationCharge(NamedTuple):
   """Accounting of one intra-DC iteration on one device."""
   up: LinkCharge
@@ -746,7 +918,7 @@ class IterationCharge(NamedTuple):
 
 
 def intra_dc_iteration(setup: Setup, state: TrainState, images, labels, active, keys: Keys,
-                       lr_scale=None):
+                       lr_scale=None, lead_params=None):
   """One intra-DC iteration on one device (inside shard_map; per-device view).
 
   gradient -> uplink over 'worker' -> PS downlink -> inner optimizer.
@@ -760,6 +932,8 @@ def intra_dc_iteration(setup: Setup, state: TrainState, images, labels, active, 
       its parameters, optimizer state, link states and velocity.
     keys: :func:`step_keys`.
     lr_scale: f32[], this DC's learning-rate multiplier (None: 1).
+    lead_params: None, or ``state.params`` with the leading mesh axis the program
+      received them with, leaves [1, ...] (:func:`_inner_step`: updated in place).
 
   Returns:
     (new state — step + 1, local_steps + active —, loss f32[], IterationCharge).
@@ -773,11 +947,11 @@ def intra_dc_iteration(setup: Setup, state: TrainState, images, labels, active, 
   loss, grads = local_gradient(setup, state.params, images, labels, anchor, corr)
   up, velocity = uplink(setup, grads, state.up, state.dgc_velocity, keys.worker)
   down, down_grads, down_bits = ps_downlink(setup, up.agg, state.down, keys.dc)
-  params, opt_state, gather = apply_inner(setup, state.params, state.opt_state, down_grads,
-                                          lr_scale)
+  params, opt_state, gather = _inner_step(setup, state, down_grads, active, lr_scale,
+                                          lead_params)
   keep = lambda new, old: _keep(active, new, old)
   new = state._replace(
-      params=keep(params, state.params), opt_state=keep(opt_state, state.opt_state),
+      params=params, opt_state=opt_state,
       up=keep(up.link, state.up), down=keep(down.link, state.down),
       dgc_velocity=keep(velocity, state.dgc_velocity),
       local_steps=state.local_steps + active.astype(jnp.int32), step=state.step + 1)
@@ -786,8 +960,8 @@ def intra_dc_iteration(setup: Setup, state: TrainState, images, labels, active, 
     eta = scaffold_lib.step_lr(sc.learning_rate, cv.count, lr_scale, sc.gain)
     new = new._replace(scaffold=keep(cv._replace(lr_sum=cv.lr_sum + eta,
                                                  count=cv.count + 1), cv))
-  charge = IterationCharge(link_charge(up.bits, up.flags, gather),
-                           link_charge(down_bits, down.flags, (setup.num_workers - 1) * gather))
+  charge = IterationCharge(link_charge(up.bits, up.checks, gather),
+                           link_charge(down_bits, down.checks, (setup.num_workers - 1) * gather))
   return new, loss, charge
 
 
@@ -852,11 +1026,11 @@ def inter_dc_round(setup: Setup, state: TrainState, weights, key):
   static = [(int(b), reduces(c)) for c, b in zip(setup.comps.wan, wan.bits) if _is_static(b)]
   again = [(int(b), reduces(c)) for c, b, s in zip(setup.comps.wan, wan.bits, sent)
            if _is_static(b) and not s]
-  flags, extra = wan.flags, 0  # SCAFFOLD's c_d deltas: a second, float32 WAN payload
-  if setup.scaffold is not None:
-    new, extra, cv_flags = scaffold_round(setup, new, state, pseudo, present, key)
-    flags = [f | g for f, g in zip(flags, cv_flags)]
-  return new, RoundCharge(link_charge(wan.bits, flags, extra),
+  checks, extra = wan.checks, 0  # SCAFFOLD's c_d deltas: a second, float32 WAN payload
+  if setup.scaffold is not None:  # a leaf's two checks: its flag is their OR
+    new, extra, cv_checks = scaffold_round(setup, new, state, pseudo, present, key)
+    checks = [(c, g) for c, g in zip(checks, cv_checks)]
+  return new, RoundCharge(link_charge(wan.bits, checks, extra),
                           sum(b for b, r in static if r) + extra,
                           sum(b for b, r in static if not r), drift, bcast,
                           sum(b for b, r in again if r) + extra,
@@ -884,7 +1058,7 @@ def scaffold_round(setup: Setup, new: TrainState, state: TrainState, pseudo, pre
 
   Returns:
     (state, static bits of one DC's deltas (Python int: 32 per parameter), per-leaf
-    int32[] finiteness flags of the deltas).
+    finiteness checks of the deltas).
   """
   cv, c = state.scaffold, state.scaffold_c
   c_plus = _keep(present, scaffold_lib.update(cv.c, c, pseudo, cv.lr_sum), cv.c)
@@ -898,7 +1072,7 @@ def scaffold_round(setup: Setup, new: TrainState, state: TrainState, pseudo, pre
                 key_offset=SCAFFOLD_KEY_OFFSET, fuse=True)
   new = new._replace(scaffold=cv._replace(c=c_plus, lr_sum=jnp.zeros_like(cv.lr_sum)),
                      scaffold_c=jax.tree.map(lambda a, b: a + b, c, ex.agg))
-  return new, sum(int(b) for b in ex.bits), ex.flags
+  return new, sum(int(b) for b in ex.bits), ex.checks
 
 
 def round_reference(setup: Setup, state: TrainState):
@@ -964,15 +1138,15 @@ def broadcast_correction(setup: Setup, state: TrainState, params, global_params,
                  jax.random.fold_in(key, BROADCAST_KEY_OFFSET),
                  [(wk, setup.num_workers)] * len(idx))
   new_x, new_ref = list(new_g), treedef.flatten_up_to(state.ref)
-  bits, flags = [0] * n, [jnp.int32(0)] * n
+  bits, checks = [0] * n, [None] * n
   for j, i in enumerate(idx):
     new_x[i] = x[i] + out.agg[j]
     new_ref[i] = new_x[i]
     res[i], cstates[i] = out.link.residual[j], out.link.compressor_state[j]
-    bits[i], flags[i] = out.bits[j], out.flags[j]
+    bits[i], checks[i] = out.bits[j], out.checks[j]
   state = state._replace(params=treedef.unflatten(new_x), ref=treedef.unflatten(new_ref),
                          bcast=LinkState(treedef.unflatten(res), cstates))
-  return state, link_charge(bits, flags)
+  return state, link_charge(bits, checks)
 
 
 def squared_distance(a, b, part=None) -> jax.Array:
@@ -1046,7 +1220,7 @@ def stream_event(setup: Setup, state: TrainState, weights, key, event: streaming
     (new state, RoundCharge of the fragment's WAN payload; no bits without a sync).
   """
   spec, n = setup.stream, len(setup.comps.wan)
-  bits, flags = [0] * n, [jnp.int32(0)] * n
+  bits, checks = [0] * n, [None] * n
   if event.sync >= 0:
     p, frag = event.sync, spec.fragments[event.sync]
     x0, pseudo, wan = _fragment_exchange(setup, state, weights, key, frag)
@@ -1054,7 +1228,7 @@ def stream_event(setup: Setup, state: TrainState, weights, key, event: streaming
     g_new, outer_p = outer_lib.apply_outer(setup.outer, x0, wan.agg, outer_old)
     cstates = list(state.wan.compressor_state)
     for j, i in enumerate(frag):
-      cstates[i], bits[i], flags[i] = wan.link.compressor_state[j], wan.bits[j], wan.flags[j]
+      cstates[i], bits[i], checks[i] = wan.link.compressor_state[j], wan.bits[j], wan.checks[j]
     link = LinkState(streaming.replace(state.wan.residual, frag, wan.link.residual), cstates)
     present = weights[jax.lax.axis_index(DC)] > 0
     state = state._replace(
@@ -1070,7 +1244,7 @@ def stream_event(setup: Setup, state: TrainState, weights, key, event: streaming
   static = [(int(b), reduces(c)) for c, b in zip(setup.comps.wan, bits) if _is_static(b)]
   wan_sum, wan_gather = sum(b for b, r in static if r), sum(b for b, r in static if not r)
   # Every fragment leaf is re-gathered (Streaming DiLoCo refuses the downlink path).
-  return state, RoundCharge(link_charge(bits, flags), wan_sum, wan_gather, None,
+  return state, RoundCharge(link_charge(bits, checks), wan_sum, wan_gather, None,
                             no_charge(n), wan_sum, wan_gather, (True,) * n)
 
 
@@ -1095,14 +1269,28 @@ class ProgramInfo(NamedTuple):
   regather_sum: int = 0
   regather_gather: int = 0
   regathered: tuple = ()
+  # :func:`flag_layout` of the program's checks: ((link, leaf, mask), ...) per bit of
+  # the metrics' flag words.
+  flag_bits: tuple = ()
 
 
 NUM_LINKS = 4  # uplink, downlink, WAN, the round's correction (LINK_NAMES)
 
 
+FLAG_BITS_PER_LEAF = 4  # room per leaf and link: a lossy check's 3, or several checks'
+
+
+def flag_words(num_leaves: int) -> int:
+  """uint32 words of finiteness flags in the metrics: room for
+  :data:`FLAG_BITS_PER_LEAF` flag bits per leaf and link (a lossy check takes three,
+  a lossless one one), so every program of a step, whatever its compressors'
+  lossless-ness, packs its metrics to the same length."""
+  return -(-FLAG_BITS_PER_LEAF * NUM_LINKS * num_leaves // 32)
+
+
 def metrics_size(num_leaves: int) -> int:
   """Entries of one device's packed metrics vector (see :func:`make_step`)."""
-  return 1 + 2 * NUM_LINKS * num_leaves + NUM_DRIFT
+  return 1 + NUM_LINKS * num_leaves + flag_words(num_leaves) + NUM_DRIFT
 
 
 NUM_DRIFT = 2  # RoundCharge.drift entries
@@ -1110,14 +1298,34 @@ NUM_DRIFT = 2  # RoundCharge.drift entries
 
 def pack_metrics(loss, links: Sequence[LinkCharge], drift=None) -> jax.Array:
   """int32[metrics_size(L)]: [loss (float32 bits), dynamic bits per leaf of each
-  link in order, flags per leaf of each link in order, the round's
-  :attr:`RoundCharge.drift` (float32 bits; zeros without a round)]."""
+  link in order, the :func:`fused_flags` words of every link's checks (uint32 bits,
+  :func:`flag_layout`), the round's :attr:`RoundCharge.drift` (float32 bits; zeros
+  without a round)]."""
   drift = jnp.zeros((NUM_DRIFT,), jnp.float32) if drift is None else drift
   as_int = lambda x: jax.lax.bitcast_convert_type(x.astype(jnp.float32), jnp.int32)
-  return jnp.stack([as_int(loss)]
-                   + [b for link in links for b in link.dynamic]
-                   + [f for link in links for f in link.flags]
-                   + [as_int(drift[i]) for i in range(NUM_DRIFT)])
+  words = jax.lax.bitcast_convert_type(
+      fused_flags(links, flag_words(len(links[0].dynamic))), jnp.int32)
+  return jnp.concatenate([jnp.stack([as_int(loss)] + [b for link in links for b in link.dynamic]),
+                          words, jax.lax.bitcast_convert_type(drift, jnp.int32)])
+
+
+def unpack_flags(words, layout: Sequence, num_leaves: int) -> np.ndarray:
+  """int32[..., NUM_LINKS, L] per-leaf flags (those of :func:`finiteness_flags`) from
+  the metrics' flag words int32[..., n] (:func:`fused_flags`) and the program's
+  :func:`flag_layout` ``layout``."""
+  words = np.asarray(words).astype(np.uint32)
+  lead = words.shape[:-1]
+  flags = np.zeros(lead + (NUM_LINKS * num_leaves,), np.int64)
+  if layout:
+    j = np.arange(len(layout))
+    on = (words[..., j // 32] >> (j % 32).astype(np.uint32)) & 1  # [..., bits]
+    where = np.array([k * num_leaves + i for k, i, _ in layout])
+    masks = np.array([mask for _, _, mask in layout], np.int64)
+    for flag in FLAG_NAMES:  # OR: whether any set bit of a (link, leaf) carries ``flag``
+      onto = np.zeros((len(layout), NUM_LINKS * num_leaves), np.int64)
+      onto[j, where] = (masks & flag) != 0
+      flags |= np.where(on.astype(np.int64) @ onto > 0, flag, 0)
+  return flags.reshape(lead + (NUM_LINKS, num_leaves)).astype(np.int32)
 
 
 def _lead_map(fn, state, specs):
@@ -1218,10 +1426,9 @@ def make_step(apply_fn: Callable, optimizer: optax.GradientTransformation,
       Event: :func:`stream_event`; one program per event).
   and returns the new state and the metrics: int32[D, W, metrics_size(L)] (L
   leaves, :func:`pack_metrics` of the uplink, downlink, WAN and the round's
-  correction through the downlink), sharded
-  P('dc', 'worker'); no collective is spent on them. Read them with
-  :func:`host_metrics` and ``step.info[do_round]`` (a :class:`ProgramInfo`, set
-  when the program is traced).
+  correction through the downlink), sharded P('dc', 'worker'); no collective is
+  spent on them. Read them with :func:`host_metrics` and ``step.info[do_round]`` (a
+  :class:`ProgramInfo`, set when the program is traced).
 
   Raises:
     ValueError: DGC momentum without a velocity in the state (or the reverse), or
@@ -1241,13 +1448,14 @@ def make_step(apply_fn: Callable, optimizer: optax.GradientTransformation,
     keys = step_keys(state.key, state.step, setup.num_dcs)
     act, lr_scale = split_active(active[0])
     local, loss, it = intra_dc_iteration(setup, to_local(state, specs), images[0, 0],
-                                         labels[0, 0], act, keys, lr_scale)
+                                         labels[0, 0], act, keys, lr_scale, state.params)
     local, rnd = _end_iteration(setup, local, weights, keys.dc, do_round, num_leaves)
+    links = (it.up, it.down, rnd.wan, rnd.bcast)
     info[do_round] = ProgramInfo(
         syncs(do_round), it.up.static, it.down.static, rnd.wan_sum, rnd.wan_gather,
         num_leaves, rnd.bcast.static, rnd.regather_sum, rnd.regather_gather,
-        rnd.regathered or (True,) * num_leaves)
-    packed = pack_metrics(loss, (it.up, it.down, rnd.wan, rnd.bcast), rnd.drift)
+        rnd.regathered or (True,) * num_leaves, flag_layout(links))
+    packed = pack_metrics(loss, links, rnd.drift)
     return from_local(local, specs), packed[None, None]
 
   step = _programs(body, mesh, specs, mode, shape, state_like)
@@ -1415,6 +1623,7 @@ def host_metrics(info: ProgramInfo, metrics, active, weights=None) -> dict:
   n, k = info.num_leaves, NUM_LINKS
   loss = np.ascontiguousarray(m[..., 0]).view(np.float32).astype(np.float64).mean(axis=1)
   dyn_leaf = m[..., 1:1 + k * n].astype(np.int64).reshape(d, w, k, n)
+  words = m[..., 1 + k * n:1 + k * n + flag_words(n)]
   dyn = dyn_leaf.sum(axis=-1)
   active = np.asarray(active, bool)
   zero = np.zeros(d, np.int64)
@@ -1431,11 +1640,12 @@ def host_metrics(info: ProgramInfo, metrics, active, weights=None) -> dict:
     # Every worker decodes the same correction payload (the replicated PS's).
     round_down = (w * (info.regather_sum + int(regathered.sum())) + w * info.bcast
                   + dyn[:, :, 3].sum(axis=1))
-  shares = np.ascontiguousarray(m[..., 1 + 2 * k * n:]).view(np.float32).astype(np.float64)
+  shares = np.ascontiguousarray(m[..., 1 + k * n + flag_words(n):]).view(
+      np.float32).astype(np.float64)
   drift = np.sqrt(shares.sum(axis=1))  # [D, 2]: the W workers' shares summed
   return dict(loss=loss, up_bits=up, down_bits=down, wan_bits=wan,
               round_down_bits=np.asarray(round_down, np.int64),
-              flags=m[..., 1 + k * n:1 + 2 * k * n].reshape(d, w, k, n),
+              flags=unpack_flags(words, info.flag_bits, n),
               update_l2=drift[:, 0], drift_l2=drift[:, 1])
 
 

@@ -35,6 +35,7 @@ from hfl import checkpoint as ckpt_lib
 from hfl import config as config_lib
 from hfl import data as data_lib
 from hfl import distributed
+from hfl import inflight
 from hfl import mesh as mesh_lib
 from hfl import metrics as metrics_lib
 from hfl import models
@@ -888,6 +889,7 @@ class Runtime:
   jitted: dict            # round_start, discard_absent, all_finite
   mw: Any = None          # metrics_lib.MetricsWriter, once the start step is known
   log_at: tuple = (0.0, 0, True)  # (time, step, first?) of the last progress line
+  window: Any = None      # inflight.Window: the steps in flight, timed into ``timer``
 
   def wall_s(self, ls: LoopState) -> float:
     """The run's wall-clock so far (earlier sessions included), seconds."""
@@ -940,8 +942,11 @@ def make_runtime(s: Setup, workdir: str, wall0: float) -> Runtime:
                              out_shardings=shardings),
       all_finite=jax.jit(lambda t: jnp.all(jnp.stack(
           [jnp.all(jnp.isfinite(x)) for x in jax.tree.leaves(t)]))))
+  timer = StepTimer()
+  window = inflight.Window(inflight.depth(jax.default_backend(), s.mode, s.mesh.size),
+                           timer.iteration)
   return Runtime(s, workdir, wall0, state_shape, shardings, init_fn, make, step_fns, evaluate,
-                 ckpt_lib.manager(workdir), leaf_names, StepTimer(), jitted)
+                 ckpt_lib.manager(workdir), leaf_names, timer, jitted, window=window)
 
 
 def _step_fn(rt: Runtime, stage: int | None, step: int) -> Callable:
@@ -1093,8 +1098,7 @@ def _run_iteration(rt: Runtime, state, step: int, active, weights, do_round: boo
   # With learning-rate scaling, ``active`` carries each DC's multiplier (0: inactive).
   act = active if lr_scale is None else np.where(active, lr_scale, 0.0).astype(np.float32)
   state, m = step_fn(state, batch, rt.put(act, P(mesh_lib.DC)), rt.put(weights), do_round)
-  jax.block_until_ready(m)
-  rt.timer.iteration((stage, step_lib.syncs(do_round), do_round), t_start)
+  rt.window.push(m, (stage, step_lib.syncs(do_round), do_round), t_start)  # waits if full
   return state, m, step_fn.info[step_lib.program_key(do_round)]
 
 
@@ -1135,6 +1139,7 @@ def run_round(rt: Runtime, state, ls: LoopState):
       break
   if start is not None:
     state = rt.jitted['discard_absent'](state, start, rt.put(present))
+  rt.window.drain()  # every step timed before the round's metrics are gathered
   return state, pending, weights, present
 
 

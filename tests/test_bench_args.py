@@ -52,6 +52,13 @@ def test_converters_accept_good_values_and_name_the_rule():
     ('step_throughput.py', ['--mesh=300,1'],
      'argument --mesh: 300,1 asks for D x W = 300 devices; at most 256'),
     ('step_throughput.py', ['--model=mlp,cnn,mlp'], "argument --model: 'mlp' is repeated"),
+    ('step_throughput.py', ['--model=transformer_huge'],
+     "--model='transformer_huge' is not one of cnn, mlp, cifar_cnn, resnet20, transformer, "
+     'transformer_large'),
+    ('op_count.py', ['--model=cnn,vgg'], "--model='vgg' is not one of"),
+    ('op_count.py', ['--model=cnn,cnn'], "argument --model: 'cnn' is repeated"),
+    ('op_count.py', ['--batch=0'], 'argument --batch: 0 must be an integer >= 1'),
+    ('op_count.py', ['--mesh=300,1'], 'argument --mesh: 300,1 asks for D x W = 300 devices'),
 ])
 def test_bad_arguments_end_before_any_compilation(script, flags, needle):
   """These used to end in tracebacks, some after dozens of compilations (or, for

@@ -57,6 +57,28 @@ def test_check_refuses_a_bad_mesh_and_missing_data(tmp_path, monkeypatch, capsys
   assert 'run --prepare first' in capsys.readouterr().err
 
 
+def test_check_refuses_a_bad_bench_batch_and_runs_the_chosen_models(tmp_path, monkeypatch,
+                                                                     capsys):
+  """--bench_batch must be >= 1; --bench_models and --bench_batch reach the step
+  benchmark's command (e.g. the benchmark-only transformer_large)."""
+  with pytest.raises(SystemExit):
+    device_check.main(['--bench_batch=0', f'--out={tmp_path}'])
+  assert '--bench_batch must be >= 1, got 0' in capsys.readouterr().err
+  cmds = []
+
+  def fake_run(cmd, log_path, timeout_s, env):
+    cmds.append(cmd)
+    open(log_path, 'w').close()
+    return 0, 0.0
+  monkeypatch.setattr(device_check, '_run', fake_run)
+  monkeypatch.setattr(device_check, '_env', lambda: dict(os.environ))
+  monkeypatch.setattr(device_check, 'CONFIGS', [])
+  device_check.check(str(tmp_path / 'out'), '1,1', 10.0, None, bench_models='transformer_large',
+                     bench_batch=32)
+  assert cmds[0][1:] == ['bench/step_throughput.py', '--model=transformer_large', '--mesh=1,1',
+                         '--batch=32', '--steps=20', '--blocks=5']
+
+
 @pytest.mark.parametrize('case,needle', [
     ('missing', 'does not exist; pass the directory holding cifar10-jpeg.tar.gz, '
      'tinyshakespeare.txt'),

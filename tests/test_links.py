@@ -297,6 +297,74 @@ def test_finiteness_flags_split_over_members_or_to_the_full_check(parts, where):
       step_lib.BAD_INPUT | step_lib.BAD_PAYLOAD | step_lib.BAD_RESIDUAL)
 
 
+FUSED_SHAPES = [(3,), (1,), (7, 11), (1001,), (4, 4), (2,), (64, 3), (5,), (1,), (9, 9)]
+
+
+def _member_links(arrays, lossless, part):
+  """The four links' LinkCharges of one member: leaf i of link k checks arrays[k][i]
+  (x, payload values, decoded, residual); the correction link only at even leaves; the
+  WAN's leaf 1 also checks the downlink's arrays of leaf 1 as a second, lossless
+  payload (a tuple of two checks, whose flags OR)."""
+  links = []
+  for k in range(step_lib.NUM_LINKS):
+    checks = []
+    for i, (x, values, decoded, residual) in enumerate(arrays[k]):
+      if k == 3 and i % 2:
+        checks.append(None)
+        continue
+      payload = {'values': values, 'indices': jnp.zeros(values.shape, jnp.int32)}
+      checks.append(step_lib.Check(x, payload, decoded, None if lossless[i] else residual,
+                                   bool(lossless[i]), part if k else None))
+      if k == 2 and i == 1:
+        second = step_lib.Check(arrays[1][i][0], {}, arrays[1][i][0], None, True, part)
+        checks[-1] = (checks[-1], second)
+    links.append(step_lib.LinkCharge(0, [jnp.int32(0)] * len(checks), checks))
+  return links
+
+
+@pytest.mark.parametrize('seed', [0, 1, 2])
+def test_fused_flags_name_what_the_per_leaf_flags_name(seed):
+  """hfl.step.fused_flags (the program's checks in a few reductions over concatenated
+  leaves, unpacked on the host by unpack_flags) gives every member's flags per link
+  and leaf exactly as finiteness_flags does leaf by leaf: non-finite inputs, payloads
+  and residuals injected at random leaves, links and members of a 2 x 3 hierarchy
+  (lossless and lossy leaves; the downlink, WAN and correction checked in shares; a
+  leaf with two checks; more than 32 flag bits and more than FLAG_GROUP arrays per
+  word), and first_nonfinite names the same leaf, link, DC and worker."""
+  d, w, n = 2, 3, len(FUSED_SHAPES)
+  rng = np.random.default_rng(seed)
+  lossless = rng.random(n) < 0.4
+  layout = {}
+
+  def member(arrays, index):
+    links = _member_links(arrays, lossless, (index, w))
+    layout['bits'] = step_lib.flag_layout(links)
+    words = step_lib.fused_flags(links, step_lib.flag_words(n))
+    one = lambda c: jnp.int32(0) if c is None else step_lib.check_flags(c)
+    both = lambda c: one(c) if c is None or isinstance(c, step_lib.Check) else one(c[0]) | one(c[1])
+    slow = jnp.stack([jnp.stack([both(c) for c in link.checks]) for link in links])
+    return words, slow
+  run = jax.jit(member)
+  fused = np.zeros((d, w, step_lib.NUM_LINKS, n), np.int32)
+  per_leaf = np.zeros_like(fused)
+  for dc in range(d):
+    for wk in range(w):
+      arrays = [[tuple(rng.normal(size=s).astype(np.float32) for _ in range(4))
+                 for s in FUSED_SHAPES] for _ in range(step_lib.NUM_LINKS)]
+      for _ in range(rng.integers(0, 4)):  # up to 3 bad entries on this member
+        k, i, j = rng.integers(step_lib.NUM_LINKS), rng.integers(n), rng.integers(4)
+        a = arrays[k][i][j]
+        a.flat[rng.integers(a.size)] = rng.choice([np.nan, np.inf, -np.inf])
+      words, slow = run(arrays, jnp.int32(wk))
+      assert np.asarray(words).dtype == np.uint32
+      fused[dc, wk] = step_lib.unpack_flags(np.asarray(words).view(np.int32), layout['bits'], n)
+      per_leaf[dc, wk] = np.asarray(slow)
+  assert len(layout['bits']) > 32 and np.array_equal(fused, per_leaf)
+  assert step_lib.first_nonfinite(fused) == step_lib.first_nonfinite(per_leaf)
+  if seed == 0:  # the draw above flags something; the message names it
+    assert step_lib.first_nonfinite(fused) is not None
+
+
 def test_co3_inf_is_not_saturated_and_ef_does_not_send_the_maximum_forever():
   """Issue 12, fault 3: CO3 fp4 on the 1-entry leaf [inf] decoded to 3.0; with error
   feedback (γ = 1) on [inf, 0.1, 0.1] every later step sent the maximum level."""
