@@ -245,19 +245,6 @@ def check_budget_warmup(config: ml_collections.ConfigDict, t_d, c_d, schedule=No
 
 LR_SCALINGS = ('none', 'inverse_k')  # hfl.train.round_lr_scale
 BROADCASTS = ('downlink', 'gather')  # hfl.step.BROADCASTS
-LOSSLESS_NAMES = ('identity', 'float32')  # registry names of hfl.compress.base.identity
-
-
-def lossy_downlink(compression) -> bool:
-  """Whether some leaf's downlink compressor may be lossy: ``compression.downlink.name``
-  not identity/float32, or small leaves cast (``compression.small`` not float32).
-  Where it is not, both :data:`BROADCASTS` train bitwise the same run.
-
-  Args:
-    compression: the ``compression`` section, a ConfigDict or a config.json dict.
-  """
-  return (compression['downlink']['name'] not in LOSSLESS_NAMES
-          or compression.get('small', 'float32') != 'float32')
 
 
 def validate_broadcast(config: ml_collections.ConfigDict) -> None:
@@ -274,7 +261,7 @@ def validate_broadcast(config: ml_collections.ConfigDict) -> None:
   c = config.compression
   mode = c.get('broadcast', 'gather')
   _choice(mode, 'compression.broadcast', BROADCASTS)
-  if mode == 'downlink' and lossy_downlink(c) and streaming.enabled(config.sync):
+  if mode == 'downlink' and policy.lossy_downlink(c) and streaming.enabled(config.sync):
     s = config.sync
     raise ValueError(
         f"compression.broadcast='downlink' sends the round's update through the lossy "

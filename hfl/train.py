@@ -44,21 +44,13 @@ from hfl import optim
 from hfl import provenance
 from hfl import step as step_lib
 from hfl import tasks
+from hfl import workdir as workdir_lib
 from hfl.compress import dgc
 from hfl.compress import policy
 from hfl.sync import aggregation, faults, outer as outer_lib, schedule as schedule_lib
 from hfl.sync import scaffold as scaffold_lib
 from hfl.sync import streaming
 
-# Fields that may change between a run and its resumption (they do not change what
-# is computed up to the restored step).
-# ``train.sample_budget``: rounds run whole, so a run extended to a larger budget trains
-# bitwise as the fresh run of it (check_resumed_samples refuses one the run went past).
-RESUMABLE_FIELDS = ('train.num_steps', 'train.sample_budget', 'train.eval_every',
-                    'train.checkpoint_every', 'train.log_every', 'train.target_accuracy',
-                    'train.target_loss', 'dataset.cache_dir')
-# Path fields: two spellings of one path (a trailing slash, '~', 'a/../b') are the same.
-PATH_FIELDS = ('dataset.data_dir',)
 # Compressor names that send float32 unchanged.
 UNCOMPRESSED = ('identity', 'float32')
 LINKS = metrics_lib.LINKS  # ('intra_up', 'intra_down', 'inter_dc')
@@ -324,7 +316,7 @@ def planned_times(config, net: network.NetworkModel, comps, params_shape
 def broadcast(config) -> str:
   """How the round's update reaches the workers: ``compression.broadcast``
   (hfl.step.broadcast_leaves); 'gather' when absent (a config older than the field,
-  which ran that way: hfl.train.ADDED_SECTIONS)."""
+  which ran that way: hfl.workdir.ADDED_SECTIONS)."""
   return config.compression.get('broadcast', 'gather')
 
 
@@ -373,7 +365,7 @@ class LoopState(NamedTuple):
       resumed from one counts them from the resumption on).
     resumed_changes: each resumption with a changed config,
       ``{'at_iteration': int, 'changes': ['train.num_steps: 10 -> 20', ...]}``
-      (:func:`check_workdir_config`): the summary's ``changed_on_resume``; such a
+      (:func:`hfl.workdir.check_workdir_config`): the summary's ``changed_on_resume``; such a
       run's results may differ from a fresh run of its final config.
     at_stop: the accounting of the run if it stops after the last round
       (:class:`AtStop`; None: the loop state's own, nothing in flight). Only the
@@ -386,7 +378,7 @@ class LoopState(NamedTuple):
       (each round's ``dc_rounds[*].samples``, :func:`round_diagnostics`: K_d x W x B
       per present DC); what ``train.sample_budget`` stops. None: unknown (a
       checkpoint written before it existed whose metrics.jsonl cannot give it,
-      :func:`samples_from_log`).
+      :func:`hfl.workdir.samples_from_log`).
   """
   step: int
   round: int
@@ -416,15 +408,10 @@ def new_loop_state(schedule: schedule_lib.Schedule, num_dcs: int) -> LoopState:
                    schedule.plan(sched))
 
 
-# How ``sync.faults`` numbers rounds in checkpoints written since it counts them from 1
-# (older checkpoints lack the key: from 0; :func:`check_fault_rounds`).
-FAULT_ROUNDS_FROM = 1
-
-
 def to_host(ls: LoopState, wall_time_s: float) -> dict:
   """``ls`` as the JSON-able dict a checkpoint holds (``wall_time_s``: the run's
   wall-clock so far, seconds)."""
-  return dict(fault_rounds_from=FAULT_ROUNDS_FROM, step=ls.step, round=ls.round,
+  return dict(fault_rounds_from=workdir_lib.FAULT_ROUNDS_FROM, step=ls.step, round=ls.round,
               clock_s=ls.clock.time_s.tolist(), idle_s=ls.clock.idle_s.tolist(),
               bytes=byte_totals(ls.bits), bits=dict(ls.bits),
               schedule=schedule_lib.state_to_json(ls.schedule),
@@ -437,54 +424,6 @@ def to_host(ls: LoopState, wall_time_s: float) -> dict:
                   clock_s=ls.at_stop.clock.time_s.tolist(),
                   idle_s=ls.at_stop.clock.idle_s.tolist(), exposed_s=ls.at_stop.exposed_s),
               provenance=list(ls.provenance), samples=ls.samples)
-
-
-# Config fields added after runs may have started: absent from an older run's
-# config.json, they count as these values (their "off" defaults), so such runs
-# still resume.
-ADDED_SECTIONS = {('compression', 'dgc'): dict(momentum=0.0, clip_norm=0.0, warmup_steps=0,
-                                               initial_density=0.25, num_stages=4),
-                  ('optimizer', 'shard_state'): False,
-                  ('optimizer', 'freeze_second_moment_after'): 0,
-                  # Runs before issue 52 ran on a device per DC and worker, which
-                  # 'auto' still picks wherever those devices exist (main.py simulates
-                  # them on CPU); elsewhere such a run could not resume before.
-                  ('mesh', 'simulate'): 'auto',
-                  ('network', 'wan_latencies_per_round'): 2.0,
-                  ('dataset', 'cache_dir'): '', ('dataset', 'augment'): 'none',
-                  ('optimizer', 'schedule'): 'constant', ('optimizer', 'warmup_steps'): 0,
-                  ('optimizer', 'decay_steps'): 0, ('optimizer', 'final_lr_ratio'): 0.0,
-                  ('train', 'target_loss'): tasks.TARGET_FIELDS['language_model'][1],
-                  ('train', 'sim_time_budget_s'): 0.0, ('train', 'sample_budget'): 0,
-                  ('sync', 'k_min_ratio'): 0.0,
-                  ('sync', 'lr_scaling'): 'none', ('sync', 'prox_mu'): 0.0,
-                  ('sync', 'control_variates'): 'none',
-                  ('sync', 'progress_test'): 'endpoints', ('sync', 'k_max_scope'): 'every_dc',
-                  ('sync', 'fragments'): 1, ('sync', 'overlap_steps'): 0,
-                  ('sync', 'mixing_alpha'): 0.0, ('sync', 'eager'): False,
-                   # Runs before issue 48 re-gathered the round's global model:
-                   # 'gather' where the downlink is lossy; where it is lossless both
-                   # modes are bitwise the same run, so the default.
-                   ('compression', 'broadcast'): lambda old: (
-                       'gather' if config_lib.lossy_downlink(old['compression'])
-                       else 'downlink'),
-                   **{('compression', link, field): value
-                      for link in ('uplink', 'downlink', 'wan')
-                      for field, value in (('chunk_size', 4096), ('value_bits', 2))}}
-
-
-def upgrade_config(old: dict) -> dict:
-  """An older run's config.json with the :data:`ADDED_SECTIONS` it lacks filled in
-  (a callable default is called with the older config)."""
-  old = copy.deepcopy(old)
-  for (*parents, leaf), default in ADDED_SECTIONS.items():
-    sub = old
-    for p in parents:
-      sub = sub.get(p) if isinstance(sub, dict) else None
-    # A section the config lacks gets nothing (a callable default may read it).
-    if isinstance(sub, dict) and parents and leaf not in sub:
-      sub[leaf] = default(old) if callable(default) else copy.deepcopy(default)
-  return old
 
 
 def from_host(host: Mapping[str, Any], schedule: schedule_lib.Schedule) -> LoopState:
@@ -522,145 +461,6 @@ def stopped(ls: LoopState) -> LoopState:
     return ls
   return ls._replace(clock=ls.at_stop.clock, wan=dict(ls.wan, exposed_s=ls.at_stop.exposed_s),
                      at_stop=None)
-
-
-def read_json_object(path: str, advice: str) -> dict:
-  """The JSON object in the file ``path``.
-
-  Raises:
-    ValueError: the file is not valid JSON or holds no object: names ``path``,
-      then says ``advice`` (what to do about it).
-  """
-  try:
-    with open(path) as f:
-      obj = json.load(f)
-  except ValueError as e:  # json.JSONDecodeError and UnicodeDecodeError are ValueErrors
-    raise ValueError(f'{path} is not valid JSON ({e}); {advice}') from None
-  if not isinstance(obj, dict):
-    raise ValueError(f'{path} holds no JSON object; {advice}')
-  return obj
-
-
-# What to do about a damaged summary.json of a finished run (config.json intact):
-# without it, the run is resumed at its last checkpoint, which finishes at once.
-_SUMMARY_ADVICE = ('delete it and rerun the same command to rewrite it from metrics.jsonl '
-                   'and the last checkpoint')
-
-
-def _stored_config(workdir: str) -> dict | None:
-  """The config a workdir's run was started with: ``config.json``, else the one in
-  ``summary.json`` (a finished run); None for a workdir without a run.
-
-  Raises:
-    ValueError: the file is not a JSON object (names the file), or the workdir
-      holds checkpoints but neither file, so the run's config cannot be checked.
-  """
-  for name, key in (('config.json', None), ('summary.json', 'config')):
-    path = os.path.join(workdir, name)
-    if not os.path.exists(path):
-      continue
-    stored = read_json_object(path, 'restore it, or use a new --workdir')
-    stored = stored.get(key) if key else stored
-    if not isinstance(stored, dict):
-      raise ValueError(f'{path} holds no config object; restore it, or use a new --workdir')
-    return stored
-  ckpt = os.path.join(workdir, 'checkpoints')
-  if os.path.isdir(ckpt) and os.listdir(ckpt):
-    raise ValueError(
-        f'--workdir={workdir} holds checkpoints but no config.json (nor a summary.json '
-        'with the config), so the config they were trained with cannot be checked; '
-        'restore config.json, or use a new --workdir')
-  return None
-
-
-def _same_path(a, b) -> bool:
-  norm = lambda p: os.path.normpath(os.path.expanduser(p))
-  return isinstance(a, str) and isinstance(b, str) and bool(a) and bool(b) and norm(a) == norm(b)
-
-
-def check_workdir_config(workdir: str, config) -> list[str]:
-  """Refuses a workdir the run cannot use, before anything is compiled or written:
-  an entry of the wrong type (:func:`hfl.metrics.workdir_entries_problem`), an
-  existing workdir that cannot be written unless it holds a finished run (which is
-  only reported again), a run started with a different config (compared with
-  :func:`_stored_config`; one stopped before its first checkpoint is none: any config
-  starts it over), or more iterations done (its newest complete
-  checkpoint, hfl.checkpoint.newest_complete_step) than ``train.num_steps`` when
-  that governs (a ``train.sample_budget`` the run went past is refused once its
-  checkpoint is read, :func:`check_resumed_samples`).
-
-  Returns:
-    The RESUMABLE_FIELDS that changed, as 'field: old -> new' strings.
-
-  Raises:
-    ValueError: any of those (naming the path or the fields), or
-      :func:`_stored_config`'s errors.
-  """
-  problem = metrics_lib.workdir_entries_problem(workdir)
-  if problem:
-    raise ValueError(f'--workdir={workdir!r} {problem}')
-  stop = budget_lib.from_config(config.train)
-  if (os.path.isdir(workdir) and not os.access(workdir, os.W_OK)
-      and not _only_reported(workdir, stop)):
-    raise ValueError(
-        f'--workdir={workdir!r} cannot be written (read-only?); from there a finished run '
-        'can only be reported again: copy the workdir somewhere writable to continue it.')
-  stored = _stored_config(workdir)
-  if stored is None:
-    return []
-  done = ckpt_lib.newest_complete_step(workdir)
-  ckpts = os.path.join(workdir, ckpt_lib.CHECKPOINT_DIR)
-  if not (os.path.exists(os.path.join(workdir, 'summary.json'))
-          or any(n.isdigit() for n in (os.listdir(ckpts) if os.path.isdir(ckpts) else ()))):
-    # Stopped before its first checkpoint: nothing trained is kept, any config starts over.
-    return []
-  old = upgrade_config(stored)
-  diffs, resumable = [], []
-
-  def walk(a, b, prefix):
-    for key in sorted(set(a) | set(b)):
-      name = f'{prefix}{key}'
-      va, vb = a.get(key), b.get(key)
-      if isinstance(va, dict) and isinstance(vb, dict):
-        walk(va, vb, name + '.')
-      elif va != vb and not (name in PATH_FIELDS and _same_path(va, vb)):
-        (resumable if name in RESUMABLE_FIELDS else diffs).append(f'{name}: {va!r} -> {vb!r}')
-  walk(old, json.loads(config.to_json()), '')
-  if diffs:
-    raise ValueError(
-        f'--workdir={workdir} holds a run with a different config ({"; ".join(diffs)}); '
-        'use a new workdir, or the same config to resume.')
-  if stop.governed_by == 'num_steps' and done is not None and done > stop.num_steps:
-    raise ValueError(
-        f'train.num_steps={stop.num_steps} is below the {done} iterations '
-        f'--workdir={workdir} has already done; use a new workdir for a shorter run.')
-  return resumable
-
-
-def _only_reported(workdir: str, stop: budget_lib.Stop) -> bool:
-  """Whether rerunning on ``workdir`` only reports its finished run again, which
-  writes nothing (a changed target is then printed, not saved): it holds
-  config.json, and a summary.json of a run that ``stop`` has stopped.
-
-  Raises:
-    ValueError: summary.json is not a JSON object (names it).
-  """
-  path = os.path.join(workdir, 'summary.json')
-  if not (os.path.exists(path) and os.path.exists(os.path.join(workdir, 'config.json'))):
-    return False
-  return _stopped(read_json_object(path, _SUMMARY_ADVICE), stop)
-
-
-def _stopped(summary: Mapping[str, Any], stop: budget_lib.Stop) -> bool:
-  """Whether the run of ``summary`` (its iterations, simulated time and samples) is
-  one ``stop`` has stopped (a summary without ``samples``, older than the field, has
-  not stopped under ``train.sample_budget``)."""
-  step, now, samples = (summary.get(k) for k in ('intra_dc_iterations', 'sim_time_s',
-                                                  'samples'))
-  if stop.governed_by == 'sample_budget' and not metrics_lib.finite(samples):
-    return False
-  return (metrics_lib.finite(step) and metrics_lib.finite(now)
-          and stop.finished(int(step), float(now), None if samples is None else int(samples)))
 
 
 # ------------------------------------------------------------------------------
@@ -917,7 +717,7 @@ def _init_fn(s: Setup) -> Callable:
 def make_runtime(s: Setup, workdir: str, wall0: float) -> Runtime:
   """Builds the step of the configured compressors (compiled on its first call),
   the evaluation, and the checkpoint manager, in ``workdir`` (which
-  :func:`hfl.metrics.workdir_lock` created on process 0).
+  :func:`hfl.workdir.workdir_lock` created on process 0).
   """
   apply_fn = lambda p, x: s.model.apply({'params': p}, x)
   init_fn = _init_fn(s)
@@ -963,10 +763,11 @@ def _step_fn(rt: Runtime, stage: int | None, step: int) -> Callable:
 def restore_or_init(rt: Runtime):
   """``(state, loop_state, restored)``: the newest checkpoint that restores, or a
   new run's state initialised directly sharded. A checkpoint older than
-  :attr:`LoopState.samples` gets them from metrics.jsonl (:func:`samples_from_log`).
+  :attr:`LoopState.samples` gets them from metrics.jsonl (:func:`hfl.workdir.samples_from_log`).
 
   Raises:
-    ValueError: :func:`check_resumed_samples`, :func:`check_fault_rounds`.
+    ValueError: :func:`hfl.workdir.check_resumed_samples`,
+      :func:`hfl.workdir.check_fault_rounds`.
   """
   restored = ckpt_lib.restore_latest(rt.mngr, ckpt_lib.abstract(rt.state_shape, rt.shardings))
   if restored is None:
@@ -975,84 +776,15 @@ def restore_or_init(rt: Runtime):
   _, state, host = restored
   ls = from_host(host, rt.s.schedule)
   if ls.samples is None:  # a checkpoint older than the count
-    ls = ls._replace(samples=samples_from_log(
+    ls = ls._replace(samples=workdir_lib.samples_from_log(
         metrics_lib.read_jsonl(os.path.join(rt.workdir, 'metrics.jsonl')), ls))
   if rt.s.loop.stop.governed_by == 'sample_budget':  # the budget the run was trained to
-    old = upgrade_config(_stored_config(rt.workdir) or {}).get('train', {})
-    check_resumed_samples(rt.s.loop.stop, ls, old.get('sample_budget', 0), rt.workdir)
+    old = workdir_lib.upgrade_config(workdir_lib.stored_config(rt.workdir) or {})
+    workdir_lib.check_resumed_samples(rt.s.loop.stop, ls,
+                                      old.get('train', {}).get('sample_budget', 0), rt.workdir)
   if not rt.s.loop.stop.finished(ls.step, ls.clock.now, ls.samples):
-    check_fault_rounds(rt.s.config.sync.faults, host, rt.workdir)
+    workdir_lib.check_fault_rounds(rt.s.config.sync.faults, host, rt.workdir)
   return state, ls, True
-
-
-def samples_from_log(records, ls: LoopState) -> int | None:
-  """The samples a run processed up to ``ls`` (a checkpoint written before
-  :attr:`LoopState.samples` existed), summed from the per-round ``dc_rounds`` of
-  its metrics.jsonl ``records`` (rounds up to ``ls.round``) and of ``ls`` (rounds
-  since its last evaluation); None unless every round 1..``ls.round`` is there
-  (older runs did not record them)."""
-  per_round = {}
-  for entry in [e for r in records if isinstance(r, dict)
-                for e in (r.get('dc_rounds') or ())] + list(ls.dc_rounds):
-    if isinstance(entry, dict) and isinstance(entry.get('round'), int) and (
-        1 <= entry['round'] <= ls.round) and isinstance(entry.get('samples'), list):
-      per_round[entry['round']] = sum(int(x) for x in entry['samples'])
-  if len(per_round) != ls.round:
-    return None
-  return sum(per_round.values())
-
-
-def check_resumed_samples(stop: budget_lib.Stop, ls: LoopState, old_budget: int,
-                          workdir: str) -> None:
-  """Refuses to resume under ``train.sample_budget`` a checkpoint (``ls``) whose
-  samples are unknown, or that already processed the budget ``stop.sample_budget``
-  unless it is the end of a run stopped by a budget ``old_budget`` <= it: its last
-  round was then the first to reach the new budget too. (A budget lowered below
-  what the checkpoint processed might have stopped the run rounds earlier; one
-  raised, or lowered above it, is resumed: rounds run whole, so it trains bitwise
-  as the fresh run of the new budget; only an evaluation at the old end, if not
-  due anyway, stays in its history.)
-
-  Args:
-    stop: the run's stopping rule.
-    ls: the restored loop state.
-    old_budget: ``train.sample_budget`` of the config the run was trained with
-      (0: another rule governed it).
-    workdir: for the message.
-
-  Raises:
-    ValueError: naming ``train.sample_budget``, the checkpoint and what to do.
-  """
-  if stop.governed_by != 'sample_budget':
-    return
-  if ls.samples is None:
-    raise ValueError(
-        f'train.sample_budget={stop.sample_budget} governs this run, but the checkpoint of '
-        f'iteration {ls.step} in --workdir={workdir} predates the sample count and its '
-        "metrics.jsonl does not record every round's samples; use a new --workdir.")
-  if ls.samples >= stop.sample_budget and not 0 < old_budget <= stop.sample_budget:
-    raise ValueError(
-        f'train.sample_budget={stop.sample_budget} is not above the {ls.samples} samples '
-        f'--workdir={workdir} has already processed (checkpoint of iteration {ls.step}, '
-        f'round {ls.round}), so the run might have stopped rounds earlier; use a new '
-        'workdir for a smaller budget.')
-
-
-def check_fault_rounds(spec: str, host: Mapping[str, Any], workdir: str) -> None:
-  """Refuses to go on with a run whose ``sync.faults`` counted rounds from 0: its
-  checkpoint (``host``, :func:`to_host`) predates :data:`FAULT_ROUNDS_FROM`, so the
-  same spec would now name rounds one later (hfl.sync.faults). A finished run is
-  only reported again, so it is not checked.
-
-  Raises:
-    ValueError: naming the spec, the workdir and what to do.
-  """
-  if spec.strip() and host.get('fault_rounds_from') != FAULT_ROUNDS_FROM:
-    raise ValueError(
-        f'--workdir={workdir} holds a run started when sync.faults counted rounds from 0; '
-        f'rounds are now numbered from 1, so sync.faults={spec!r} would name rounds one '
-        'later than it did. Use a new --workdir (for the same outages, each round one '
-        'higher).')
 
 
 # ------------------------------------------------------------------------------
@@ -1342,55 +1074,30 @@ def _write_config(rt: Runtime) -> None:
                            json.loads(rt.s.config.to_json()))
 
 
-def _resumed(rt: Runtime, ls: LoopState, changed: list[str]) -> dict | None:
+def _resumed(rt: Runtime, ls: LoopState, resume: workdir_lib.Resume) -> dict | None:
   """Checks a restored run against its stopping rule (:mod:`hfl.budget`; a shorter
-  ``train.num_steps`` was refused by :func:`check_workdir_config`); its summary
-  when it already finished (printed again), else None.
+  ``train.num_steps`` was refused by :func:`hfl.workdir.prepare`); its summary
+  when it already finished (printed again, :func:`hfl.workdir.reported_summary`),
+  else None.
 
   Raises:
-    ValueError: the finished run's summary.json is not a JSON object, or not a
-      finished run's (hfl.metrics.summary_problem, e.g. ``{}``); names it and
-      what to do.
+    ValueError: as :func:`hfl.workdir.reported_summary`.
   """
-  workdir, stop = rt.workdir, rt.s.loop.stop
-  summary_path = os.path.join(workdir, 'summary.json')
-  if stop.finished(ls.step, ls.clock.now, ls.samples) and os.path.exists(summary_path):
-    logging.info('%s already finished %d iterations; nothing to do.', workdir, ls.step)
-    summary = read_json_object(summary_path, _SUMMARY_ADVICE)
-    task = rt.s.task
-    problem = metrics_lib.summary_problem(summary, task.metric)  # the check the report makes
-    if problem:
-      raise ValueError(f'{summary_path} {problem}; {_SUMMARY_ADVICE}')
-    history = summary.get('eval_history')  # absent in summaries of older runs: kept as is
-    retarget = dict(target=task.target, **to_target(task, history or []))
-    if 'target_accuracy' in summary:
-      retarget['target_accuracy'] = task.target
-    if history and any(summary.get(k) != v for k, v in retarget.items()):
-      logging.info('Target %s=%g: time and rounds to target recomputed from the run\'s '
-                   'evaluations.', task.metric, task.target)
-      summary.update(retarget)
-      # The stored configs name the new target too; every other field stays as trained.
-      targets = {k: rt.s.config.train[k] for k, _ in tasks.TARGET_FIELDS.values()
-                 if k in rt.s.config.train}
-      stored = [_stored_config(workdir)] + ([summary['config']] if 'config' in summary else [])
-      for cfg in stored:
-        if isinstance(cfg, dict):
-          cfg.setdefault('train', {}).update(targets)
-      if not os.access(workdir, os.W_OK):
-        logging.warning('%s cannot be written: the recomputed time and rounds to target are '
-                        'printed, not saved.', workdir)
-      elif metrics_lib.is_writer():
-        metrics_lib.write_json(summary_path, summary)
-        if os.path.exists(os.path.join(workdir, 'config.json')):
-          metrics_lib.write_json(os.path.join(workdir, 'config.json'), stored[0])
-    if metrics_lib.is_writer():
-      print_results(summary)
-    return summary
-  logging.info('Resumed from %s at step %d (round %d).', workdir, ls.step, ls.round)
-  if changed:
-    logging.info('Continuing with changed %s.', '; '.join(changed))
+  if rt.s.loop.stop.finished(ls.step, ls.clock.now, ls.samples) and resume.has_summary:
+    logging.info('%s already finished %d iterations; nothing to do.', rt.workdir, ls.step)
+    return _reported(workdir_lib.reported_summary(rt.workdir, rt.s.task, rt.s.config))
+  logging.info('Resumed from %s at step %d (round %d).', rt.workdir, ls.step, ls.round)
+  if resume.changed:
+    logging.info('Continuing with changed %s.', '; '.join(resume.changed))
     _write_config(rt)
   return None
+
+
+def _reported(summary: dict) -> dict:
+  """``summary``, a finished run's reported again: printed (process 0)."""
+  if metrics_lib.is_writer():
+    print_results(summary)
+  return summary
 
 
 def summarize(rt: Runtime, state, ls: LoopState) -> dict:
@@ -1413,7 +1120,7 @@ def summarize(rt: Runtime, state, ls: LoopState) -> dict:
       inter_dc_rounds=ls.round, intra_dc_iterations=ls.step, samples=ls.samples,
       bytes=byte_totals(ls.bits),
       sim_time_s=ls.clock.now, idle_s=[float(x) for x in ls.clock.idle_s],
-      wall_time_s=rt.wall_s(ls), **to_target(rt.s.task, records),
+      wall_time_s=rt.wall_s(ls), **metrics_lib.to_target(rt.s.task, records),
       step_wall_s=wall_stats(rt.timer.step_wall),
       stop=rt.s.loop.stop.to_json(), eval_history=eval_history(records),
       **wan_summary(rt.s, ls), config=json.loads(rt.s.config.to_json()),
@@ -1461,17 +1168,6 @@ def wan_summary(s: Setup, ls: LoopState) -> dict:
 HISTORY_KEYS = ('step', 'round', 'samples', 'sim_time_s', 'test_accuracy', 'test_loss')
 
 
-def to_target(task: tasks.Task, records) -> dict:
-  """summary.json's ``time_to_target_s`` (simulated s) and ``rounds_to_target``:
-  where ``records`` (evaluations in step order: metrics.jsonl or ``eval_history``)
-  first reach the task's current target, interpolated (hfl.metrics.time_to_target);
-  None when never. Computed from the whole history, so a target changed on rerun
-  is applied to the evaluations already made."""
-  return {name: metrics_lib.time_to_target(records, task.target, key, task.metric,
-                                           task.higher_is_better)
-          for name, key in (('time_to_target_s', 'sim_time_s'), ('rounds_to_target', 'round'))}
-
-
 def eval_history(records) -> list[dict]:
   """summary.json's ``eval_history``: per evaluation of metrics.jsonl, its
   ``step`` (iterations of the fastest DC), ``round``, ``samples`` (processed by all
@@ -1486,7 +1182,8 @@ def train_and_evaluate(config: ml_collections.ConfigDict, workdir: str) -> dict:
   Args:
     config: the experiment config (see configs/default.py).
     workdir: output directory; an existing run there is resumed from its newest
-      checkpoint that restores (the config must match, except RESUMABLE_FIELDS;
+      checkpoint that restores (the config must match, except
+      hfl.workdir.RESUMABLE_FIELDS;
       unusable newer step directories are moved aside, hfl.checkpoint).
 
   Returns:
@@ -1498,8 +1195,8 @@ def train_and_evaluate(config: ml_collections.ConfigDict, workdir: str) -> dict:
     FloatingPointError: the train loss became NaN or infinite.
     hfl.checkpoint.UnrestorableError (a ValueError): no checkpoint in the workdir
       restores and one looks committed; nothing is moved.
-    hfl.metrics.WorkdirInUseError (a ValueError): another run holds the workdir
-      (:func:`hfl.metrics.workdir_lock`); nothing there is read or written.
+    hfl.workdir.WorkdirInUseError (a ValueError): another run holds the workdir
+      (:func:`hfl.workdir.workdir_lock`); nothing there is read or written.
     hfl.metrics.WriteError (an OSError): a file of the run could not be written
       (e.g. no space left on device): a checkpoint (hfl.checkpoint.save),
       metrics.jsonl, summary.json or config.json; what was written before stays whole.
@@ -1507,7 +1204,7 @@ def train_and_evaluate(config: ml_collections.ConfigDict, workdir: str) -> dict:
   # The lock asks for the process index, which starts JAX's backend: a backend
   # that cannot start (a bad JAX_PLATFORMS) is explained here first.
   mesh_lib.global_devices()
-  with metrics_lib.workdir_lock(workdir):
+  with workdir_lib.workdir_lock(workdir):
     return _train_and_evaluate(config, workdir)
 
 
@@ -1515,22 +1212,23 @@ def _train_and_evaluate(config: ml_collections.ConfigDict, workdir: str) -> dict
   """:func:`train_and_evaluate` while the workdir is held."""
   wall0 = time.time()
   s = setup(config)
-  changed = check_workdir_config(workdir, config)
+  resume = workdir_lib.prepare(workdir, config)
   _log_policies(s)
   rt = make_runtime(s, workdir, wall0)
   state, ls, restored = restore_or_init(rt)
-  if not restored and os.path.exists(os.path.join(workdir, 'summary.json')):
-    return _finished_without_checkpoint(rt)
-  if not restored or not os.path.exists(os.path.join(workdir, 'config.json')):
+  if not restored and resume.has_summary:
+    return _reported(workdir_lib.finished_without_checkpoint(workdir, s.task.metric,
+                                                             s.loop.stop))
+  if not restored or not resume.has_config:
     _write_config(rt)  # on resume: restored from summary.json's copy, checked above
   else:
-    summary = _resumed(rt, ls, changed)
+    summary = _resumed(rt, ls, resume)
     if summary is not None:
       return summary
-    _check_metrics_log(workdir, ls)
-    if changed:
+    workdir_lib.check_metrics_log(workdir, ls)
+    if resume.changed:
       ls = ls._replace(resumed_changes=ls.resumed_changes + (
-          dict(at_iteration=ls.step, changes=list(changed)),))
+          dict(at_iteration=ls.step, changes=list(resume.changed)),))
   ls = ls._replace(provenance=ls.provenance + (provenance.collect(ls.step),))
   rt.mw = metrics_lib.MetricsWriter(workdir, resume_step=ls.step)
   rt.log_at = (time.time(), ls.step, True)
@@ -1550,58 +1248,6 @@ def _train_and_evaluate(config: ml_collections.ConfigDict, workdir: str) -> dict
     metrics_lib.write_json(os.path.join(workdir, 'summary.json'), summary)
     print_results(summary)
   return summary
-
-
-def _check_metrics_log(workdir: str, ls: LoopState) -> None:
-  """Refuses to go on from a checkpoint whose evaluations metrics.jsonl has lost (cut
-  short or truncated): the run's evaluation history, time to target and, when it is
-  rebuilt, summary.json would be wrong without a word.
-
-  Raises:
-    ValueError: the log's last record is of an earlier round than the checkpoint's
-      last evaluation (both named); nothing is written.
-  """
-  if not ls.last_eval or 'round' not in ls.last_eval:
-    return
-  path = os.path.join(workdir, 'metrics.jsonl')
-  rounds = [r.get('round') for r in metrics_lib.read_jsonl(path) if isinstance(r, dict)]
-  last = max((r for r in rounds if metrics_lib.finite(r)), default=None)
-  if last is None or last < ls.last_eval['round']:
-    raise ValueError(
-        f'{path} ends {"with no record" if last is None else f"at round {last}"}, but the '
-        f'checkpoint of iteration {ls.step} was evaluated at round {ls.last_eval["round"]}: '
-        "the log lost evaluations, so the run's history and summary would be wrong; nothing "
-        'was written. Restore metrics.jsonl; or move the checkpoints newer than its last '
-        'record out of checkpoints/ (the run then resumes from an older one); or use a new '
-        '--workdir.')
-
-
-def _finished_without_checkpoint(rt: Runtime) -> dict:
-  """A workdir holding a finished run's summary.json but no checkpoint that restores
-  (deleted, as in docs/results/runs, or skipped as damaged): its summary, reported
-  again when this config's stopping rule has stopped it, as :func:`_resumed` does
-  (a changed target is not recomputed: that needs the checkpoint).
-
-  Raises:
-    ValueError: the run would have to train more (a longer ``train.num_steps``):
-      from step 0, overwriting its metrics.jsonl and summary.json; or summary.json is
-      damaged. Nothing is written.
-  """
-  path = os.path.join(rt.workdir, 'summary.json')
-  summary = read_json_object(path, 'no checkpoint is left to rebuild it from: restore it '
-                             'from a copy, or use a new --workdir')
-  if metrics_lib.summary_problem(summary, rt.s.task.metric) is None and _stopped(
-      summary, rt.s.loop.stop):
-    logging.info('%s already finished %d iterations (no checkpoint kept); nothing to do.',
-                 rt.workdir, int(summary['intra_dc_iterations']))
-    if metrics_lib.is_writer():
-      print_results(summary)
-    return summary
-  raise ValueError(
-      f'--workdir={rt.workdir} holds a finished run ({path}) but no checkpoint that '
-      'restores, so this config could only train it again from step 0, overwriting its '
-      'metrics.jsonl and summary.json; nothing was written. Use a new --workdir (or move '
-      'summary.json and metrics.jsonl away to train here from the start).')
 
 
 def wall_stats(step_wall: dict) -> dict:

@@ -18,6 +18,7 @@ from jax.sharding import NamedSharding, PartitionSpec as P
 from configs import default as default_config
 from hfl import accounting, mesh as mesh_lib, step as step_lib, train
 from hfl.compress import base, dgc, policy, registry, sparse
+from hfl import workdir as workdir_lib
 from tests.helpers import put as _put
 
 U = 2.0**-24
@@ -342,12 +343,12 @@ def test_an_older_runs_config_ran_with_the_gathered_model():
   import ml_collections  # pylint: disable=g-import-not-at-top
   old = default_config.get_config().to_dict()
   del old['compression']['broadcast']
-  assert train.upgrade_config(old)['compression']['broadcast'] == 'downlink'
+  assert workdir_lib.upgrade_config(old)['compression']['broadcast'] == 'downlink'
   for name, small in (('topk', 'float32'), ('identity', 'bfloat16')):
     lossy = copy.deepcopy(old)
     lossy['compression']['downlink']['name'] = name
     lossy['compression']['small'] = small
-    assert train.upgrade_config(lossy)['compression']['broadcast'] == 'gather'
+    assert workdir_lib.upgrade_config(lossy)['compression']['broadcast'] == 'gather'
     assert train.broadcast(ml_collections.ConfigDict(lossy)) == 'gather'
 
 

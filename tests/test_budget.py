@@ -22,6 +22,7 @@ from hfl import budget, models, network, sweep, tasks, train
 from hfl import data as data_lib
 from hfl import config as config_lib
 from hfl.sync import schedule as schedule_lib
+from hfl import workdir as workdir_lib
 from tests.helpers import crash_then_resume, final_state, smoke_config
 
 # A network whose LAN and WAN transfers are negligible (1e18 bit/s: the smoke MLP's
@@ -142,7 +143,7 @@ def test_stop_rule_and_unset_defaults():
   old = config_lib.load_file('configs/smoke.py')
   del old.train['sim_time_budget_s']
   assert budget.from_config(old.train) == budget.Stop(12, 0.0)
-  assert train.upgrade_config({'train': {'num_steps': 5}})['train']['sim_time_budget_s'] == 0.0
+  assert workdir_lib.upgrade_config({'train': {'num_steps': 5}})['train']['sim_time_budget_s'] == 0.0
 
 
 # ------------------------------------------------------------------------------
@@ -332,8 +333,8 @@ def test_sample_stop_rule_and_older_configs():
   old = config_lib.load_file('configs/smoke.py')
   del old.train['sample_budget']
   assert budget.from_config(old.train) == budget.Stop(12, 0.0, 0)
-  assert train.upgrade_config({'train': {'num_steps': 5}})['train']['sample_budget'] == 0
-  assert train.upgrade_config({'train': {'sample_budget': 9}})['train']['sample_budget'] == 9
+  assert workdir_lib.upgrade_config({'train': {'num_steps': 5}})['train']['sample_budget'] == 0
+  assert workdir_lib.upgrade_config({'train': {'sample_budget': 9}})['train']['sample_budget'] == 9
 
 
 def test_max_iterations_of_samples_bounds_the_hand_computed_runs():
@@ -402,22 +403,22 @@ def test_samples_survive_the_checkpoint_and_older_ones_derive_them():
   rec = lambda *rounds: {'dc_rounds': [{'round': r, 'samples': [128, 64 * (r != 2)]}
                                        for r in rounds]}
   ls, _ = _loop_state(rnd=3, dc_rounds=({'round': 3, 'samples': [128, 64]},), samples=None)
-  assert train.samples_from_log([rec(1), rec(2), rec(4)], ls) == 192 + 128 + 192
-  assert train.samples_from_log([rec(1), rec(1, 2), rec(4)], ls) == 192 + 128 + 192
-  assert train.samples_from_log([rec(1)], ls) is None          # round 2 missing
-  assert train.samples_from_log([{'step': 4}, {'step': 8}], ls) is None  # before dc_rounds
+  assert workdir_lib.samples_from_log([rec(1), rec(2), rec(4)], ls) == 192 + 128 + 192
+  assert workdir_lib.samples_from_log([rec(1), rec(1, 2), rec(4)], ls) == 192 + 128 + 192
+  assert workdir_lib.samples_from_log([rec(1)], ls) is None          # round 2 missing
+  assert workdir_lib.samples_from_log([{'step': 4}, {'step': 8}], ls) is None  # before dc_rounds
   assert train.add_samples(None, [128, 64]) is None and train.add_samples(5, [1, 2]) == 8
 
 
 def test_resume_refuses_unknown_samples_and_a_budget_the_run_went_past():
   stop = budget.Stop(0, 0.0, 577)
   ls, _ = _loop_state(rnd=4, samples=768)
-  train.check_resumed_samples(stop, ls, 577, 'w')      # the same run, finished
-  train.check_resumed_samples(stop, ls, 500, 'w')      # raised from 500: 768 reached both
-  train.check_resumed_samples(stop, ls._replace(samples=576), 0, 'w')  # not yet reached
-  train.check_resumed_samples(budget.Stop(16, 0.0), ls._replace(samples=None), 0, 'w')
+  workdir_lib.check_resumed_samples(stop, ls, 577, 'w')      # the same run, finished
+  workdir_lib.check_resumed_samples(stop, ls, 500, 'w')      # raised from 500: 768 reached both
+  workdir_lib.check_resumed_samples(stop, ls._replace(samples=576), 0, 'w')  # not yet reached
+  workdir_lib.check_resumed_samples(budget.Stop(16, 0.0), ls._replace(samples=None), 0, 'w')
   with pytest.raises(ValueError) as e:
-    train.check_resumed_samples(stop, ls, 961, 'w')    # lowered: 768 processed >= 577
+    workdir_lib.check_resumed_samples(stop, ls, 961, 'w')    # lowered: 768 processed >= 577
   assert str(e.value) == (
       'train.sample_budget=577 is not above the 768 samples --workdir=w has already '
       'processed (checkpoint of iteration 16, round 4), so the run might have stopped rounds '
@@ -425,10 +426,10 @@ def test_resume_refuses_unknown_samples_and_a_budget_the_run_went_past():
   with pytest.raises(ValueError, match='the checkpoint of iteration 16 in --workdir=w '
                      "predates the sample count and its metrics.jsonl does not record every "
                      "round's samples; use a new --workdir"):
-    train.check_resumed_samples(stop, ls._replace(samples=None), 577, 'w')
+    workdir_lib.check_resumed_samples(stop, ls._replace(samples=None), 577, 'w')
   # A run trained under num_steps (no old budget) past the new budget: refused.
   with pytest.raises(ValueError, match='is not above the 768 samples'):
-    train.check_resumed_samples(stop, ls, 0, 'w')
+    workdir_lib.check_resumed_samples(stop, ls, 0, 'w')
 
 
 def test_progress_line_and_printed_results_under_the_sample_budget(caplog, capsys):
@@ -563,7 +564,7 @@ def test_a_larger_sample_budget_extends_the_run_as_a_fresh_one(fake_data, sample
   lower = sample_config(fake_data, 500)
   with pytest.raises(ValueError, match='train.sample_budget=500 is not above the 768 samples'):
     train.train_and_evaluate(lower, ext)
-  assert train.check_workdir_config(ext, sample_config(fake_data, 961)) == [
+  assert workdir_lib.check_workdir_config(ext, sample_config(fake_data, 961)) == [
       'train.sample_budget: 577 -> 961']
   summary = train.train_and_evaluate(sample_config(fake_data, 961), ext)
   fresh_dir = str(tmp_path / 'fresh')
@@ -587,4 +588,4 @@ def test_an_older_workdir_config_without_the_field_resumes(fake_data, tmp_path):
   (workdir / 'config.json').write_text(json.dumps(stored))
   (workdir / 'summary.json').write_text(json.dumps(dict(
       intra_dc_iterations=12, sim_time_s=1.0, config=stored)))
-  assert train.check_workdir_config(str(workdir), config) == []
+  assert workdir_lib.check_workdir_config(str(workdir), config) == []

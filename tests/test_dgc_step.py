@@ -14,6 +14,7 @@ from configs import default
 from hfl import config as config_lib
 from hfl import mesh as mesh_lib, models, step as step_lib, train
 from hfl.compress import base, dgc, policy, sparse
+from hfl import workdir as workdir_lib
 from tests.helpers import smoke_config
 
 D, W, B = 2, 4, 4
@@ -206,7 +207,7 @@ def test_run_started_before_the_dgc_section_still_resumes(tmp_path):
   with open(tmp_path / 'config.json', 'w') as f:
     json.dump(old, f)
   (tmp_path / 'checkpoints' / '4').mkdir(parents=True)  # a run with a checkpoint: pinned
-  train.check_workdir_config(str(tmp_path), c)  # same config, DGC off: accepted
+  workdir_lib.check_workdir_config(str(tmp_path), c)  # same config, DGC off: accepted
   c.compression.dgc.momentum = 0.9
   with pytest.raises(ValueError, match=r'compression\.dgc\.momentum'):
-    train.check_workdir_config(str(tmp_path), c)
+    workdir_lib.check_workdir_config(str(tmp_path), c)

@@ -19,6 +19,7 @@ from hfl import step as step_lib
 from hfl import network, provenance, tasks, train
 from hfl.compress import dgc
 from hfl.sync import schedule as schedule_lib
+from hfl import workdir as workdir_lib
 from tests.helpers import crash_then_resume, final_state, smoke_config
 
 REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
@@ -486,7 +487,6 @@ def _listing(workdir):
 def test_workdir_entries_of_the_wrong_type_are_refused_untouched(tmp_path, name, make):
   """checkpoints/ as a file, metrics.jsonl as a directory, ...: one ValueError naming
   the path, what it is and what it must be, before anything reads or writes them."""
-  from hfl import metrics as metrics_lib  # pylint: disable=g-import-not-at-top
   workdir, config = _finished_workdir(tmp_path)
   path = os.path.join(workdir, name)
   if os.path.isdir(path):
@@ -501,17 +501,17 @@ def test_workdir_entries_of_the_wrong_type_are_refused_untouched(tmp_path, name,
   else:
     os.symlink(os.path.join(workdir, 'nowhere'), path)
   before = _listing(workdir)
-  must, what = ('a directory' if metrics_lib.WORKDIR_ENTRIES[name][0] else 'a file',
-                metrics_lib.WORKDIR_ENTRIES[name][1])
+  must, what = ('a directory' if workdir_lib.WORKDIR_ENTRIES[name][0] else 'a file',
+                workdir_lib.WORKDIR_ENTRIES[name][1])
   kind = {'file': 'a file', 'dir': 'a directory', 'broken_link': 'a broken symbolic link'}[make]
   problem = (f'cannot be used: {path} is {kind}, but must be {must} ({what}); move it out '
              'of the way, or use a new --workdir')
-  assert metrics_lib.workdir_entries_problem(workdir) == problem
+  assert workdir_lib.workdir_entries_problem(workdir) == problem
   with pytest.raises(ValueError) as e:
-    train.check_workdir_config(workdir, config)
+    workdir_lib.check_workdir_config(workdir, config)
   assert str(e.value) == f'--workdir={workdir!r} {problem}'
   assert _listing(workdir) == before
-  assert metrics_lib.workdir_entries_problem(str(tmp_path / 'new')) is None
+  assert workdir_lib.workdir_entries_problem(str(tmp_path / 'new')) is None
 
 
 def test_main_refuses_a_workdir_entry_of_the_wrong_type_in_one_line(tmp_path):
@@ -537,16 +537,12 @@ def test_a_corrupt_summary_of_a_finished_run_is_named_with_what_to_do(tmp_path, 
   no object, or not a finished run's: the report's check) is named, with the remedy
   (without it the run resumes at its last checkpoint, finishes at once and writes
   it again). ``{}`` used to end in a KeyError traceback."""
-  import types  # pylint: disable=g-import-not-at-top
   workdir, config = _finished_workdir(tmp_path)
   summary = os.path.join(workdir, 'summary.json')
   with open(summary, 'w') as f:
     f.write(text)
-  rt = types.SimpleNamespace(workdir=workdir, s=types.SimpleNamespace(
-      loop=train.loop_config(config), task=tasks.from_config(config)))
-  ls = types.SimpleNamespace(step=4, clock=network.new_clock(2), samples=128)
   with pytest.raises(ValueError) as e:
-    train._resumed(rt, ls, [])  # pylint: disable=protected-access
+    workdir_lib.reported_summary(workdir, tasks.from_config(config), config)
   assert str(e.value).startswith(f'{summary} '), str(e.value)
   assert str(e.value).endswith('; delete it and rerun the same command to rewrite it from '
                                'metrics.jsonl and the last checkpoint')
@@ -561,12 +557,12 @@ def test_a_shorter_run_is_refused_from_the_checkpoints_before_compiling(tmp_path
   os.makedirs(os.path.join(workdir, 'checkpoints', '6'))  # empty: never committed
   shorter = smoke_config(config.dataset.data_dir, **{'train.num_steps': 2})
   with pytest.raises(ValueError) as e:
-    train.check_workdir_config(workdir, shorter)
+    workdir_lib.check_workdir_config(workdir, shorter)
   assert str(e.value) == (f'train.num_steps=2 is below the 4 iterations --workdir={workdir} '
                           'has already done; use a new workdir for a shorter run.')
-  assert train.check_workdir_config(workdir, config) == []
+  assert workdir_lib.check_workdir_config(workdir, config) == []
   longer = smoke_config(config.dataset.data_dir, **{'train.num_steps': 6})
-  assert train.check_workdir_config(workdir, longer) == ['train.num_steps: 4 -> 6']
+  assert workdir_lib.check_workdir_config(workdir, longer) == ['train.num_steps: 4 -> 6']
 
 
 def test_a_run_stopped_before_its_first_checkpoint_may_start_over_with_another_config(
@@ -579,10 +575,10 @@ def test_a_run_stopped_before_its_first_checkpoint_may_start_over_with_another_c
   (workdir / 'config.json').write_text(config.to_json())
   (workdir / 'metrics.jsonl').write_text('')
   other = smoke_config(str(tmp_path / 'data'), **{'train.num_steps': 4, 'sync.k': 4})
-  assert train.check_workdir_config(str(workdir), other) == []
+  assert workdir_lib.check_workdir_config(str(workdir), other) == []
   (workdir / 'checkpoints' / '2').mkdir()  # a checkpoint (even a partial one): pinned
   with pytest.raises(ValueError, match='holds a run with a different config'):
-    train.check_workdir_config(str(workdir), other)
+    workdir_lib.check_workdir_config(str(workdir), other)
 
 
 def test_a_read_only_workdir_only_reports_its_finished_run(tmp_path, monkeypatch):
@@ -591,17 +587,17 @@ def test_a_read_only_workdir_only_reports_its_finished_run(tmp_path, monkeypatch
   resume), is refused before anything is compiled."""
   workdir, config = _finished_workdir(tmp_path)
   monkeypatch.setattr(train.os, 'access', lambda path, mode: mode != os.W_OK)
-  assert train.check_workdir_config(workdir, config) == []
+  assert workdir_lib.check_workdir_config(workdir, config) == []
   longer = smoke_config(config.dataset.data_dir, **{'train.num_steps': 6})
   refused = (f'--workdir={workdir!r} cannot be written (read-only?); from there a finished '
              'run can only be reported again: copy the workdir somewhere writable to '
              'continue it.')
   with pytest.raises(ValueError) as e:
-    train.check_workdir_config(workdir, longer)
+    workdir_lib.check_workdir_config(workdir, longer)
   assert str(e.value) == refused
   os.remove(os.path.join(workdir, 'config.json'))
   with pytest.raises(ValueError) as e:
-    train.check_workdir_config(workdir, config)
+    workdir_lib.check_workdir_config(workdir, config)
   assert str(e.value) == refused
 
 
@@ -896,12 +892,12 @@ def test_a_run_whose_faults_counted_rounds_from_0_is_not_continued():
   written before (no ``fault_rounds_from``) of a run with outages is not continued,
   since its spec would now name rounds one later."""
   host = train.to_host(_loop_state(schedule_lib.make_schedule('periodic', 2, 3, 3)), 0.0)
-  train.check_fault_rounds('1:2', host, 'w')
+  workdir_lib.check_fault_rounds('1:2', host, 'w')
   old = {k: v for k, v in host.items() if k != 'fault_rounds_from'}
-  train.check_fault_rounds(' ', old, 'w')  # no outages: nothing to misread
+  workdir_lib.check_fault_rounds(' ', old, 'w')  # no outages: nothing to misread
   with pytest.raises(ValueError, match=r"counted rounds from 0; .* sync.faults='1:2' would "
                      'name rounds one later'):
-    train.check_fault_rounds('1:2', old, 'w')
+    workdir_lib.check_fault_rounds('1:2', old, 'w')
 
 
 def test_record_eval_keeps_the_best_and_the_first_crossing():
@@ -930,15 +926,14 @@ def test_a_workdir_in_use_by_another_run_is_refused_untouched(fake_data, tmp_pat
   reads or writes anything there, naming the holder; once the lock is free, the
   lock file is gone and a workdir the refused run created is removed again."""
   import fcntl  # pylint: disable=g-import-not-at-top
-  from hfl import metrics as metrics_lib  # pylint: disable=g-import-not-at-top
   workdir = tmp_path / 'run'
   workdir.mkdir()
   (workdir / 'metrics.jsonl').write_text('{"step": 2}\n')
-  lock = workdir / metrics_lib.LOCK_FILE
+  lock = workdir / workdir_lib.LOCK_FILE
   lock.write_text('pid 12345 on elsewhere, since 2026-12-04 10:00:00\n')
   with open(lock) as held:
     fcntl.flock(held, fcntl.LOCK_EX | fcntl.LOCK_NB)
-    with pytest.raises(metrics_lib.WorkdirInUseError) as e:
+    with pytest.raises(workdir_lib.WorkdirInUseError) as e:
       train.train_and_evaluate(smoke_config(fake_data), str(workdir))
     assert str(e.value).startswith(f'{workdir} is in use by another run (pid 12345 on '
                                    'elsewhere, since 2026-12-04 10:00:00; ')
@@ -946,7 +941,7 @@ def test_a_workdir_in_use_by_another_run_is_refused_untouched(fake_data, tmp_pat
     assert sorted(os.listdir(workdir)) == ['.lock', 'metrics.jsonl']
     assert lock.read_text().startswith('pid 12345')
   # Free: the lock is taken, the holder written, and both removed at the end.
-  with metrics_lib.workdir_lock(str(workdir)):
+  with workdir_lib.workdir_lock(str(workdir)):
     assert lock.read_text().startswith(f'pid {os.getpid()} on ')
   assert sorted(os.listdir(workdir)) == ['metrics.jsonl']
   # A refused config leaves no workdir behind that the run itself created.
