@@ -2,7 +2,7 @@
 
 'devices': one simulated CPU device per (DC, worker) under shard_map (hfl's default
 on CPU); 'vmap': the whole hierarchy on one device under nested jax.vmap
-(``mesh.simulate='vmap'``). Both steps are built by hfl.train.setup from the same
+(``mesh.simulate='vmap'``). Both steps are built by hfl.setup.setup from the same
 config (default: configs/default.py, 2 DCs x 4 workers, CNN, batch 32 per worker,
 a round every sync.k iterations), run on the same pre-placed batches of the
 training set, warmed up (both programs compiled), then timed in alternating blocks
@@ -36,9 +36,10 @@ from hfl import mesh as mesh_lib  # noqa: E402
 def build(config, mode: str):
   """(step, state, batches, active, weights, k) of the config in ``mode``."""
   from hfl import step as step_lib, train  # pylint: disable=g-import-not-at-top
+  from hfl import setup as setup_lib  # pylint: disable=g-import-not-at-top
   c = copy.deepcopy(config)
   c.mesh.simulate = mode
-  s = train.setup(c)
+  s = setup_lib.setup(c)
   init_fn = train._init_fn(s)  # pylint: disable=protected-access
   shape = jax.eval_shape(init_fn)
   state = jax.jit(init_fn, out_shardings=step_lib.state_shardings(s.mesh, shape))()

@@ -410,7 +410,7 @@ def to_target(task, records) -> dict:
 # The one check of a finished run's summary.json, shared by hfl.train (before it
 # reports a finished run again) and hfl.report (before it reads one).
 
-# hfl.train.wan_summary's fields (summary.json only; Mbit/s: None where no bandwidth
+# hfl.cost.wan_summary's fields (summary.json only; Mbit/s: None where no bandwidth
 # suffices) and their units.
 WAN_FIELDS = {'exposed_wan_s': 's', 'compute_s': 's', 'compute_utilisation': 'fraction',
               'peak_wan_bytes_per_sync': 'bytes', 'wan_mbps_for_95pct_utilisation': 'Mbit/s',

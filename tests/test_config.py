@@ -2,7 +2,7 @@
 
 ``--config.sync.kk=3`` is refused by :func:`hfl.config.apply_overrides`; these
 tests cover the same typo written inside a config file, which
-:func:`hfl.config.validate` refuses (main.py, hfl.sweep's pre-check, hfl.train.setup).
+:func:`hfl.config.validate` refuses (main.py, hfl.sweep's pre-check, hfl.setup.setup).
 """
 
 import glob

@@ -17,8 +17,11 @@ from hfl import config as config_lib
 from hfl import data as data_lib
 from hfl import step as step_lib
 from hfl import network, provenance, tasks, train
+from hfl import setup as setup_lib
+from hfl import cost
 from hfl.compress import dgc
 from hfl.sync import schedule as schedule_lib
+from hfl import diagnostics
 from hfl import workdir as workdir_lib
 from tests.helpers import crash_then_resume, final_state, smoke_config
 
@@ -207,7 +210,7 @@ def test_bad_config_fails_before_compilation_naming_the_field(fake_data, tmp_pat
   assert not os.path.exists(tmp_path / 'w')
 
 
-# What hfl.train.setup builds from the config (network model, fault plan, outer
+# What hfl.setup.setup builds from the config (network model, fault plan, outer
 # optimizer, K schedule) and the data path: refused by hfl.config.validate itself, so
 # that the sweep's pre-check refuses them too.
 SETUP_ONLY_BAD = [
@@ -746,7 +749,7 @@ def test_divergence_message_is_true_of_the_run(fake_data, tmp_path):
   # With checkpoints and compressed links: both are mentioned, as they are.
   cfg = smoke_config(fake_data, **{'compression.uplink.name': 'topk',
                                    'compression.wan.name': 'bf16'})
-  advice = train.divergence_advice(cfg, '/w', 6)
+  advice = diagnostics.divergence_advice(cfg, '/w', 6)
   assert advice == (
       'The checkpoints in /w (up to step 6, before the divergence) are kept. Lower '
       "optimizer.learning_rate (now 0.1) or use milder compression than "
@@ -837,16 +840,16 @@ def test_warmup_stage_of_every_step_matches_dgc_warmup_stage():
   """Setup precomputes the stage boundaries; the loop looks the stage up by step."""
   for steps in range(1, 14):
     for stages in range(1, 7):
-      w = train.Warmup(train.warmup_starts(steps, stages), (None,) * stages)
+      w = setup_lib.Warmup(setup_lib.warmup_starts(steps, stages), (None,) * stages)
       for step in range(steps + 3):
         ref = dgc.warmup_stage(step, steps, stages)
         assert w.stage(step) == (ref if ref < stages else None), (steps, stages, step)
-  assert train.Warmup().stage(0) is None  # warm-up off
+  assert setup_lib.Warmup().stage(0) is None  # warm-up off
 
 
 def _loop_state(schedule):
-  ls = train.new_loop_state(schedule, 2)
-  ls = train.account_iteration(ls, network.from_config(smoke_config('').network, 2), dict(
+  ls = cost.new_loop_state(schedule, 2)
+  ls = cost.account_iteration(ls, network.from_config(smoke_config('').network, 2), dict(
       up_bits=np.array([8 * 3, 8 * 5 + 4]), down_bits=np.array([16, 16])), [True, True])
   return ls._replace(best_test_accuracy=0.5, last_eval=dict(test_accuracy=0.5, round=1,
                                                            sim_time_s=2.5), round_loss=(1.25,))
@@ -856,9 +859,9 @@ def test_loop_state_round_trips_through_the_checkpoint_dict_and_reads_old_ones()
   schedule = schedule_lib.make_schedule('periodic', 2, 3, 3)
   ls = _loop_state(schedule)._replace(provenance=(dict(at_iteration=0, git_commit=None),))
   assert ls.bits == dict(intra_up=68, intra_down=32, inter_dc=0)
-  host = json.loads(json.dumps(train.to_host(ls, 7.5)))  # what a checkpoint holds
+  host = json.loads(json.dumps(cost.to_host(ls, 7.5)))  # what a checkpoint holds
   assert host['bytes'] == dict(intra_up=8.5, intra_down=4, inter_dc=0)
-  back = train.from_host(host, schedule)
+  back = cost.from_host(host, schedule)
   assert back.wall_time_s == 7.5
   chex.assert_trees_all_equal(back._replace(wall_time_s=0.0), ls)  # clock, plan, schedule, ...
   assert back.last_eval == ls.last_eval and back.schedule == ls.schedule
@@ -866,32 +869,32 @@ def test_loop_state_round_trips_through_the_checkpoint_dict_and_reads_old_ones()
   # Checkpoints of older versions: bytes only (exact bits derived), no best_test_loss,
   # no provenance.
   old = {k: v for k, v in host.items() if k not in ('bits', 'best_test_loss', 'provenance')}
-  assert train.from_host(old, schedule).bits == ls.bits
-  assert train.from_host(old, schedule).best_test_loss is None
-  assert train.from_host(old, schedule).provenance == ()  # older checkpoints: none recorded
+  assert cost.from_host(old, schedule).bits == ls.bits
+  assert cost.from_host(old, schedule).best_test_loss is None
+  assert cost.from_host(old, schedule).provenance == ()  # older checkpoints: none recorded
 
 
 def test_the_accounting_at_stop_round_trips_and_only_the_summary_reads_it():
   """Issue 51, fault 1: the clock and WAN exposure of a run that stops after its last
   round (an overlapped transfer charged whole) travel beside the loop state's own;
-  :func:`hfl.train.stopped` swaps them in for the summary."""
+  :func:`hfl.cost.stopped` swaps them in for the summary."""
   schedule = schedule_lib.make_schedule('periodic', 2, 3, 3)
-  at_stop = train.AtStop(network.Clock(np.array([3.0, 3.0]), np.array([0.0, 0.5])), 0.75)
+  at_stop = cost.AtStop(network.Clock(np.array([3.0, 3.0]), np.array([0.0, 0.5])), 0.75)
   ls = _loop_state(schedule)._replace(wan=dict(exposed_s=0.25, peak_bits=8, peak_dc_bits=8),
                                       at_stop=at_stop)
-  back = train.from_host(json.loads(json.dumps(train.to_host(ls, 0.0))), schedule)
+  back = cost.from_host(json.loads(json.dumps(cost.to_host(ls, 0.0))), schedule)
   chex.assert_trees_all_equal(back.at_stop, at_stop)
-  end = train.stopped(back)
+  end = cost.stopped(back)
   chex.assert_trees_all_equal(end.clock, at_stop.clock)
   assert end.wan == dict(exposed_s=0.75, peak_bits=8, peak_dc_bits=8) and end.at_stop is None
-  assert train.stopped(end) is end and ls.wan['exposed_s'] == 0.25
+  assert cost.stopped(end) is end and ls.wan['exposed_s'] == 0.25
 
 
 def test_a_run_whose_faults_counted_rounds_from_0_is_not_continued():
   """Issue 51, fault 3: rounds in sync.faults are numbered from 1 now; a checkpoint
   written before (no ``fault_rounds_from``) of a run with outages is not continued,
   since its spec would now name rounds one later."""
-  host = train.to_host(_loop_state(schedule_lib.make_schedule('periodic', 2, 3, 3)), 0.0)
+  host = cost.to_host(_loop_state(schedule_lib.make_schedule('periodic', 2, 3, 3)), 0.0)
   workdir_lib.check_fault_rounds('1:2', host, 'w')
   old = {k: v for k, v in host.items() if k != 'fault_rounds_from'}
   workdir_lib.check_fault_rounds(' ', old, 'w')  # no outages: nothing to misread
@@ -917,8 +920,8 @@ def test_record_eval_keeps_the_best_and_the_first_crossing():
 
 def test_progress_line_shows_the_per_dc_k_of_semi_sync():
   plan = schedule_lib.RoundPlan(np.array([9, 7, 5, 4]), 4)
-  assert train._k_text(plan) == '[9,7,5,4] (K_base 4)'
-  assert train._k_text(schedule_lib.RoundPlan(np.array([4, 4]), 4)) == '4'
+  assert diagnostics.k_text(plan) == '[9,7,5,4] (K_base 4)'
+  assert diagnostics.k_text(schedule_lib.RoundPlan(np.array([4, 4]), 4)) == '4'
 
 
 def test_a_workdir_in_use_by_another_run_is_refused_untouched(fake_data, tmp_path):
