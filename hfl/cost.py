@@ -120,8 +120,8 @@ class LoopState(NamedTuple):
 def new_loop_state(schedule: schedule_lib.Schedule, num_dcs: int) -> LoopState:
   """The loop state of a run that has not started."""
   sched = schedule.init()
-  return LoopState(0, 0, network.new_clock(num_dcs), {link: 0 for link in LINKS}, sched,
-                   schedule.plan(sched))
+  return LoopState(step=0, round=0, clock=network.new_clock(num_dcs),
+                   bits={link: 0 for link in LINKS}, schedule=sched, plan=schedule.plan(sched))
 
 
 def to_host(ls: LoopState, wall_time_s: float) -> dict:
@@ -150,15 +150,16 @@ def from_host(host: Mapping[str, Any], schedule: schedule_lib.Schedule) -> LoopS
           {k: int(round(float(v) * 8)) for k, v in host['bytes'].items()})
   sched = schedule_lib.state_from_json(host['schedule'])
   return LoopState(
-      int(host['step']), int(host['round']),
-      network.Clock(np.asarray(host['clock_s']), np.asarray(host['idle_s'])), bits, sched,
-      schedule.plan(sched), host['best_test_accuracy'], host.get('best_test_loss'),
-      host['time_to_target_s'], host['rounds_to_target'], host['last_eval'],
-      tuple(host['round_loss']), float(host['wall_time_s']),
-      tuple(host.get('dc_rounds', ())), host.get('wan'),
-      tuple(host.get('resumed_changes', ())), _at_stop(host.get('at_stop')),
-      tuple(host.get('provenance', ())),
-      None if host.get('samples') is None else int(host['samples']))
+      step=int(host['step']), round=int(host['round']),
+      clock=network.Clock(np.asarray(host['clock_s']), np.asarray(host['idle_s'])),
+      bits=bits, schedule=sched, plan=schedule.plan(sched),
+      best_test_accuracy=host['best_test_accuracy'], best_test_loss=host.get('best_test_loss'),
+      time_to_target_s=host['time_to_target_s'], rounds_to_target=host['rounds_to_target'],
+      last_eval=host['last_eval'], round_loss=tuple(host['round_loss']),
+      wall_time_s=float(host['wall_time_s']), dc_rounds=tuple(host.get('dc_rounds', ())),
+      wan=host.get('wan'), resumed_changes=tuple(host.get('resumed_changes', ())),
+      at_stop=_at_stop(host.get('at_stop')), provenance=tuple(host.get('provenance', ())),
+      samples=None if host.get('samples') is None else int(host['samples']))
 
 
 def _at_stop(host: Mapping[str, Any] | None) -> AtStop | None:
@@ -166,8 +167,8 @@ def _at_stop(host: Mapping[str, Any] | None) -> AtStop | None:
   written before it existed)."""
   if host is None:
     return None
-  return AtStop(network.Clock(np.asarray(host['clock_s']), np.asarray(host['idle_s'])),
-                float(host['exposed_s']))
+  return AtStop(clock=network.Clock(np.asarray(host['clock_s']), np.asarray(host['idle_s'])),
+                exposed_s=float(host['exposed_s']))
 
 
 def stopped(ls: LoopState) -> LoopState:
@@ -225,7 +226,8 @@ def account_round(ls: LoopState, net: network.NetworkModel, schedule: schedule_l
   overlap = overlap_steps * network.iteration_time(net, m['up_bits'], m['down_bits'])
   clock, clock_at_stop = network.advance_overlapped_round(ls.clock, comm, overlap, present)
   at_stop = (None if not overlap_steps else
-             AtStop(clock_at_stop, account_wan(ls.wan, wan_bits, present, comm)['exposed_s']))
+             AtStop(clock=clock_at_stop,
+                    exposed_s=account_wan(ls.wan, wan_bits, present, comm)['exposed_s']))
   plan, sched = schedule.next_round(ls.schedule, train_loss)
   return ls._replace(step=ls.step + steps, round=ls.round + 1, bits=bits, clock=clock,
                      schedule=sched, plan=plan, round_loss=ls.round_loss + (train_loss,),

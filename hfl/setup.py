@@ -1,12 +1,14 @@
 """A run's setup: the config validated and resolved once, before anything is
 compiled or written.
 
-:func:`setup` turns a config into a frozen :class:`Setup`: data and its partition,
-mesh, model shapes, the per-leaf compressors (:func:`build_compressors` →
-:func:`hfl.compress.policy.build`), the compressors of every DGC warm-up stage
-(:class:`Warmup`), optimizers, network model, K schedule (planned with
-:func:`planned_times`) and the loop's own fields (:class:`LoopConfig`). The loop
-(hfl.train) reads the Setup.
+:func:`setup` turns a config into a frozen :class:`Setup` of sub-records: data
+and its partition (:class:`Data`), the hierarchy and its devices
+(:class:`Placement`), model shapes, the per-leaf compressors
+(:func:`build_compressors` → :func:`hfl.compress.policy.build`) and those of every
+DGC warm-up stage (:class:`Compression`, :class:`Warmup`), optimizers
+(:class:`Optimizers`), network model, K schedule (planned with
+:func:`planned_times`), outages and Streaming DiLoCo (:class:`Sync`), and the
+loop's own fields (:class:`LoopConfig`). The loop (hfl.train) reads the Setup.
 """
 
 import bisect
@@ -74,34 +76,59 @@ class Warmup(NamedTuple):
     return s if s < len(self.comps) else None
 
 
+class Placement(NamedTuple):
+  """The D x W hierarchy and the devices it runs on."""
+  num_dcs: int
+  workers_per_dc: int
+  # the ('dc', 'worker') device mesh, or with mode 'vmap' a 1 x 1 mesh of one device
+  mesh: Any
+  # hfl.step.make_step's mode: 'mesh' (a device per DC and worker) or 'vmap' (the
+  # hierarchy on one device): mesh.simulate, resolved (hfl.mesh.step_mode)
+  mode: str = 'mesh'
+
+
+class Data(NamedTuple):
+  """The dataset and its partition over DCs and workers."""
+  dataset: data_lib.Dataset
+  partition: data_lib.Partition
+  dc_weights: np.ndarray  # float64 [D], n_d / n
+
+
+class Optimizers(NamedTuple):
+  """The inner (worker) and outer optimizers."""
+  optimizer: optax.GradientTransformation
+  outer: optax.GradientTransformation
+  shard_state: bool  # ZeRO-1 sharded optimizer state (optimizer.shard_state)
+
+
+class Compression(NamedTuple):
+  """The per-leaf compressors of every link, and DGC's options and warm-up."""
+  comps: step_lib.Compressors
+  warmup: Warmup
+  dgc: dgc.Options
+
+
+class Sync(NamedTuple):
+  """What happens between DCs: the K schedule, outages, Streaming DiLoCo."""
+  schedule: schedule_lib.Schedule
+  present_fn: Any  # round (1-based) -> bool [D], the DCs present (hfl.sync.faults)
+  stream: Any = None  # hfl.sync.streaming.Spec (Streaming DiLoCo), or None
+
+
 @dataclasses.dataclass(frozen=True)
 class Setup:
   """Everything built from the config before compilation."""
   config: ml_collections.ConfigDict
-  num_dcs: int
-  workers_per_dc: int
   loop: LoopConfig
   task: tasks.Task
-  dataset: data_lib.Dataset
-  partition: data_lib.Partition
-  mesh: Any
+  place: Placement
+  data: Data
   model: Any
   params_shape: Any
-  optimizer: optax.GradientTransformation
-  outer: optax.GradientTransformation
-  comps: step_lib.Compressors
-  warmup: Warmup
-  dgc: dgc.Options
-  shard_state: bool
+  optim: Optimizers
+  compress: Compression
   net: network.NetworkModel
-  schedule: schedule_lib.Schedule
-  present_fn: Any
-  dc_weights: np.ndarray  # float64 [D], n_d / n
-  stream: Any = None      # hfl.sync.streaming.Spec (Streaming DiLoCo), or None
-  # hfl.step.make_step's mode: 'mesh' (a device per DC and worker; ``mesh`` is the
-  # ('dc', 'worker') device mesh) or 'vmap' (the hierarchy on one device, ``mesh`` a
-  # 1 x 1 mesh of it): mesh.simulate, resolved (hfl.mesh.step_mode)
-  mode: str = 'mesh'
+  sync: Sync
 
 
 def dgc_options(config) -> dgc.Options:
@@ -185,18 +212,20 @@ def make_warmup(config, params_shape) -> Warmup:
   if not steps:
     return Warmup()
   starts = warmup_starts(steps, stages)
-  return Warmup(starts, tuple(build_compressors(config, params_shape, starts[s])
-                              for s in range(stages)))
+  return Warmup(starts=starts, comps=tuple(build_compressors(config, params_shape, starts[s])
+                                           for s in range(stages)))
 
 
 def loop_config(config) -> LoopConfig:
   """The :class:`LoopConfig` of a validated config."""
   t = config.train
-  return LoopConfig(int(t.num_steps), int(t.batch_size), int(t.eval_every),
-                    int(t.checkpoint_every), int(t.log_every), int(t.eval_batch_size),
-                    int(config.seed), config.dataset.get('augment', 'none'),
-                    config.sync.aggregation, budget_lib.from_config(t),
-                    config.sync.get('lr_scaling', 'none'), float(config.sync.get('prox_mu', 0.0)))
+  return LoopConfig(num_steps=int(t.num_steps), batch_size=int(t.batch_size),
+                    eval_every=int(t.eval_every), checkpoint_every=int(t.checkpoint_every),
+                    log_every=int(t.log_every), eval_batch_size=int(t.eval_batch_size),
+                    seed=int(config.seed), augment=config.dataset.get('augment', 'none'),
+                    aggregation=config.sync.aggregation, stop=budget_lib.from_config(t),
+                    lr_scaling=config.sync.get('lr_scaling', 'none'),
+                    prox_mu=float(config.sync.get('prox_mu', 0.0)))
 
 
 def _check_batch_fits(config, n: int) -> None:
@@ -260,11 +289,17 @@ def setup(config: ml_collections.ConfigDict) -> Setup:
   config_lib.check_budget_warmup(config, t_d, c_d, schedule, how='hfl.setup.planned_times '
                                  "(the network model and the payloads' sizes)")
   sizes = np.asarray(part.dc_sizes, np.float64)
-  return Setup(config, d, w, loop_config(config), tasks.from_config(config), dataset, part,
-               mesh, model, params_shape, optimizer, outer, comps,
-               make_warmup(config, params_shape), dgc_options(config), shard_state(config),
-               net, schedule, present_fn, sizes / sizes.sum(),
-               streaming.spec_from_config(config.sync, params_shape), mode)
+  return Setup(config=config, loop=loop_config(config), task=tasks.from_config(config),
+               place=Placement(num_dcs=d, workers_per_dc=w, mesh=mesh, mode=mode),
+               data=Data(dataset=dataset, partition=part, dc_weights=sizes / sizes.sum()),
+               model=model, params_shape=params_shape,
+               optim=Optimizers(optimizer=optimizer, outer=outer,
+                                shard_state=shard_state(config)),
+               compress=Compression(comps=comps, warmup=make_warmup(config, params_shape),
+                                    dgc=dgc_options(config)),
+               net=net,
+               sync=Sync(schedule=schedule, present_fn=present_fn,
+                         stream=streaming.spec_from_config(config.sync, params_shape)))
 
 
 def planned_times(config, net: network.NetworkModel, comps, params_shape
@@ -304,14 +339,15 @@ def sample_input(dataset):
 def log_policies(s: Setup) -> None:
   """Logs the per-leaf compression policy of each link that compresses."""
   c = s.config.compression
-  logging.info('Compression policy (uplink):\n%s', policy.describe(s.comps.up, s.params_shape))
+  logging.info('Compression policy (uplink):\n%s',
+               policy.describe(s.compress.comps.up, s.params_shape))
   if c.downlink.name != 'identity' or c.small != 'float32':
     logging.info('Compression policy (downlink):\n%s',
-                 policy.describe(s.comps.down, s.params_shape))
+                 policy.describe(s.compress.comps.down, s.params_shape))
   if c.wan.name != 'identity':
     logging.info('Compression policy (inter-DC):\n%s',
-                 policy.describe(s.comps.wan, s.params_shape))
-  if s.stream is not None:
+                 policy.describe(s.compress.comps.wan, s.params_shape))
+  if s.sync.stream is not None:
     logging.info('Streaming DiLoCo fragments (one syncs every %d iterations):\n%s',
-                 s.config.sync.k // len(s.stream.fragments),
-                 streaming.describe(s.stream.fragments, s.params_shape))
+                 s.config.sync.k // len(s.sync.stream.fragments),
+                 streaming.describe(s.sync.stream.fragments, s.params_shape))

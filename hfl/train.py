@@ -20,7 +20,7 @@ import dataclasses
 import json
 import os
 import time
-from typing import Any, Callable, Mapping
+from typing import Any, Callable, Mapping, NamedTuple
 
 import jax
 import jax.numpy as jnp
@@ -165,6 +165,15 @@ class StepTimer:
     self._round_local = []
 
 
+class Programs(NamedTuple):
+  """The loop's device programs (each compiled on its first call)."""
+  init_fn: Callable       # () -> TrainState
+  make_step: Callable     # Compressors -> step function
+  step_fns: dict          # warm-up stage (None: the configured compressors) -> step
+  evaluate: Callable      # global params -> (accuracy, loss)
+  jitted: dict            # round_start, discard_absent, all_finite
+
+
 @dataclasses.dataclass
 class Runtime:
   """What the loop uses besides its state."""
@@ -173,14 +182,10 @@ class Runtime:
   wall0: float            # time.time() when this session started
   state_shape: Any        # TrainState of jax.ShapeDtypeStruct
   shardings: Any          # TrainState of NamedSharding
-  init_fn: Callable       # () -> TrainState
-  make_step: Callable     # Compressors -> step function
-  step_fns: dict          # warm-up stage (None: the configured compressors) -> step
-  evaluate: Callable      # global params -> (accuracy, loss)
+  programs: Programs
   mngr: Any               # orbax CheckpointManager
   leaf_names: list
   timer: StepTimer
-  jitted: dict            # round_start, discard_absent, all_finite
   mw: Any = None          # metrics_lib.MetricsWriter, once the start step is known
   log_at: tuple = (0.0, 0, True)  # (time, step, first?) of the last progress line
   window: Any = None      # inflight.Window: the steps in flight, timed into ``timer``
@@ -190,20 +195,22 @@ class Runtime:
     return ls.wall_time_s + time.time() - self.wall0
 
   def put(self, x, spec=P()):
-    return distributed.put_global(x, NamedSharding(self.s.mesh, spec))
+    return distributed.put_global(x, NamedSharding(self.s.place.mesh, spec))
 
 
 def _init_fn(s: setup_lib.Setup) -> Callable:
   """``() -> TrainState``: the model's initial parameters and every state around them."""
   key = jax.random.PRNGKey(s.loop.seed)
-  sample = setup_lib.sample_input(s.dataset)
+  sample = setup_lib.sample_input(s.data.dataset)
 
   def init():
     params = s.model.init(key, sample)['params']
-    return step_lib.init_state(params, s.optimizer, s.outer, s.comps, s.num_dcs,
-                               s.workers_per_dc, jax.random.fold_in(key, 1),
-                               dgc_momentum=s.dgc.momentum > 0, shard_state=s.shard_state,
-                               stream=s.stream, broadcast=setup_lib.broadcast(s.config),
+    return step_lib.init_state(params, s.optim.optimizer, s.optim.outer, s.compress.comps,
+                               s.place.num_dcs, s.place.workers_per_dc,
+                               jax.random.fold_in(key, 1),
+                               dgc_momentum=s.compress.dgc.momentum > 0,
+                               shard_state=s.optim.shard_state, stream=s.sync.stream,
+                               broadcast=setup_lib.broadcast(s.config),
                                scaffold=scaffold_lib.enabled(s.config.sync))
   return init
 
@@ -216,16 +223,17 @@ def make_runtime(s: setup_lib.Setup, workdir: str, wall0: float) -> Runtime:
   apply_fn = lambda p, x: s.model.apply({'params': p}, x)
   init_fn = _init_fn(s)
   state_shape = jax.eval_shape(init_fn)
-  make = lambda comps: step_lib.make_step(apply_fn, s.optimizer, s.outer, comps, s.mesh,
-                                          state_shape, s.dgc, prox_mu=s.loop.prox_mu,
-                                          stream=s.stream, mode=s.mode,
-                                          shape=(s.num_dcs, s.workers_per_dc),
+  make = lambda comps: step_lib.make_step(apply_fn, s.optim.optimizer, s.optim.outer, comps,
+                                          s.place.mesh, state_shape, s.compress.dgc,
+                                          prox_mu=s.loop.prox_mu, stream=s.sync.stream,
+                                          mode=s.place.mode,
+                                          shape=(s.place.num_dcs, s.place.workers_per_dc),
                                           scaffold=scaffold_lib.spec_from_config(
-                                              s.config, s.dc_weights))
-  step_fns = {None: make(s.comps)}
-  evaluate = make_eval(s.model, s.mesh, s.dataset.test_images, s.dataset.test_labels,
-                       s.loop.eval_batch_size)
-  shardings = step_lib.state_shardings(s.mesh, state_shape)
+                                              s.config, s.data.dc_weights))
+  step_fns = {None: make(s.compress.comps)}
+  evaluate = make_eval(s.model, s.place.mesh, s.data.dataset.test_images,
+                       s.data.dataset.test_labels, s.loop.eval_batch_size)
+  shardings = step_lib.state_shardings(s.place.mesh, state_shape)
   leaf_names = [jax.tree_util.keystr(path) for path, _ in
                 jax.tree_util.tree_flatten_with_path(s.params_shape)[0]]
   # An absent DC's work in a round is discarded (hfl.sync.faults): its per-DC
@@ -237,21 +245,25 @@ def make_runtime(s: setup_lib.Setup, workdir: str, wall0: float) -> Runtime:
       all_finite=jax.jit(lambda t: jnp.all(jnp.stack(
           [jnp.all(jnp.isfinite(x)) for x in jax.tree.leaves(t)]))))
   timer = StepTimer()
-  window = inflight.Window(inflight.depth(jax.default_backend(), s.mode, s.mesh.size),
-                           timer.iteration)
-  return Runtime(s, workdir, wall0, state_shape, shardings, init_fn, make, step_fns, evaluate,
-                 ckpt_lib.manager(workdir), leaf_names, timer, jitted, window=window)
+  window = inflight.Window(inflight.depth(jax.default_backend(), s.place.mode,
+                                          s.place.mesh.size), timer.iteration)
+  return Runtime(s=s, workdir=workdir, wall0=wall0, state_shape=state_shape,
+                 shardings=shardings,
+                 programs=Programs(init_fn=init_fn, make_step=make, step_fns=step_fns,
+                                   evaluate=evaluate, jitted=jitted),
+                 mngr=ckpt_lib.manager(workdir), leaf_names=leaf_names, timer=timer,
+                 window=window)
 
 
 def _step_fn(rt: Runtime, stage: int | None, step: int) -> Callable:
   """The step of a warm-up stage, built (from its precomputed compressors) when the
   stage is first reached."""
-  if stage not in rt.step_fns:
-    comps = rt.s.warmup.comps[stage]
+  if stage not in rt.programs.step_fns:
+    comps = rt.s.compress.warmup.comps[stage]
     logging.info('DGC warm-up stage %d from step %d, uplink policy:\n%s', stage, step,
                  policy.describe(comps.up, rt.s.params_shape))
-    rt.step_fns[stage] = rt.make_step(comps)
-  return rt.step_fns[stage]
+    rt.programs.step_fns[stage] = rt.programs.make_step(comps)
+  return rt.programs.step_fns[stage]
 
 
 def restore_or_init(rt: Runtime):
@@ -265,10 +277,10 @@ def restore_or_init(rt: Runtime):
   """
   restored = ckpt_lib.restore_latest(rt.mngr, ckpt_lib.abstract(rt.state_shape, rt.shardings))
   if restored is None:
-    state = jax.jit(rt.init_fn, out_shardings=rt.shardings)()
-    return state, cost.new_loop_state(rt.s.schedule, rt.s.num_dcs), False
+    state = jax.jit(rt.programs.init_fn, out_shardings=rt.shardings)()
+    return state, cost.new_loop_state(rt.s.sync.schedule, rt.s.place.num_dcs), False
   _, state, host = restored
-  ls = cost.from_host(host, rt.s.schedule)
+  ls = cost.from_host(host, rt.s.sync.schedule)
   if ls.samples is None:  # a checkpoint older than the count
     ls = ls._replace(samples=workdir_lib.samples_from_log(
         metrics_lib.read_jsonl(os.path.join(rt.workdir, 'metrics.jsonl')), ls))
@@ -289,7 +301,7 @@ def _round_weights(s: setup_lib.Setup, plan, it: int, active, present) -> np.nda
   """float32 [D]: the round's aggregation scales (:mod:`hfl.sync.aggregation`) of
   the present DCs, with the local steps each ran (``it + 1`` iterations so far)."""
   local = np.where(active, np.minimum(plan.k_d, it + 1), plan.k_d)
-  p = aggregation.fedavg_weights(s.dc_weights, present)
+  p = aggregation.fedavg_weights(s.data.dc_weights, present)
   return np.asarray(aggregation.aggregation_scale(s.loop.aggregation, p,
                                                   jnp.asarray(local, jnp.float32)))
 
@@ -313,12 +325,12 @@ def _run_iteration(rt: Runtime, state, step: int, active, weights, do_round: boo
                    lr_scale=None):
   """One step on the devices: ``(state, device metrics, ProgramInfo)``."""
   s, loop = rt.s, rt.s.loop
-  idx = data_lib.batch_indices(s.partition, loop.batch_size, step, loop.seed)
+  idx = data_lib.batch_indices(s.data.partition, loop.batch_size, step, loop.seed)
   # Each process gathers only the rows of its own (dc, worker) devices.
-  batch_sh = NamedSharding(s.mesh, P(mesh_lib.DC, mesh_lib.WORKER))
+  batch_sh = NamedSharding(s.place.mesh, P(mesh_lib.DC, mesh_lib.WORKER))
   batch = tuple(distributed.put_rows(src, rows, batch_sh) for src, rows in data_lib.batch_rows(
-      s.dataset, idx, step, loop.seed, loop.augment))
-  stage = s.warmup.stage(step)
+      s.data.dataset, idx, step, loop.seed, loop.augment))
+  stage = s.compress.warmup.stage(step)
   t_start = time.perf_counter()
   step_fn = _step_fn(rt, stage, step)
   # With learning-rate scaling, ``active`` carries each DC's multiplier (0: inactive).
@@ -343,11 +355,11 @@ def run_round(rt: Runtime, state, ls: cost.LoopState):
   """
   s, plan = rt.s, ls.plan
   kmax = int(np.max(plan.k_d))
-  if s.stream is not None:  # one fragment's sync event every K / P iterations
-    kmax = int(s.config.sync.k) // len(s.stream.fragments)
-  present = s.present_fn(ls.round + 1)  # this round's number (hfl.sync.faults)
-  start = None if np.all(present) else rt.jitted['round_start'](state)
-  pending, weights = [], np.zeros(s.num_dcs, np.float32)
+  if s.sync.stream is not None:  # one fragment's sync event every K / P iterations
+    kmax = int(s.config.sync.k) // len(s.sync.stream.fragments)
+  present = s.sync.present_fn(ls.round + 1)  # this round's number (hfl.sync.faults)
+  start = None if np.all(present) else rt.programs.jitted['round_start'](state)
+  pending, weights = [], np.zeros(s.place.num_dcs, np.float32)
   lr_scale = (None if s.loop.lr_scaling == 'none'
               else round_lr_scale(s.loop.lr_scaling, plan.k_d))
   cap = s.loop.stop.step_cap()
@@ -357,14 +369,14 @@ def run_round(rt: Runtime, state, ls: cost.LoopState):
     if do_round:
       weights = _round_weights(s, plan, it, active, present)
     key = (streaming.event_at(ls.step + it + 1, int(s.config.sync.k),
-                              len(s.stream.fragments), int(s.config.sync.overlap_steps))
-           if s.stream is not None else do_round)
+                              len(s.sync.stream.fragments), int(s.config.sync.overlap_steps))
+           if s.sync.stream is not None else do_round)
     state, m, info = _run_iteration(rt, state, ls.step + it, active, weights, key, lr_scale)
     pending.append((m, active, info))
     if do_round:
       break
   if start is not None:
-    state = rt.jitted['discard_absent'](state, start, rt.put(present))
+    state = rt.programs.jitted['discard_absent'](state, start, rt.put(present))
   rt.window.drain()  # every step timed before the round's metrics are gathered
   return state, pending, weights, present
 
@@ -386,16 +398,16 @@ def account(rt: Runtime, ls: cost.LoopState, pending, weights, present):
     m = step_lib.host_metrics(info, raw, act, weights if info.do_round else None)
     diagnostics.check_finite(rt, m, at, end, ls.round + 1)
     ls = cost.account_iteration(ls, s.net, m, act)
-    losses.append(float(np.dot(s.dc_weights, m['loss'])))
+    losses.append(float(np.dot(s.data.dc_weights, m['loss'])))
     if at < end and at % s.loop.log_every == 0:
       diagnostics.log_progress(rt, ls, at, losses[-1])
   round_loss = sum(losses) / len(losses)
   # The exchange overlaps the next τ iterations; a run that stops after this round
   # waits for all of it (``at_stop``: the summary's, hfl.cost.stopped).
-  tau = int(s.config.sync.get('overlap_steps', 0)) if s.stream is not None else 0
-  ls = cost.account_round(ls, s.net, s.schedule, m, present, len(pending), round_loss, tau)
+  tau = int(s.config.sync.get('overlap_steps', 0)) if s.sync.stream is not None else 0
+  ls = cost.account_round(ls, s.net, s.sync.schedule, m, present, len(pending), round_loss, tau)
   diag = cost.round_diagnostics(ls.round, [act for _, act, _ in pending], present,
-                           s.workers_per_dc * s.loop.batch_size, weights, m)
+                           s.place.workers_per_dc * s.loop.batch_size, weights, m)
   diag['train_loss'] = round_loss  # what the K schedule saw (hfl.sync.schedule)
   return ls._replace(dc_rounds=ls.dc_rounds + (diag,),
                      samples=cost.add_samples(ls.samples, diag['samples'])), losses[-1]
@@ -407,7 +419,7 @@ def evaluate(rt: Runtime, state, ls: cost.LoopState):
   Raises:
     FloatingPointError: the test loss is not finite (nothing is written).
   """
-  acc, loss = rt.evaluate(state.global_params)
+  acc, loss = rt.programs.evaluate(state.global_params)
   if not np.isfinite(loss):  # nothing non-finite is written or checkpointed
     raise diagnostics.diverged(rt, ls.step, ls.round,
                                f'the test loss of the global model is {loss}')
@@ -421,7 +433,7 @@ def end_round(rt: Runtime, state, ls: cost.LoopState, loss: float) -> cost.LoopS
   when due (``loss``: the round's last train loss, for the progress line)."""
   loop = rt.s.loop
   # Every DC restarts from the global model: checked before it is evaluated or saved.
-  if not bool(distributed.to_host(rt.jitted['all_finite'](state.global_params))):
+  if not bool(distributed.to_host(rt.programs.jitted['all_finite'](state.global_params))):
     raise diagnostics.diverged(rt, ls.step, ls.round, 'the global model has non-finite parameters')
   last = loop.stop.finished(ls.step, ls.clock.now, ls.samples)
   if ls.round % loop.eval_every == 0 or last:
@@ -542,7 +554,7 @@ def _train_and_evaluate(config: ml_collections.ConfigDict, workdir: str) -> dict
     state, pending, weights, present = run_round(rt, state, ls)
     ls, loss = account(rt, ls, pending, weights, present)
     ls = end_round(rt, state, ls, loss)
-  for o in faults.unreached(config.sync.faults, s.num_dcs, ls.round):
+  for o in faults.unreached(config.sync.faults, s.place.num_dcs, ls.round):
     logging.warning('sync.faults: DC %d was to be absent in round %s, but the run ended '
                     'after %d rounds (rounds 1-%d): that outage did not (fully) happen.',
                     o.dc, o.first if o.first == o.last else f'{o.first}-{o.last}',
