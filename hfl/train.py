@@ -451,7 +451,6 @@ def end_round(rt: Runtime, state, ls: cost.LoopState, loss: float) -> cost.LoopS
 # The experiment.
 # ------------------------------------------------------------------------------
 
-
 def _write_config(rt: Runtime) -> None:
   if metrics_lib.is_writer():
     metrics_lib.write_json(os.path.join(rt.workdir, 'config.json'),
@@ -501,8 +500,8 @@ def train_and_evaluate(config: ml_collections.ConfigDict, workdir: str) -> dict:
     config: the experiment config (see configs/default.py).
     workdir: output directory; an existing run there is resumed from its newest
       checkpoint that restores (the config must match, except
-      hfl.workdir.RESUMABLE_FIELDS;
-      unusable newer step directories are moved aside, hfl.checkpoint).
+      hfl.workdir.RESUMABLE_FIELDS; unusable newer step directories are moved
+      aside, hfl.checkpoint).
 
   Returns:
     The summary dict (:mod:`hfl.metrics`), also written to WORKDIR/summary.json.
