@@ -22,6 +22,7 @@ from ml_collections import config_flags  # noqa: E402  pylint: disable=g-import-
 
 from hfl import distributed  # noqa: E402  pylint: disable=g-import-not-at-top,wrong-import-position
 from hfl import metrics  # noqa: E402  pylint: disable=g-import-not-at-top,wrong-import-position
+from hfl import workdir as workdir_lib  # noqa: E402  pylint: disable=g-import-not-at-top,wrong-import-position
 
 # The hfl modules that import JAX are imported inside the functions that use them
 # (``# lazy: jax``): --help and a bad flag, config or workdir answer without loading
@@ -65,7 +66,7 @@ def main(argv):
     num_devices = config.mesh.num_dcs * config.mesh.workers_per_dc
   except (OSError, AttributeError, KeyError) as e:
     _config_load_failed(config_flags.get_config_filename(flags.FLAGS['config']), e)
-  problem = _workdir_problem(_WORKDIR.value)
+  problem = workdir_lib.problem(_WORKDIR.value)
   if problem:
     print(f'error: --workdir={_WORKDIR.value!r} {problem}', file=sys.stderr)
     sys.exit(2)
@@ -95,7 +96,7 @@ def main(argv):
   except metrics.WriteError as e:  # e.g. the disk filled while saving
     fix = 'Free space there' if e.errno in (errno.ENOSPC, errno.EDQUOT) else 'Fix that'
     print(f'error: {e}. {fix}, then rerun the same command to resume '
-          f'{_WORKDIR.value} {_resume_point(_WORKDIR.value)}.', file=sys.stderr)
+          f'{_WORKDIR.value} {workdir_lib.resume_point(_WORKDIR.value)}.', file=sys.stderr)
     # A save that failed creating its directory leaves orbax threads waiting 300 s for
     # a signal that never comes; the normal exit would join them. Everything is
     # written and the workdir lock released by now, so end the process at once.
@@ -111,31 +112,9 @@ def main(argv):
     sys.exit(3)
   except KeyboardInterrupt as e:  # Ctrl-C, or SIGTERM (runtime.Terminated)
     print(f'interrupted{" by SIGTERM" if isinstance(e, runtime.Terminated) else ""}: rerun the '
-          f'same command to resume {_WORKDIR.value} {_resume_point(_WORKDIR.value)}.',
+          f'same command to resume {_WORKDIR.value} {workdir_lib.resume_point(_WORKDIR.value)}.',
           file=sys.stderr)
     sys.exit(runtime.interrupt_status(e))
-
-
-def _resume_point(workdir: str) -> str:
-  """Where a rerun resumes ``workdir``: its newest complete checkpoint, else the start."""
-  from hfl import checkpoint  # lazy: jax  pylint: disable=g-import-not-at-top
-  step = checkpoint.newest_complete_step(workdir)
-  return (f'from its checkpoint of iteration {step}' if step is not None else
-          'from the start (no checkpoint was written yet)')
-
-
-def _workdir_problem(workdir: str) -> str | None:
-  """Why ``workdir`` cannot hold a run (None if it can), checked before anything starts."""
-  if not workdir or not workdir.strip():
-    return 'is empty; pass a directory (created if missing), e.g. --workdir=workdirs/run'
-  path = os.path.abspath(workdir)
-  # A finished run may be only reported from a read-only workdir
-  # (hfl.train.check_workdir_config decides).
-  finished = os.path.isfile(os.path.join(path, 'summary.json'))
-  problem = metrics.dir_problem(path, writable=not finished)
-  if problem == 'exists and is not a directory':
-    return problem + '; pass a directory (created if missing)'
-  return problem or metrics.workdir_entries_problem(path)
 
 
 def _check_dc_placement(config, info) -> None:

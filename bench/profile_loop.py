@@ -4,7 +4,7 @@ Runs ``hfl.train.train_and_evaluate`` on a config (in this process, allocator as
 ``hfl.runtime`` sets it) with timers around the functions the loop calls, and
 splits the run's wall time into
 
-  setup            config checks, data loading and partitioning (hfl.train.setup)
+  setup            config checks, data loading and partitioning (hfl.setup.setup)
   init/restore     state initialisation or checkpoint restore, the step's tracing
   step compile     first call of each step program (trace + XLA compile + run)
   step compute     the other step calls, until their results are ready
@@ -83,7 +83,8 @@ def _timed(name, fn, block=False):
 def instrument():
   """Wraps the loop's callees with timers (module attributes hfl.train looks up)."""
   from hfl import checkpoint, data, distributed, step, train  # pylint: disable=g-import-not-at-top
-  train.setup = _timed('setup', train.setup)
+  from hfl import setup as setup_lib  # pylint: disable=g-import-not-at-top
+  setup_lib.setup = _timed('setup', setup_lib.setup)
   data.batch_indices = _timed('batch indices', data.batch_indices)
   distributed.put_rows = _timed('batch transfer', distributed.put_rows, block=True)
   distributed.put_global = _timed('small transfers', distributed.put_global, block=True)

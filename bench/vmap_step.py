@@ -2,7 +2,7 @@
 
 'devices': one simulated CPU device per (DC, worker) under shard_map (hfl's default
 on CPU); 'vmap': the whole hierarchy on one device under nested jax.vmap
-(``mesh.simulate='vmap'``). Both steps are built by hfl.train.setup from the same
+(``mesh.simulate='vmap'``). Both steps are built by hfl.setup.setup from the same
 config (default: configs/default.py, 2 DCs x 4 workers, CNN, batch 32 per worker,
 a round every sync.k iterations), run on the same pre-placed batches of the
 training set, warmed up (both programs compiled), then timed in alternating blocks
@@ -36,29 +36,31 @@ from hfl import mesh as mesh_lib  # noqa: E402
 def build(config, mode: str):
   """(step, state, batches, active, weights, k) of the config in ``mode``."""
   from hfl import step as step_lib, train  # pylint: disable=g-import-not-at-top
+  from hfl import setup as setup_lib  # pylint: disable=g-import-not-at-top
   c = copy.deepcopy(config)
   c.mesh.simulate = mode
-  s = train.setup(c)
+  s = setup_lib.setup(c)
   init_fn = train._init_fn(s)  # pylint: disable=protected-access
   shape = jax.eval_shape(init_fn)
-  state = jax.jit(init_fn, out_shardings=step_lib.state_shardings(s.mesh, shape))()
+  state = jax.jit(init_fn, out_shardings=step_lib.state_shardings(s.place.mesh, shape))()
   apply_fn = lambda p, x: s.model.apply({'params': p}, x)
-  step = step_lib.make_step(apply_fn, s.optimizer, s.outer, s.comps, s.mesh, shape, s.dgc,
-                            prox_mu=s.loop.prox_mu, stream=s.stream, mode=s.mode,
-                            shape=(s.num_dcs, s.workers_per_dc))
-  d, w, b = s.num_dcs, s.workers_per_dc, s.loop.batch_size
+  step = step_lib.make_step(apply_fn, s.optim.optimizer, s.optim.outer, s.compress.comps,
+                            s.place.mesh, shape, s.compress.dgc, prox_mu=s.loop.prox_mu,
+                            stream=s.sync.stream, mode=s.place.mode,
+                            shape=(s.place.num_dcs, s.place.workers_per_dc))
+  d, w, b = s.place.num_dcs, s.place.workers_per_dc, s.loop.batch_size
   rng = np.random.default_rng(0)
-  sh = NamedSharding(s.mesh, P(mesh_lib.DC, mesh_lib.WORKER))
-  n = len(s.dataset.train_labels)
+  sh = NamedSharding(s.place.mesh, P(mesh_lib.DC, mesh_lib.WORKER))
+  n = len(s.data.dataset.train_labels)
   batches = []
   for _ in range(4):
     idx = rng.integers(0, n, size=(d, w, b))
-    x = np.asarray(s.dataset.train_images[idx.reshape(-1)])
+    x = np.asarray(s.data.dataset.train_images[idx.reshape(-1)])
     x = x.reshape(idx.shape + x.shape[1:])
-    y = np.asarray(s.dataset.train_labels)[idx]
+    y = np.asarray(s.data.dataset.train_labels)[idx]
     batches.append((jax.device_put(x, sh), jax.device_put(y, sh)))
-  active = jax.device_put(np.ones(d, bool), NamedSharding(s.mesh, P(mesh_lib.DC)))
-  weights = jax.device_put(np.full(d, 1 / d, np.float32), NamedSharding(s.mesh, P()))
+  active = jax.device_put(np.ones(d, bool), NamedSharding(s.place.mesh, P(mesh_lib.DC)))
+  weights = jax.device_put(np.full(d, 1 / d, np.float32), NamedSharding(s.place.mesh, P()))
   return s, step, state, batches, active, weights, int(c.sync.k)
 
 

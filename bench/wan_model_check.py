@@ -76,14 +76,15 @@ def round_latencies(config: str, wan: str, num_dcs: int) -> int:
   """
   import jax  # pylint: disable=g-import-not-at-top
   import jax.numpy as jnp  # pylint: disable=g-import-not-at-top
-  from hfl import config as config_lib, models, train  # pylint: disable=g-import-not-at-top
+  from hfl import config as config_lib, models  # pylint: disable=g-import-not-at-top
+  from hfl import setup as setup_lib  # pylint: disable=g-import-not-at-top
   from hfl.compress import policy  # pylint: disable=g-import-not-at-top
   cfg = config_lib.apply_overrides(config_lib.load_file(config), {'compression.wan.name': wan})
   workers = cfg.mesh.workers_per_dc
   net = models.get_model(cfg.model.name, 10)
   shape = {'fashion_mnist': (1, 28, 28, 1), 'cifar10': (1, 32, 32, 3)}[cfg.dataset.name]
   params = jax.eval_shape(lambda: net.init(jax.random.PRNGKey(0), jnp.zeros(shape))['params'])
-  comps = train.build_compressors(cfg, params)
+  comps = setup_lib.build_compressors(cfg, params)
   per_dtype, gathers = {}, 0
   for c in comps.wan:
     leaves = jax.tree.leaves(policy.payload_shape(c))

@@ -36,7 +36,8 @@ import optax  # noqa: E402
 from jax.sharding import NamedSharding, PartitionSpec as P  # noqa: E402
 
 from configs import default  # noqa: E402
-from hfl import mesh as mesh_lib, models, optim, step as step_lib, train  # noqa: E402
+from hfl import mesh as mesh_lib, models, optim, step as step_lib  # noqa: E402
+from hfl import setup as setup_lib  # noqa: E402
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 from arg_types import int_at_least  # noqa: E402
@@ -54,7 +55,7 @@ def build(config: ml_collections.ConfigDict, shard: bool):
   mesh = mesh_lib.make_mesh(d, w)
   net = models.get_model(config.model.name, 10)
   params = net.init(jax.random.PRNGKey(0), jnp.zeros((1, 28, 28, 1)))['params']
-  comps = train.build_compressors(config, params)
+  comps = setup_lib.build_compressors(config, params)
   opt = optim.make_optimizer(config.optimizer)
   outer = optax.sgd(1.0)
   init = lambda: step_lib.init_state(params, opt, outer, comps, d, w, jax.random.PRNGKey(1),

@@ -7,11 +7,11 @@ Language Model Training Scales Reliably and Robustly: Scaling Laws for DiLoCo",
 arXiv:2503.09799) and Douillard's DiLoCo bandwidth simulator plots it.
 
 It is computed with the code that charges a training run's simulated clock, so a
-run's recorded ``wan_mbps_for_95pct_utilisation`` (``hfl.train.wan_summary``) is
+run's recorded ``wan_mbps_for_95pct_utilisation`` (``hfl.cost.wan_summary``) is
 one point of it (tests/test_bandwidth.py):
 
 * payload bits: the WAN compressor policy over the model's leaf shapes
-  (:func:`hfl.train.build_compressors`, :func:`hfl.compress.policy.static_bits`;
+  (:func:`hfl.setup.build_compressors`, :func:`hfl.compress.policy.static_bits`;
   abstract, ``jax.ShapeDtypeStruct`` leaves suffice, so a 13B model needs no
   memory);
 * Streaming DiLoCo: the fragments of :func:`hfl.sync.streaming.partition`; the
@@ -21,7 +21,7 @@ one point of it (tests/test_bandwidth.py):
   :func:`hfl.network.round_comm_time` charges it);
 * iterations per event from the K schedule (:mod:`hfl.sync.schedule`; K / P
   for Streaming DiLoCo) and the iteration time from
-  :func:`hfl.train.planned_times` (compute + the LAN of the static intra-DC
+  :func:`hfl.setup.planned_times` (compute + the LAN of the static intra-DC
   payloads) or a stated step time;
 * the closed form :func:`hfl.network.wan_bandwidth_for_utilisation`, with the whole
   iteration counted as busy time (as ``wan_summary`` does) and the latency term
@@ -46,7 +46,7 @@ import numpy as np
 from hfl import config as config_lib
 from hfl import models
 from hfl import network
-from hfl import train
+from hfl import setup as setup_lib
 from hfl.compress import policy
 from hfl.sync import schedule as schedule_lib
 from hfl.sync import streaming
@@ -251,7 +251,7 @@ def planned_event(config: ml_collections.ConfigDict, params_shape,
   """The :class:`Plan` of a config's largest sync event, from payload shapes.
 
   With ``iteration_s`` None, each DC's iteration time t_d and round time c_d
-  come from :func:`hfl.train.planned_times` (``network.compute_time_s`` /
+  come from :func:`hfl.setup.planned_times` (``network.compute_time_s`` /
   ``dc_speed`` + the LAN of the static intra-DC payloads); else every DC
   iterates in ``iteration_s`` (the calculator's stated step time; the LAN is
   not modelled) and c_d is the round's :func:`hfl.network.round_comm_time`.
@@ -270,17 +270,17 @@ def planned_event(config: ml_collections.ConfigDict, params_shape,
     Plan (bits, iterations, seconds).
 
   Raises:
-    ValueError: what :func:`hfl.train.build_compressors`,
+    ValueError: what :func:`hfl.setup.build_compressors`,
       :func:`hfl.network.from_config`, the schedule or
       :func:`hfl.sync.streaming.partition` refuse; ``iteration_s`` <= 0.
   """
   d = int(config.mesh.num_dcs)
   net = network.from_config(config.network, d)
-  comps = train.build_compressors(config, params_shape)
+  comps = setup_lib.build_compressors(config, params_shape)
   payload = peak_payload_bits(config, params_shape, comps.wan)
   dc_bits = int(np.max(network.dc_link_bits(np.full(d, payload, np.int64))))
   if iteration_s is None:
-    t_d, c_d = train.planned_times(config, net, comps, params_shape)
+    t_d, c_d = setup_lib.planned_times(config, net, comps, params_shape)
   else:
     if not 0 < float(iteration_s) < np.inf:
       raise ValueError(f'iteration_s={iteration_s!r} must be a finite number > 0 (seconds)')
@@ -302,7 +302,7 @@ def bandwidth_for_utilisation(plan: Plan, targets=TARGETS, latency: bool = True)
   """Per-DC WAN bits/s at which ``plan``'s steady state reaches each target utilisation.
 
   :func:`hfl.network.wan_bandwidth_for_utilisation` with compute = the whole
-  iteration time (as ``hfl.train.wan_summary``).
+  iteration time (as ``hfl.cost.wan_summary``).
 
   Args:
     plan: a :class:`Plan`.

@@ -19,7 +19,7 @@ are *unset*, written as 0:
   round DC d processes K_d x W x B samples (``mesh.workers_per_dc`` W,
   ``train.batch_size`` B; an absent DC 0, its work discarded, :mod:`hfl.sync.faults`):
   metrics.jsonl's ``dc_rounds[*].samples``, whose sums the loop state carries
-  (``hfl.train.LoopState.samples``). A round starts only while the samples
+  (``hfl.cost.LoopState.samples``). A round starts only while the samples
   processed so far are < S; the run stops at the end of the first round whose
   cumulative samples are >= S, so it processes [S, S + that round's samples)
   samples: the overshoot is at most one round. ``E`` epochs of a training set of n
@@ -42,7 +42,7 @@ estimated from the network model's times; :func:`max_iterations_of_samples` for
 the sample budget, from the mesh and batch size;
 :func:`hfl.config.check_budget_warmup`: from the config alone in
 :func:`hfl.config.validate`, then with the run's K schedule in
-:func:`hfl.train.setup`), as it must be below ``train.num_steps``.
+:func:`hfl.setup.setup`), as it must be below ``train.num_steps``.
 """
 
 import math

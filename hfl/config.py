@@ -6,7 +6,7 @@ Errors are ``ValueError``s that name the field, the value and what is allowed.
 objects with (the network model, the fault plan, the outer optimizer, the K
 schedule, the inner optimizer and its schedule, the stopping rule), so main.py
 and :mod:`hfl.sweep`'s pre-check refuse the same configs. What needs more runs
-in :func:`hfl.train.setup`, still before anything is compiled or written: the
+in :func:`hfl.setup.setup`, still before anything is compiled or written: the
 data (the files' contents; a batch larger than a worker's shard, also
 :func:`hfl.data.partition_dataset`), the model's shapes (what a compressor's
 factory refuses, e.g. CO3's gamma; Streaming DiLoCo's fragments; the payload
@@ -159,20 +159,20 @@ def validate(config: ml_collections.ConfigDict, paths: bool = True
   validate_heterogeneity_options(config)
   validate_control_variates(config)
   # The K schedule's fields (sync.progress_*), with stand-in times (t = 1 s, C = 0),
-  # which only semi_sync's K_d use (hfl.train.setup builds it with the planned ones).
+  # which only semi_sync's K_d use (hfl.setup.setup builds it with the planned ones).
   schedule_lib.from_config(s, d, t=np.ones(d), c=np.zeros(d))
   validate_streaming(config)
-  # Payloads unknown here: times without them, a lower bound (hfl.train.setup checks
+  # Payloads unknown here: times without them, a lower bound (hfl.setup.setup checks
   # again with the planned times).
   check_budget_warmup(config, network.iteration_time(net, np.zeros(d), np.zeros(d)),
                       network.round_comm_time(net, np.zeros(d)), how='the network model '
-                      'without the payloads (hfl.train.setup counts them)')
+                      'without the payloads (hfl.setup.setup counts them)')
   validate_data_dir(config, exists=paths)  # last: the fields first, then the filesystem
   return config
 
 
 def check_budget_warmup(config: ml_collections.ConfigDict, t_d, c_d, schedule=None,
-                        how: str = 'hfl.train.planned_times') -> None:
+                        how: str = 'hfl.setup.planned_times') -> None:
   """Refuses an ``optimizer.warmup_steps`` that a budget cannot finish: under
   ``train.sim_time_budget_s`` or ``train.sample_budget`` the counterpart of
   "optimizer.warmup_steps must be < train.num_steps" (:func:`hfl.optim.make_schedule`).
@@ -245,19 +245,6 @@ def check_budget_warmup(config: ml_collections.ConfigDict, t_d, c_d, schedule=No
 
 LR_SCALINGS = ('none', 'inverse_k')  # hfl.train.round_lr_scale
 BROADCASTS = ('downlink', 'gather')  # hfl.step.BROADCASTS
-LOSSLESS_NAMES = ('identity', 'float32')  # registry names of hfl.compress.base.identity
-
-
-def lossy_downlink(compression) -> bool:
-  """Whether some leaf's downlink compressor may be lossy: ``compression.downlink.name``
-  not identity/float32, or small leaves cast (``compression.small`` not float32).
-  Where it is not, both :data:`BROADCASTS` train bitwise the same run.
-
-  Args:
-    compression: the ``compression`` section, a ConfigDict or a config.json dict.
-  """
-  return (compression['downlink']['name'] not in LOSSLESS_NAMES
-          or compression.get('small', 'float32') != 'float32')
 
 
 def validate_broadcast(config: ml_collections.ConfigDict) -> None:
@@ -274,7 +261,7 @@ def validate_broadcast(config: ml_collections.ConfigDict) -> None:
   c = config.compression
   mode = c.get('broadcast', 'gather')
   _choice(mode, 'compression.broadcast', BROADCASTS)
-  if mode == 'downlink' and lossy_downlink(c) and streaming.enabled(config.sync):
+  if mode == 'downlink' and policy.lossy_downlink(c) and streaming.enabled(config.sync):
     s = config.sync
     raise ValueError(
         f"compression.broadcast='downlink' sends the round's update through the lossy "

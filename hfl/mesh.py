@@ -85,7 +85,7 @@ SIMULATE = ('auto', 'devices', 'vmap')
 
 
 def simulate(config) -> str:
-  """``mesh.simulate`` (absent: 'auto', hfl.train.ADDED_SECTIONS)."""
+  """``mesh.simulate`` (absent: 'auto', hfl.workdir.ADDED_SECTIONS)."""
   return config.mesh.get('simulate', 'auto')
 
 

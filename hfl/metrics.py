@@ -7,12 +7,13 @@ Files in the workdir:
                   wall_time_s (+ k, the current K_base, and k_d).
   summary.json    final numbers, written atomically at the end.
   tb/             TensorBoard event files (tensorboardX; no TensorFlow needed).
-Only process 0 writes.
+Only process 0 writes. What a workdir holds and may be used for (its entries,
+its lock, resuming) is :mod:`hfl.workdir`'s.
 
 Also the helpers every reader of these files shares (the training loop's
 progress line and summary, and :mod:`hfl.report`): :func:`format_bytes` (the
-one byte formatter) and :func:`crossing` / :func:`time_to_target` (the one
-time-to-target rule), :func:`summary_problem` (the one check of a finished run's
+one byte formatter) and :func:`crossing` / :func:`time_to_target` /
+:func:`to_target` (the one time-to-target rule), :func:`summary_problem` (the one check of a finished run's
 summary.json) and :func:`manifest_runs` (a sweep root's sweep.json). They need no
 JAX, so this module imports JAX only where it writes.
 
@@ -26,13 +27,10 @@ default: the caller either refuses it (``nonfinite='error'``, the default: a
 
 import contextlib
 import errno
-import fcntl
 import json
 import logging
 import math
 import os
-import socket
-import time
 from typing import Any, Mapping, Sequence
 
 import numpy as np
@@ -164,108 +162,6 @@ def write_json(path: str, obj: Any, nonfinite: str = 'error') -> None:
                            sort_keys=True) + '\n')
 
 
-# What a workdir holds, by name: (a directory?, what for). checkpoints/ and
-# checkpoints_skipped/ are hfl.checkpoint's (CHECKPOINT_DIR, SKIPPED_DIR), logs/
-# the multi-process launchers', the rest this module's.
-WORKDIR_ENTRIES = {
-    'checkpoints': (True, "the run's checkpoints"),
-    'checkpoints_skipped': (True, 'unusable checkpoint directories moved aside'),
-    'tb': (True, 'TensorBoard event files'),
-    'logs': (True, 'per-process logs of a multi-process run'),
-    'config.json': (False, "the run's config"),
-    'metrics.jsonl': (False, 'the evaluation records'),
-    'summary.json': (False, "the finished run's summary"),
-    '.lock': (False, 'held by the run using the workdir (workdir_lock)'),
-}
-
-LOCK_FILE = '.lock'
-
-
-class WorkdirInUseError(ValueError):
-  """Another run holds the workdir's lock (:func:`workdir_lock`)."""
-
-
-@contextlib.contextmanager
-def workdir_lock(workdir: str):
-  """Creates ``workdir`` if needed and holds WORKDIR/.lock exclusively
-  (``fcntl.flock``) for the ``with`` block, so that a second run started in the same
-  workdir stops before it reads or writes anything there.
-
-  Process 0 only (it writes the files; other processes of a multi-process run use
-  the workdir it holds). The file names the holder (pid, host, start time) and is
-  removed at the end, and so is the workdir if this created it and it is still
-  empty. Where the lock file cannot be created (a read-only workdir, in which a
-  finished run is only reported; a non-local path) or the filesystem has no
-  ``flock``, the block runs unlocked.
-
-  Raises:
-    WorkdirInUseError (a ValueError): another open file holds the lock; the message
-      names its holder.
-    ValueError: the workdir does not exist and cannot be created.
-    WriteError (an OSError): the lock file's holder line cannot be written (e.g. no
-      space left on device).
-  """
-  if not is_writer():
-    yield
-    return
-  path = os.path.join(workdir, LOCK_FILE)
-  created = not os.path.lexists(workdir)
-  try:
-    os.makedirs(workdir, exist_ok=True)
-  except OSError as e:
-    if created:  # nothing could ever be written there
-      raise ValueError(f'--workdir={workdir!r} cannot be created: {e.strerror or e}') from e
-  try:
-    fd = os.open(path, os.O_RDWR | os.O_CREAT, 0o644)
-  except OSError:
-    fd = None
-  locked = False
-  try:
-    if fd is not None:
-      try:
-        fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
-        locked = True
-      except BlockingIOError:
-        holder = os.pread(fd, 300, 0).decode(errors='replace').strip() or 'another process'
-        raise WorkdirInUseError(
-            f'{workdir} is in use by another run ({holder}; {path} is locked): wait for '
-            'it to end or stop it, or use another --workdir') from None
-      except OSError:  # no flock on this filesystem
-        pass
-    if locked:
-      try:
-        same = os.fstat(fd).st_ino == os.stat(path).st_ino
-      except FileNotFoundError:
-        same = False
-      if not same:  # removed by a run ending just now
-        raise WorkdirInUseError(f'{workdir}: another run just ended or started there; '
-                                'run the command again')
-      try:
-        os.ftruncate(fd, 0)
-        os.pwrite(fd, f'pid {os.getpid()} on {socket.gethostname()}, since '
-                      f'{time.strftime("%Y-%m-%d %H:%M:%S")}\n'.encode(), 0)
-      except OSError as e:  # e.g. a full disk
-        raise WriteError(path, e, 'nothing else in the workdir was touched') from e
-    yield
-  finally:
-    if fd is not None:
-      if locked:
-        with contextlib.suppress(OSError):
-          os.unlink(path)
-      os.close(fd)
-      if created:  # e.g. a config refused before the run wrote anything
-        with contextlib.suppress(OSError):
-          os.rmdir(workdir)
-
-
-def _kind(path: str) -> str:
-  if os.path.isdir(path):
-    return 'a directory'
-  if os.path.isfile(path):
-    return 'a file'
-  return 'a broken symbolic link' if os.path.islink(path) else 'neither a file nor a directory'
-
-
 def dir_problem(path: str, writable: bool = True) -> str | None:
   """Why directory ``path`` could not be created (or written) (None if it can).
 
@@ -282,25 +178,6 @@ def dir_problem(path: str, writable: bool = True) -> str | None:
     return f'cannot be created: {parent} is a file'
   if writable and not os.access(parent, os.W_OK):
     return f'cannot be written: {parent} is not writable'
-  return None
-
-
-def workdir_entries_problem(workdir: str) -> str | None:
-  """Why an entry already in ``workdir`` keeps a run from using it; None if none does.
-
-  Only reads: the first of :data:`WORKDIR_ENTRIES` that exists with the wrong
-  type (a file where the run keeps a directory, a directory where it keeps a
-  file, a broken symbolic link), e.g. ``"cannot be used: W/tb is a file, but
-  must be a directory (TensorBoard event files); move it out of the way, or use
-  a new --workdir"``. A missing ``workdir`` or entry is no problem.
-  """
-  for name, (is_dir, what) in WORKDIR_ENTRIES.items():
-    path = os.path.join(workdir, name)
-    if not os.path.lexists(path) or (os.path.isdir(path) if is_dir else os.path.isfile(path)):
-      continue
-    return (f'cannot be used: {path} is {_kind(path)}, but must be '
-            f'{"a directory" if is_dir else "a file"} ({what}); move it out of the way, '
-            'or use a new --workdir')
   return None
 
 
@@ -512,11 +389,28 @@ def time_to_target(records: Sequence[Mapping[str, Any]], target: float,
   return None
 
 
+def to_target(task, records) -> dict:
+  """summary.json's ``time_to_target_s`` (simulated s) and ``rounds_to_target``:
+  where ``records`` (evaluations in step order: metrics.jsonl or ``eval_history``)
+  first reach the task's current target, interpolated (:func:`time_to_target`);
+  None when never. Computed from the whole history, so a target changed on rerun
+  is applied to the evaluations already made.
+
+  Args:
+    task: the run's task (hfl.tasks.Task: ``target``, ``metric``,
+      ``higher_is_better``).
+    records: the evaluations.
+  """
+  return {name: time_to_target(records, task.target, key, task.metric,
+                               task.higher_is_better)
+          for name, key in (('time_to_target_s', 'sim_time_s'), ('rounds_to_target', 'round'))}
+
+
 # ------------------------------------------------------------------- summary.json
 # The one check of a finished run's summary.json, shared by hfl.train (before it
 # reports a finished run again) and hfl.report (before it reads one).
 
-# hfl.train.wan_summary's fields (summary.json only; Mbit/s: None where no bandwidth
+# hfl.cost.wan_summary's fields (summary.json only; Mbit/s: None where no bandwidth
 # suffices) and their units.
 WAN_FIELDS = {'exposed_wan_s': 's', 'compute_s': 's', 'compute_utilisation': 'fraction',
               'peak_wan_bytes_per_sync': 'bytes', 'wan_mbps_for_95pct_utilisation': 'Mbit/s',

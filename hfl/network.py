@@ -157,7 +157,7 @@ def dc_link_bits(payload_bits: np.ndarray, present: np.ndarray | None = None) ->
   In the all-to-all exchange DC d sends its payload to each of the other present
   DCs (egress = payload_d (D_present - 1)) and receives theirs (ingress = the sum
   of the other present payloads). What :func:`round_comm_time` divides by the
-  bandwidth and what ``hfl.train.account_wan`` records as a run's peak.
+  bandwidth and what ``hfl.cost.account_wan`` records as a run's peak.
 
   Args:
     payload_bits: int or float [D], bits of each DC's pseudo-gradient payload.

@@ -34,6 +34,7 @@ import ml_collections
 
 from hfl import metrics as metrics_lib
 from hfl import runtime
+from hfl import workdir as workdir_lib
 
 REPO_ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 MAIN_PY = os.path.join(REPO_ROOT, 'main.py')
@@ -42,7 +43,7 @@ LOG_FILE = 'train.log'
 REPORT_DIR = 'report'
 MANIFEST = metrics_lib.SWEEP_MANIFEST  # 'sweep.json'
 BASE_CONFIG_FILE = 'base_config.py'
-# A directory holding one of these is a training workdir (hfl.metrics.WORKDIR_ENTRIES).
+# A directory holding one of these is a training workdir (hfl.workdir.WORKDIR_ENTRIES).
 RUN_ENTRIES = ('config.json', 'metrics.jsonl', 'summary.json', 'checkpoints')
 _MAX_NAME = 200
 _UNSAFE = re.compile(r'[^A-Za-z0-9._=,+-]')
@@ -400,7 +401,7 @@ def check_runs(base: Any, config_arg: str, runs: Sequence[RunSpec]) -> None:
 def check_done(base: Any, config_arg: str, runs: Sequence[RunSpec]) -> list[str]:
   """Checks every finished run (summary.json) against the config the sweep gives it
   now, as main.py checks a workdir before resuming; returns the names of those
-  that differ only in ``hfl.train.RESUMABLE_FIELDS`` (e.g. a longer
+  that differ only in ``hfl.workdir.RESUMABLE_FIELDS`` (e.g. a longer
   ``train.num_steps``): to run again, main.py extends them.
 
   Raises:
@@ -409,11 +410,10 @@ def check_done(base: Any, config_arg: str, runs: Sequence[RunSpec]) -> list[str]
   done = [r for r in runs if run_status(r.workdir) == 'done']
   if not done:
     return []
-  from hfl import train  # lazy: jax  pylint: disable=g-import-not-at-top
   again = []
   for r, config in _run_configs(base, config_arg, done, paths=False):  # only compared
     try:
-      again += [r.name] if train.check_workdir_config(r.workdir, config) else []
+      again += [r.name] if workdir_lib.prepare(r.workdir, config).changed else []
     except ValueError as e:
       raise ValueError(f'run {r.name!r} (nothing was launched): {str(e).rstrip(".")}. A sweep '
                        'root holds one sweep: give this one another --root.') from None

@@ -125,7 +125,7 @@ def summary_fields(task: Task, final: dict, host: dict) -> dict:
   Args:
     task: the Task.
     final: the last evaluation record.
-    host: the loop state as a dict (``hfl.train.LoopState._asdict()`` or a
+    host: the loop state as a dict (``hfl.cost.LoopState._asdict()`` or a
       checkpoint's host dict: ``best_test_accuracy``, ``best_test_loss``).
 
   Returns:

@@ -1,20 +1,21 @@
-"""The training loop: rounds, evaluation, logging, checkpoints.
+"""The training loop: rounds, evaluation, checkpoints, the summary.
 
 ``train_and_evaluate(config, workdir)`` runs one experiment end to end and returns
 its summary (the dict written to WORKDIR/summary.json, :mod:`hfl.metrics`).
 
 The loop follows the layout of flax's ``examples/imagenet/train.py``: the config
-is validated and resolved once into a frozen :class:`Setup` (data, mesh, model,
-compressors of every DGC warm-up stage, the K schedule, the loop's own fields);
-the host-side loop state is a :class:`LoopState` NamedTuple updated by small pure
-functions (:func:`account_iteration`, :func:`account_round`, :func:`record_eval`);
-the device work is the jitted step of :func:`hfl.step.make_step`. A checkpoint
-holds the TrainState and ``to_host(LoopState)`` (JSON); :func:`from_host` reads
-it back, also from workdirs written by older versions.
+is validated and resolved once into a frozen :class:`hfl.setup.Setup` (data, mesh,
+model, compressors of every DGC warm-up stage, the K schedule, the loop's own
+fields); the workdir is checked (:func:`hfl.workdir.prepare`: fresh, resumed,
+finished or refused); the host-side loop state is a :class:`hfl.cost.LoopState`
+NamedTuple updated by small pure functions (:func:`hfl.cost.account_iteration`,
+:func:`hfl.cost.account_round`, :func:`record_eval`); the device work is the
+jitted step of :func:`hfl.step.make_step`. A checkpoint holds the TrainState and
+``hfl.cost.to_host(LoopState)`` (JSON); :func:`hfl.cost.from_host` reads it back,
+also from workdirs written by older versions. Progress lines and divergence
+messages are :mod:`hfl.diagnostics`'; the summary is :func:`hfl.cost.summary`.
 """
 
-import bisect
-import copy
 import dataclasses
 import json
 import os
@@ -25,749 +26,46 @@ import jax
 import jax.numpy as jnp
 import ml_collections
 import numpy as np
-import optax
 from absl import logging
 from jax.sharding import NamedSharding, PartitionSpec as P
 
-from hfl import accounting
-from hfl import budget as budget_lib
 from hfl import checkpoint as ckpt_lib
-from hfl import config as config_lib
+from hfl import cost
 from hfl import data as data_lib
+from hfl import diagnostics
 from hfl import distributed
 from hfl import inflight
 from hfl import mesh as mesh_lib
 from hfl import metrics as metrics_lib
-from hfl import models
-from hfl import network
-from hfl import optim
 from hfl import provenance
+from hfl import setup as setup_lib
 from hfl import step as step_lib
 from hfl import tasks
-from hfl.compress import dgc
+from hfl import workdir as workdir_lib
 from hfl.compress import policy
-from hfl.sync import aggregation, faults, outer as outer_lib, schedule as schedule_lib
+from hfl.sync import aggregation, faults
 from hfl.sync import scaffold as scaffold_lib
 from hfl.sync import streaming
 
-# Fields that may change between a run and its resumption (they do not change what
-# is computed up to the restored step).
-# ``train.sample_budget``: rounds run whole, so a run extended to a larger budget trains
-# bitwise as the fresh run of it (check_resumed_samples refuses one the run went past).
-RESUMABLE_FIELDS = ('train.num_steps', 'train.sample_budget', 'train.eval_every',
-                    'train.checkpoint_every', 'train.log_every', 'train.target_accuracy',
-                    'train.target_loss', 'dataset.cache_dir')
-# Path fields: two spellings of one path (a trailing slash, '~', 'a/../b') are the same.
-PATH_FIELDS = ('dataset.data_dir',)
-# Compressor names that send float32 unchanged.
-UNCOMPRESSED = ('identity', 'float32')
-LINKS = metrics_lib.LINKS  # ('intra_up', 'intra_down', 'inter_dc')
-
 
 # ------------------------------------------------------------------------------
-# Setup: the config validated and resolved once, before anything is compiled or
-# written.
+# Evaluation.
 # ------------------------------------------------------------------------------
 
-class LoopConfig(NamedTuple):
-  """The loop's own fields of ``config.train`` (and the few others it needs)."""
-  num_steps: int         # intra-DC iterations in all (0: a budget governs)
-  batch_size: int        # per worker
-  eval_every: int        # rounds between evaluations
-  checkpoint_every: int  # rounds between checkpoints (0: only at the end)
-  log_every: int         # iterations between progress lines
-  eval_batch_size: int
-  seed: int
-  augment: str           # dataset.augment
-  aggregation: str       # sync.aggregation: 'fedavg' | 'fednova'
-  stop: budget_lib.Stop = budget_lib.Stop(1, 0.0)  # num_steps / sim_time / sample budget
-  lr_scaling: str = 'none'  # sync.lr_scaling: 'none' | 'inverse_k' (round_lr_scale)
-  prox_mu: float = 0.0      # sync.prox_mu: FedProx's mu (hfl.step.local_gradient)
-
-
-class Warmup(NamedTuple):
-  """The DGC density warm-up (Lin et al. 2018, Sec. 3.3), resolved.
-
-  Attributes:
-    starts: first step of each stage 0..S-1, then the warm-up's end (S + 1
-      ints, non-decreasing); empty when the warm-up is off.
-    comps: the compressors of each stage 0..S-1 (their top-k / random-k
-      densities from :func:`hfl.compress.dgc.warmup_density`).
-  """
-  starts: tuple[int, ...] = ()
-  comps: tuple[step_lib.Compressors, ...] = ()
-
-  def stage(self, step: int) -> int | None:
-    """The warm-up stage of ``step``; None when off or finished (the configured
-    compressors apply). Equals :func:`hfl.compress.dgc.warmup_stage` below S."""
-    if not self.comps:
-      return None
-    s = bisect.bisect_right(self.starts, step) - 1
-    return s if s < len(self.comps) else None
-
-
-@dataclasses.dataclass(frozen=True)
-class Setup:
-  """Everything built from the config before compilation."""
-  config: ml_collections.ConfigDict
-  num_dcs: int
-  workers_per_dc: int
-  loop: LoopConfig
-  task: tasks.Task
-  dataset: data_lib.Dataset
-  partition: data_lib.Partition
-  mesh: Any
-  model: Any
-  params_shape: Any
-  optimizer: optax.GradientTransformation
-  outer: optax.GradientTransformation
-  comps: step_lib.Compressors
-  warmup: Warmup
-  dgc: dgc.Options
-  shard_state: bool
-  net: network.NetworkModel
-  schedule: schedule_lib.Schedule
-  present_fn: Any
-  dc_weights: np.ndarray  # float64 [D], n_d / n
-  stream: Any = None      # hfl.sync.streaming.Spec (Streaming DiLoCo), or None
-  # hfl.step.make_step's mode: 'mesh' (a device per DC and worker; ``mesh`` is the
-  # ('dc', 'worker') device mesh) or 'vmap' (the hierarchy on one device, ``mesh`` a
-  # 1 x 1 mesh of it): mesh.simulate, resolved (hfl.mesh.step_mode)
-  mode: str = 'mesh'
-
-
-def dgc_options(config) -> dgc.Options:
-  """The step's DGC options from ``compression.dgc`` (absent: off)."""
-  g = config.compression.get('dgc')
-  if g is None:
-    return dgc.Options()
-  return dgc.Options(momentum=float(g.get('momentum', 0.0)),
-                     clip_norm=float(g.get('clip_norm', 0.0)))
-
-
-def shard_state(config) -> bool:
-  """``optimizer.shard_state`` (absent: False): ZeRO-1 sharded optimizer state."""
-  return bool(config.optimizer.get('shard_state', False))
-
-
-def warmup(config) -> tuple[int, int]:
-  """(warmup_steps, num_stages) of the DGC density warm-up; warmup_steps 0 = off."""
-  g = config.compression.get('dgc')
-  if g is None or not g.get('warmup_steps', 0):
-    return 0, 1
-  return int(g.warmup_steps), int(g.num_stages)
-
-
-def _link_spec(config, link: str, step: int | None):
-  """A link's compressor spec, its density replaced by the warm-up's at ``step``.
-
-  DGC warm-up (Lin et al. 2018, Sec. 3.3; hfl.compress.dgc.warmup_density):
-  density = initial * (final / initial) ** (stage / num_stages) for a top-k /
-  random-k uplink or downlink (``final`` = the link's configured density). Other
-  links, ``step=None`` and steps after the warm-up keep the config's spec.
-  """
-  spec = config.compression[link]
-  steps, stages = warmup(config)
-  if (step is None or dgc.warmup_stage(step, steps, stages) >= stages
-      or spec.name not in config_lib.SPARSIFIERS):
-    return spec
-  spec = ml_collections.ConfigDict(spec.to_dict())
-  spec.density = dgc.warmup_density(step, float(spec.density), steps,
-                                    float(config.compression.dgc.initial_density), stages)
-  return spec
-
-
-def build_compressors(config, params_shape, step: int | None = None
-                      ) -> step_lib.Compressors:
-  """Per-leaf uplink, downlink and inter-DC compressors (:mod:`hfl.compress.policy`).
-
-  Args:
-    config: the experiment config.
-    params_shape: pytree of the model's parameter shapes.
-    step: build for this step's DGC warm-up stage (None: the configured
-      densities). Only the top-k/random-k uplink and downlink densities change, so
-      payload shapes change but no state shape does (dense residuals, stateless
-      sparsifiers): one state serves every stage.
-
-  Raises:
-    ValueError: what :func:`hfl.compress.policy.build` refuses, naming the field.
-  """
-  c = config.compression
-  up = policy.build(_link_spec(config, 'uplink', step), params_shape, c.small_threshold,
-                    c.small, field='compression.uplink')
-  down = policy.build(_link_spec(config, 'downlink', step), params_shape, c.small_threshold,
-                      c.small, field='compression.downlink')
-  # The pseudo-gradient is compressed leaf by leaf with the same size policy.
-  wan = policy.build(c.wan, params_shape, c.small_threshold, c.small, field='compression.wan')
-  return step_lib.Compressors(up, down, wan)
-
-
-def warmup_starts(warmup_steps: int, num_stages: int) -> tuple[int, ...]:
-  """First step of each warm-up stage 0..S-1, then the warm-up's end (S + 1 ints).
-
-  Stage ``s`` of :func:`hfl.compress.dgc.warmup_stage` starts at the first step
-  with ``step * S // warmup_steps >= s``, i.e. ``ceil(s * warmup_steps / S)``.
-  """
-  return tuple(-(-s * warmup_steps // num_stages) for s in range(num_stages + 1))
-
-
-def make_warmup(config, params_shape) -> Warmup:
-  """The warm-up's stage boundaries and every stage's compressors (empty when off)."""
-  steps, stages = warmup(config)
-  if not steps:
-    return Warmup()
-  starts = warmup_starts(steps, stages)
-  return Warmup(starts, tuple(build_compressors(config, params_shape, starts[s])
-                              for s in range(stages)))
-
-
-def loop_config(config) -> LoopConfig:
-  """The :class:`LoopConfig` of a validated config."""
-  t = config.train
-  return LoopConfig(int(t.num_steps), int(t.batch_size), int(t.eval_every),
-                    int(t.checkpoint_every), int(t.log_every), int(t.eval_batch_size),
-                    int(config.seed), config.dataset.get('augment', 'none'),
-                    config.sync.aggregation, budget_lib.from_config(t),
-                    config.sync.get('lr_scaling', 'none'), float(config.sync.get('prox_mu', 0.0)))
-
-
-def _check_batch_fits(config, n: int) -> None:
-  """Every worker's shard must hold one batch: a quick check before partitioning.
-
-  Raises:
-    ValueError: ``train.batch_size`` times the number of workers exceeds the ``n``
-      training samples (no partition can give every worker a batch).
-  """
-  b, d, w = config.train.batch_size, config.mesh.num_dcs, config.mesh.workers_per_dc
-  if b * d * w > n:
-    raise ValueError(
-        f'train.batch_size={b} x {d * w} workers (mesh.num_dcs={d} x mesh.workers_per_dc={w}) '
-        f'= {b * d * w} exceeds the {n} training samples of dataset.name='
-        f'{config.dataset.name!r}: every worker\'s shard must hold at least one batch. '
-        'Lower train.batch_size or use fewer workers.')
-
-
-def setup(config: ml_collections.ConfigDict) -> Setup:
-  """Validates the config (:func:`hfl.config.validate`: every check that needs only
-  the config) and builds data, mesh, model, compressors and schedule, checking on
-  the way, before anything is compiled or written, what needs them: the devices
-  (:func:`hfl.mesh.make_mesh`), the data (its files, :func:`hfl.data.load`; a
-  batch per worker, :func:`_check_batch_fits`, the partition and
-  :func:`hfl.data.check_batch_size`), the model's shapes (the compressors'
-  factories, Streaming DiLoCo's fragments) and the planned times (semi_sync's K_d;
-  a warm-up a budget cannot finish, :func:`hfl.config.check_budget_warmup`).
-
-  Raises:
-    ValueError / FileNotFoundError: bad config or data, naming the field.
-  """
-  config_lib.validate(config)
-  if config.sync.k != 1 and 'sync.k' in (ignored := config_lib.ignored_fields(config)):
-    logging.warning('sync.k=%s is not used: %s', config.sync.k, ignored['sync.k'])
-  d, w = config.mesh.num_dcs, config.mesh.workers_per_dc
-  net = network.from_config(config.network, d)
-  present_fn = faults.make_present_fn(config.sync.faults, d)
-  outer = outer_lib.make_outer(config.sync.outer.name, config.sync.outer.learning_rate,
-                               config.sync.outer.momentum)
-  optimizer = optim.make_optimizer(config.optimizer, config.train.num_steps)
-  mode = mesh_lib.step_mode(mesh_lib.simulate(config), d, w)
-  mesh = mesh_lib.placement_mesh(mode, d, w)
-  if mode == 'vmap':
-    logging.info('Simulating %d DCs x %d workers on one device (mesh.simulate=%r)', d, w,
-                 mesh_lib.simulate(config))
-  dataset = data_lib.load(config.dataset.name, config.dataset.data_dir,
-                          cache_dir=config.dataset.get('cache_dir', ''),
-                          seq_len=config.model.get('seq_len'))
-  logging.info('Dataset %s', dataset.describe())
-  _check_batch_fits(config, len(dataset.train_labels))
-  part = data_lib.partition_dataset(dataset, d, w, config.dataset.partition,
-                                    float(config.dataset.dirichlet_alpha), config.seed,
-                                    min_size=config.train.batch_size)
-  data_lib.check_batch_size(part, config.train.batch_size)
-  model = models.from_config(config.model, dataset.num_classes)
-  params_shape = jax.eval_shape(
-      lambda: model.init(jax.random.PRNGKey(0), _sample_input(dataset))['params'])
-  comps = build_compressors(config, params_shape)
-  t_d, c_d = planned_times(config, net, comps, params_shape)
-  schedule = schedule_lib.from_config(config.sync, d, t=t_d, c=c_d)
-  config_lib.check_budget_warmup(config, t_d, c_d, schedule, how='hfl.train.planned_times '
-                                 "(the network model and the payloads' sizes)")
-  sizes = np.asarray(part.dc_sizes, np.float64)
-  return Setup(config, d, w, loop_config(config), tasks.from_config(config), dataset, part,
-               mesh, model, params_shape, optimizer, outer, comps,
-               make_warmup(config, params_shape), dgc_options(config), shard_state(config),
-               net, schedule, present_fn, sizes / sizes.sum(),
-               streaming.spec_from_config(config.sync, params_shape), mode)
-
-
-def planned_times(config, net: network.NetworkModel, comps, params_shape
-                  ) -> tuple[np.ndarray, np.ndarray]:
-  """Each DC's planned iteration time t_d and round communication time C_d (seconds,
-  f64[D] each) from payload shapes (nothing runs): what the sync schedule plans with
-  (hfl.sync.schedule) and, with every DC present, what the clock charges a round.
-
-  t_d = hfl.network.iteration_time of W workers' uplink and downlink bits;
-  C_d = hfl.network.round_comm_time of the DC's WAN payload + hfl.network.lan_time
-  of the round's fan-out inside the DC (hfl.accounting.round_down_bits). A
-  synchronous round (K = 1) then lasts max_d(t_d + C_d).
-  """
-  d, w = config.mesh.num_dcs, config.mesh.workers_per_dc
-  up, down, wan = accounting.static_bits(comps, params_shape, w, shard_state(config))
-  # SCAFFOLD's control-variate deltas: a second, float32 WAN payload, re-gathered.
-  cv = scaffold_lib.payload_bits(params_shape) if scaffold_lib.enabled(config.sync) else 0
-  t_d = network.iteration_time(net, np.full(d, up * w), np.full(d, down * w))
-  c_d = (network.round_comm_time(net, np.full(d, wan + cv))
-         + network.lan_time(net, np.full(d, accounting.round_down_bits(
-             comps, w, d, broadcast(config)) + w * cv)))
-  return t_d, c_d
-
-
-def broadcast(config) -> str:
-  """How the round's update reaches the workers: ``compression.broadcast``
-  (hfl.step.broadcast_leaves); 'gather' when absent (a config older than the field,
-  which ran that way: hfl.train.ADDED_SECTIONS)."""
-  return config.compression.get('broadcast', 'gather')
-
-
-def _sample_input(dataset):
-  """One zero input of the dataset's row shape and dtype (float32 images, int32 tokens)."""
-  return jnp.zeros((1,) + tuple(dataset.train_images.shape[1:]), dataset.train_images.dtype)
-
-
-# ------------------------------------------------------------------------------
-# The host-side loop state, and the one place that reads old workdirs.
-# ------------------------------------------------------------------------------
-
-class AtStop(NamedTuple):
-  """Where a run that stops after its last round is charged more than the loop state
-  holds: that round's overlapped transfer (Streaming DiLoCo) in full, since no
-  iteration follows to hide it (:func:`hfl.network.advance_overlapped_round`).
-
-  Attributes:
-    clock: the clock with the transfer charged in full.
-    exposed_s: the WAN exposure (:func:`account_wan`'s ``exposed_s``) with it.
-  """
-  clock: network.Clock
-  exposed_s: float
-
-
-class LoopState(NamedTuple):
-  """What the host loop carries from round to round (checkpointed as JSON).
-
-  Attributes:
-    step: intra-DC iterations done.
-    round: inter-DC rounds done.
-    clock: the simulated clock (:class:`hfl.network.Clock`, seconds per DC).
-    bits: exact bit totals per link of :data:`LINKS` (Python ints).
-    schedule: the K schedule's state.
-    plan: the plan of the next round (``schedule.plan(schedule)`` when restored).
-    best_test_accuracy, best_test_loss: best evaluations so far (None: none yet).
-    time_to_target_s, rounds_to_target: where the headline metric first reached
-      its target (:func:`hfl.metrics.crossing`), None until it has.
-    last_eval: the last evaluation's headline metric, ``sim_time_s`` and ``round``.
-    round_loss: mean train loss of each round since the last evaluation.
-    dc_rounds: per-DC diagnostics of each round since the last evaluation
-      (:func:`round_diagnostics`).
-    wall_time_s: wall-clock seconds spent by earlier sessions of the run.
-    wan: the WAN exposure and peaks so far (:func:`account_wan`); None before
-      the first round (and in checkpoints written before it existed: a run
-      resumed from one counts them from the resumption on).
-    resumed_changes: each resumption with a changed config,
-      ``{'at_iteration': int, 'changes': ['train.num_steps: 10 -> 20', ...]}``
-      (:func:`check_workdir_config`): the summary's ``changed_on_resume``; such a
-      run's results may differ from a fresh run of its final config.
-    at_stop: the accounting of the run if it stops after the last round
-      (:class:`AtStop`; None: the loop state's own, nothing in flight). Only the
-      summary reads it (:func:`stopped`), so a run extended past its old end goes on
-      from the same clock as a fresh run (checkpoints written before it existed
-      hold the old end's transfer charged in full).
-    provenance: one :func:`hfl.provenance.collect` entry per start of the run that
-      trained (fresh or resumed), oldest first: the summary's ``provenance``.
-    samples: training samples processed so far, summed over the DCs and rounds
-      (each round's ``dc_rounds[*].samples``, :func:`round_diagnostics`: K_d x W x B
-      per present DC); what ``train.sample_budget`` stops. None: unknown (a
-      checkpoint written before it existed whose metrics.jsonl cannot give it,
-      :func:`samples_from_log`).
-  """
-  step: int
-  round: int
-  clock: network.Clock
-  bits: Mapping[str, int]
-  schedule: schedule_lib.ScheduleState
-  plan: schedule_lib.RoundPlan
-  best_test_accuracy: float | None = None
-  best_test_loss: float | None = None
-  time_to_target_s: float | None = None
-  rounds_to_target: float | None = None
-  last_eval: Mapping[str, Any] | None = None
-  round_loss: tuple[float, ...] = ()
-  wall_time_s: float = 0.0
-  dc_rounds: tuple[dict, ...] = ()
-  wan: Mapping[str, Any] | None = None
-  resumed_changes: tuple[dict, ...] = ()
-  at_stop: AtStop | None = None
-  provenance: tuple[dict, ...] = ()
-  samples: int | None = 0
-
-
-def new_loop_state(schedule: schedule_lib.Schedule, num_dcs: int) -> LoopState:
-  """The loop state of a run that has not started."""
-  sched = schedule.init()
-  return LoopState(0, 0, network.new_clock(num_dcs), {link: 0 for link in LINKS}, sched,
-                   schedule.plan(sched))
-
-
-# How ``sync.faults`` numbers rounds in checkpoints written since it counts them from 1
-# (older checkpoints lack the key: from 0; :func:`check_fault_rounds`).
-FAULT_ROUNDS_FROM = 1
-
-
-def to_host(ls: LoopState, wall_time_s: float) -> dict:
-  """``ls`` as the JSON-able dict a checkpoint holds (``wall_time_s``: the run's
-  wall-clock so far, seconds)."""
-  return dict(fault_rounds_from=FAULT_ROUNDS_FROM, step=ls.step, round=ls.round,
-              clock_s=ls.clock.time_s.tolist(), idle_s=ls.clock.idle_s.tolist(),
-              bytes=byte_totals(ls.bits), bits=dict(ls.bits),
-              schedule=schedule_lib.state_to_json(ls.schedule),
-              best_test_accuracy=ls.best_test_accuracy, best_test_loss=ls.best_test_loss,
-              time_to_target_s=ls.time_to_target_s, rounds_to_target=ls.rounds_to_target,
-              wall_time_s=wall_time_s, last_eval=ls.last_eval, round_loss=list(ls.round_loss),
-              dc_rounds=list(ls.dc_rounds), wan=ls.wan,
-              resumed_changes=list(ls.resumed_changes),
-              at_stop=None if ls.at_stop is None else dict(
-                  clock_s=ls.at_stop.clock.time_s.tolist(),
-                  idle_s=ls.at_stop.clock.idle_s.tolist(), exposed_s=ls.at_stop.exposed_s),
-              provenance=list(ls.provenance), samples=ls.samples)
-
-
-# Config fields added after runs may have started: absent from an older run's
-# config.json, they count as these values (their "off" defaults), so such runs
-# still resume.
-ADDED_SECTIONS = {('compression', 'dgc'): dict(momentum=0.0, clip_norm=0.0, warmup_steps=0,
-                                               initial_density=0.25, num_stages=4),
-                  ('optimizer', 'shard_state'): False,
-                  ('optimizer', 'freeze_second_moment_after'): 0,
-                  # Runs before issue 52 ran on a device per DC and worker, which
-                  # 'auto' still picks wherever those devices exist (main.py simulates
-                  # them on CPU); elsewhere such a run could not resume before.
-                  ('mesh', 'simulate'): 'auto',
-                  ('network', 'wan_latencies_per_round'): 2.0,
-                  ('dataset', 'cache_dir'): '', ('dataset', 'augment'): 'none',
-                  ('optimizer', 'schedule'): 'constant', ('optimizer', 'warmup_steps'): 0,
-                  ('optimizer', 'decay_steps'): 0, ('optimizer', 'final_lr_ratio'): 0.0,
-                  ('train', 'target_loss'): tasks.TARGET_FIELDS['language_model'][1],
-                  ('train', 'sim_time_budget_s'): 0.0, ('train', 'sample_budget'): 0,
-                  ('sync', 'k_min_ratio'): 0.0,
-                  ('sync', 'lr_scaling'): 'none', ('sync', 'prox_mu'): 0.0,
-                  ('sync', 'control_variates'): 'none',
-                  ('sync', 'progress_test'): 'endpoints', ('sync', 'k_max_scope'): 'every_dc',
-                  ('sync', 'fragments'): 1, ('sync', 'overlap_steps'): 0,
-                  ('sync', 'mixing_alpha'): 0.0, ('sync', 'eager'): False,
-                   # Runs before issue 48 re-gathered the round's global model:
-                   # 'gather' where the downlink is lossy; where it is lossless both
-                   # modes are bitwise the same run, so the default.
-                   ('compression', 'broadcast'): lambda old: (
-                       'gather' if config_lib.lossy_downlink(old['compression'])
-                       else 'downlink'),
-                   **{('compression', link, field): value
-                      for link in ('uplink', 'downlink', 'wan')
-                      for field, value in (('chunk_size', 4096), ('value_bits', 2))}}
-
-
-def upgrade_config(old: dict) -> dict:
-  """An older run's config.json with the :data:`ADDED_SECTIONS` it lacks filled in
-  (a callable default is called with the older config)."""
-  old = copy.deepcopy(old)
-  for (*parents, leaf), default in ADDED_SECTIONS.items():
-    sub = old
-    for p in parents:
-      sub = sub.get(p) if isinstance(sub, dict) else None
-    # A section the config lacks gets nothing (a callable default may read it).
-    if isinstance(sub, dict) and parents and leaf not in sub:
-      sub[leaf] = default(old) if callable(default) else copy.deepcopy(default)
-  return old
-
-
-def from_host(host: Mapping[str, Any], schedule: schedule_lib.Schedule) -> LoopState:
-  """Inverse of :func:`to_host`, also for checkpoints of older versions: those
-  without ``bits`` (exact totals are derived from ``bytes``), ``best_test_loss`` or
-  ``samples`` (None: :func:`restore_or_init` derives it from metrics.jsonl)."""
-  bits = ({k: int(v) for k, v in host['bits'].items()} if 'bits' in host else
-          {k: int(round(float(v) * 8)) for k, v in host['bytes'].items()})
-  sched = schedule_lib.state_from_json(host['schedule'])
-  return LoopState(
-      int(host['step']), int(host['round']),
-      network.Clock(np.asarray(host['clock_s']), np.asarray(host['idle_s'])), bits, sched,
-      schedule.plan(sched), host['best_test_accuracy'], host.get('best_test_loss'),
-      host['time_to_target_s'], host['rounds_to_target'], host['last_eval'],
-      tuple(host['round_loss']), float(host['wall_time_s']),
-      tuple(host.get('dc_rounds', ())), host.get('wan'),
-      tuple(host.get('resumed_changes', ())), _at_stop(host.get('at_stop')),
-      tuple(host.get('provenance', ())),
-      None if host.get('samples') is None else int(host['samples']))
-
-
-def _at_stop(host: Mapping[str, Any] | None) -> AtStop | None:
-  """:class:`AtStop` of :func:`to_host`'s ``at_stop`` (None: none, or a checkpoint
-  written before it existed)."""
-  if host is None:
-    return None
-  return AtStop(network.Clock(np.asarray(host['clock_s']), np.asarray(host['idle_s'])),
-                float(host['exposed_s']))
-
-
-def stopped(ls: LoopState) -> LoopState:
-  """``ls`` as a run that stops there is charged (:class:`AtStop`): the summary's
-  clock and WAN exposure. The loop goes on from ``ls`` itself."""
-  if ls.at_stop is None:
-    return ls
-  return ls._replace(clock=ls.at_stop.clock, wan=dict(ls.wan, exposed_s=ls.at_stop.exposed_s),
-                     at_stop=None)
-
-
-def read_json_object(path: str, advice: str) -> dict:
-  """The JSON object in the file ``path``.
-
-  Raises:
-    ValueError: the file is not valid JSON or holds no object: names ``path``,
-      then says ``advice`` (what to do about it).
-  """
-  try:
-    with open(path) as f:
-      obj = json.load(f)
-  except ValueError as e:  # json.JSONDecodeError and UnicodeDecodeError are ValueErrors
-    raise ValueError(f'{path} is not valid JSON ({e}); {advice}') from None
-  if not isinstance(obj, dict):
-    raise ValueError(f'{path} holds no JSON object; {advice}')
-  return obj
-
-
-# What to do about a damaged summary.json of a finished run (config.json intact):
-# without it, the run is resumed at its last checkpoint, which finishes at once.
-_SUMMARY_ADVICE = ('delete it and rerun the same command to rewrite it from metrics.jsonl '
-                   'and the last checkpoint')
-
-
-def _stored_config(workdir: str) -> dict | None:
-  """The config a workdir's run was started with: ``config.json``, else the one in
-  ``summary.json`` (a finished run); None for a workdir without a run.
-
-  Raises:
-    ValueError: the file is not a JSON object (names the file), or the workdir
-      holds checkpoints but neither file, so the run's config cannot be checked.
-  """
-  for name, key in (('config.json', None), ('summary.json', 'config')):
-    path = os.path.join(workdir, name)
-    if not os.path.exists(path):
-      continue
-    stored = read_json_object(path, 'restore it, or use a new --workdir')
-    stored = stored.get(key) if key else stored
-    if not isinstance(stored, dict):
-      raise ValueError(f'{path} holds no config object; restore it, or use a new --workdir')
-    return stored
-  ckpt = os.path.join(workdir, 'checkpoints')
-  if os.path.isdir(ckpt) and os.listdir(ckpt):
-    raise ValueError(
-        f'--workdir={workdir} holds checkpoints but no config.json (nor a summary.json '
-        'with the config), so the config they were trained with cannot be checked; '
-        'restore config.json, or use a new --workdir')
-  return None
-
-
-def _same_path(a, b) -> bool:
-  norm = lambda p: os.path.normpath(os.path.expanduser(p))
-  return isinstance(a, str) and isinstance(b, str) and bool(a) and bool(b) and norm(a) == norm(b)
-
-
-def check_workdir_config(workdir: str, config) -> list[str]:
-  """Refuses a workdir the run cannot use, before anything is compiled or written:
-  an entry of the wrong type (:func:`hfl.metrics.workdir_entries_problem`), an
-  existing workdir that cannot be written unless it holds a finished run (which is
-  only reported again), a run started with a different config (compared with
-  :func:`_stored_config`; one stopped before its first checkpoint is none: any config
-  starts it over), or more iterations done (its newest complete
-  checkpoint, hfl.checkpoint.newest_complete_step) than ``train.num_steps`` when
-  that governs (a ``train.sample_budget`` the run went past is refused once its
-  checkpoint is read, :func:`check_resumed_samples`).
-
-  Returns:
-    The RESUMABLE_FIELDS that changed, as 'field: old -> new' strings.
-
-  Raises:
-    ValueError: any of those (naming the path or the fields), or
-      :func:`_stored_config`'s errors.
-  """
-  problem = metrics_lib.workdir_entries_problem(workdir)
-  if problem:
-    raise ValueError(f'--workdir={workdir!r} {problem}')
-  stop = budget_lib.from_config(config.train)
-  if (os.path.isdir(workdir) and not os.access(workdir, os.W_OK)
-      and not _only_reported(workdir, stop)):
-    raise ValueError(
-        f'--workdir={workdir!r} cannot be written (read-only?); from there a finished run '
-        'can only be reported again: copy the workdir somewhere writable to continue it.')
-  stored = _stored_config(workdir)
-  if stored is None:
-    return []
-  done = ckpt_lib.newest_complete_step(workdir)
-  ckpts = os.path.join(workdir, ckpt_lib.CHECKPOINT_DIR)
-  if not (os.path.exists(os.path.join(workdir, 'summary.json'))
-          or any(n.isdigit() for n in (os.listdir(ckpts) if os.path.isdir(ckpts) else ()))):
-    # Stopped before its first checkpoint: nothing trained is kept, any config starts over.
-    return []
-  old = upgrade_config(stored)
-  diffs, resumable = [], []
-
-  def walk(a, b, prefix):
-    for key in sorted(set(a) | set(b)):
-      name = f'{prefix}{key}'
-      va, vb = a.get(key), b.get(key)
-      if isinstance(va, dict) and isinstance(vb, dict):
-        walk(va, vb, name + '.')
-      elif va != vb and not (name in PATH_FIELDS and _same_path(va, vb)):
-        (resumable if name in RESUMABLE_FIELDS else diffs).append(f'{name}: {va!r} -> {vb!r}')
-  walk(old, json.loads(config.to_json()), '')
-  if diffs:
-    raise ValueError(
-        f'--workdir={workdir} holds a run with a different config ({"; ".join(diffs)}); '
-        'use a new workdir, or the same config to resume.')
-  if stop.governed_by == 'num_steps' and done is not None and done > stop.num_steps:
-    raise ValueError(
-        f'train.num_steps={stop.num_steps} is below the {done} iterations '
-        f'--workdir={workdir} has already done; use a new workdir for a shorter run.')
-  return resumable
-
-
-def _only_reported(workdir: str, stop: budget_lib.Stop) -> bool:
-  """Whether rerunning on ``workdir`` only reports its finished run again, which
-  writes nothing (a changed target is then printed, not saved): it holds
-  config.json, and a summary.json of a run that ``stop`` has stopped.
-
-  Raises:
-    ValueError: summary.json is not a JSON object (names it).
-  """
-  path = os.path.join(workdir, 'summary.json')
-  if not (os.path.exists(path) and os.path.exists(os.path.join(workdir, 'config.json'))):
-    return False
-  return _stopped(read_json_object(path, _SUMMARY_ADVICE), stop)
-
-
-def _stopped(summary: Mapping[str, Any], stop: budget_lib.Stop) -> bool:
-  """Whether the run of ``summary`` (its iterations, simulated time and samples) is
-  one ``stop`` has stopped (a summary without ``samples``, older than the field, has
-  not stopped under ``train.sample_budget``)."""
-  step, now, samples = (summary.get(k) for k in ('intra_dc_iterations', 'sim_time_s',
-                                                  'samples'))
-  if stop.governed_by == 'sample_budget' and not metrics_lib.finite(samples):
-    return False
-  return (metrics_lib.finite(step) and metrics_lib.finite(now)
-          and stop.finished(int(step), float(now), None if samples is None else int(samples)))
-
-
-# ------------------------------------------------------------------------------
-# Pure updates of the loop state.
-# ------------------------------------------------------------------------------
-
-def _bytes(bits: int):
-  """Bytes of an exact bit count: an int when whole, else a float."""
-  return bits // 8 if bits % 8 == 0 else bits / 8
-
-
-def byte_totals(bits: Mapping[str, int]) -> dict:
-  """Bytes per link (an int when whole, else a float) of exact bit totals."""
-  return {link: _bytes(b) for link, b in bits.items()}
-
-
-def _add_bits(bits: Mapping[str, int], **more) -> dict:
-  return {link: b + int(more.get(link, 0)) for link, b in bits.items()}
-
-
-def account_iteration(ls: LoopState, net: network.NetworkModel, m: Mapping[str, np.ndarray],
-                      active: np.ndarray) -> LoopState:
-  """Charges one intra-DC iteration: its uplink and downlink bits and its simulated
-  time (:func:`hfl.network.iteration_time`) on the active DCs' clocks.
-
-  Args:
-    ls: the loop state.
-    net: the network model.
-    m: :func:`hfl.step.host_metrics` of the iteration (``up_bits``,
-      ``down_bits``: int64 [D]).
-    active: bool [D], the DCs that ran it.
-  """
-  bits = _add_bits(ls.bits, intra_up=m['up_bits'].sum(), intra_down=m['down_bits'].sum())
-  clock = network.advance_iteration(
-      ls.clock, network.iteration_time(net, m['up_bits'], m['down_bits']), active)
-  return ls._replace(bits=bits, clock=clock)
-
-
-def account_round(ls: LoopState, net: network.NetworkModel, schedule: schedule_lib.Schedule,
-                  m: Mapping[str, np.ndarray], present: np.ndarray, steps: int,
-                  train_loss: float, overlap_steps: int = 0) -> LoopState:
-  """Ends a round: the inter-DC exchange, its result reaching the workers over the
-  LAN (bits and :func:`hfl.network.advance_round`), and the next round's plan.
-
-  Args:
-    ls: the loop state after the round's iterations (:func:`account_iteration`).
-    net: the network model.
-    schedule: the K schedule (gets the round's mean train loss).
-    m: :func:`hfl.step.host_metrics` of the round's last iteration (``wan_bits``,
-      ``round_down_bits``: int64 [D]).
-    present: bool [D], the DCs that took part.
-    steps: iterations the round ran.
-    train_loss: the round's mean train loss.
-    overlap_steps: τ, iterations the exchange overlaps (Streaming DiLoCo): only
-      the part of it longer than τ iterations of the DC is charged
-      (:func:`hfl.network.exposed_comm_time`); all of it in ``at_stop``, the
-      accounting of a run that stops after this round.
-  """
-  wan_bits = m['wan_bits']
-  bits = _add_bits(ls.bits, inter_dc=network.link_bits(wan_bits, present),
-                   intra_down=m['round_down_bits'].sum())
-  comm = (network.round_comm_time(net, wan_bits, present)
-          + network.lan_time(net, m['round_down_bits']))
-  overlap = overlap_steps * network.iteration_time(net, m['up_bits'], m['down_bits'])
-  clock, clock_at_stop = network.advance_overlapped_round(ls.clock, comm, overlap, present)
-  at_stop = (None if not overlap_steps else
-             AtStop(clock_at_stop, account_wan(ls.wan, wan_bits, present, comm)['exposed_s']))
-  plan, sched = schedule.next_round(ls.schedule, train_loss)
-  return ls._replace(step=ls.step + steps, round=ls.round + 1, bits=bits, clock=clock,
-                     schedule=sched, plan=plan, round_loss=ls.round_loss + (train_loss,),
-                     wan=account_wan(ls.wan, wan_bits, present,
-                                     network.exposed_comm_time(comm, overlap)),
-                     at_stop=at_stop)
-
-
-def account_wan(wan: Mapping[str, Any] | None, wan_bits: np.ndarray, present: np.ndarray,
-                exposed: np.ndarray) -> dict:
-  """The run's WAN exposure and peaks after one sync event (round).
-
-  Returns:
-    ``{'exposed_s'``: seconds of round communication not hidden by compute,
-    summed over rounds (the slowest present DC's); ``'peak_bits'``: the largest
-    total of one round's WAN bits (:func:`hfl.network.link_bits`);
-    ``'peak_dc_bits'``: the largest bits one DC's WAN link carried in one round,
-    max(egress, ingress) (:func:`hfl.network.dc_link_bits`)}``.
-  """
-  wan = dict(wan or dict(exposed_s=0.0, peak_bits=0, peak_dc_bits=0))
-  present = np.asarray(present, bool)
-  dc = int(np.max(network.dc_link_bits(np.asarray(wan_bits, np.int64), present)))
-  wan['exposed_s'] += float(np.max(np.where(present, exposed, 0.0)))
-  wan['peak_bits'] = max(wan['peak_bits'], network.link_bits(wan_bits, present))
-  wan['peak_dc_bits'] = max(wan['peak_dc_bits'], dc)
-  return wan
-
-
-def eval_record(ls: LoopState, task: tasks.Task, accuracy: float, loss: float,
+def eval_record(ls: cost.LoopState, task: tasks.Task, accuracy: float, loss: float,
                 wall_time_s: float) -> dict:
   """The metrics.jsonl record of an evaluation of the global model at ``ls``."""
   return dict(step=ls.step, round=ls.round, samples=ls.samples,
               **tasks.eval_record(task, accuracy, loss),
               train_loss=(float(np.mean(ls.round_loss)) if ls.round_loss else None),
-              bytes=byte_totals(ls.bits), sim_time_s=ls.clock.now, wall_time_s=wall_time_s,
+              bytes=cost.byte_totals(ls.bits), sim_time_s=ls.clock.now,
+              wall_time_s=wall_time_s,
               k=int(ls.plan.k_base), k_d=[int(k) for k in ls.plan.k_d],
               idle_s=[float(x) for x in ls.clock.idle_s], dc_rounds=list(ls.dc_rounds))
 
 
-def record_eval(ls: LoopState, task: tasks.Task, rec: Mapping[str, Any]) -> LoopState:
+def record_eval(ls: cost.LoopState, task: tasks.Task,
+                rec: Mapping[str, Any]) -> cost.LoopState:
   """The loop state after evaluation ``rec``: best values, the first crossing of
   the target (interpolated from the previous evaluation), a new round-loss window."""
   acc, loss = rec['test_accuracy'], rec['test_loss']
@@ -784,10 +82,6 @@ def record_eval(ls: LoopState, task: tasks.Task, rec: Mapping[str, Any]) -> Loop
       time_to_target_s=ttt, rounds_to_target=rtt, round_loss=(), dc_rounds=(),
       last_eval={k: rec[k] for k in (task.metric, 'sim_time_s', 'round')})
 
-
-# ------------------------------------------------------------------------------
-# Evaluation.
-# ------------------------------------------------------------------------------
 
 def make_eval(model, mesh, images, labels: np.ndarray, batch_size: int):
   """Returns ``evaluate(params) -> (accuracy, loss)`` on the whole test set.
@@ -871,67 +165,75 @@ class StepTimer:
     self._round_local = []
 
 
-@dataclasses.dataclass
-class Runtime:
-  """What the loop uses besides its state."""
-  s: Setup
-  workdir: str
-  wall0: float            # time.time() when this session started
-  state_shape: Any        # TrainState of jax.ShapeDtypeStruct
-  shardings: Any          # TrainState of NamedSharding
+class Programs(NamedTuple):
+  """The loop's device programs (each compiled on its first call)."""
   init_fn: Callable       # () -> TrainState
   make_step: Callable     # Compressors -> step function
   step_fns: dict          # warm-up stage (None: the configured compressors) -> step
   evaluate: Callable      # global params -> (accuracy, loss)
+  jitted: dict            # round_start, discard_absent, all_finite
+
+
+@dataclasses.dataclass
+class Runtime:
+  """What the loop uses besides its state."""
+  s: setup_lib.Setup
+  workdir: str
+  wall0: float            # time.time() when this session started
+  state_shape: Any        # TrainState of jax.ShapeDtypeStruct
+  shardings: Any          # TrainState of NamedSharding
+  programs: Programs
   mngr: Any               # orbax CheckpointManager
   leaf_names: list
   timer: StepTimer
-  jitted: dict            # round_start, discard_absent, all_finite
   mw: Any = None          # metrics_lib.MetricsWriter, once the start step is known
   log_at: tuple = (0.0, 0, True)  # (time, step, first?) of the last progress line
   window: Any = None      # inflight.Window: the steps in flight, timed into ``timer``
 
-  def wall_s(self, ls: LoopState) -> float:
+  def wall_s(self, ls: cost.LoopState) -> float:
     """The run's wall-clock so far (earlier sessions included), seconds."""
     return ls.wall_time_s + time.time() - self.wall0
 
   def put(self, x, spec=P()):
-    return distributed.put_global(x, NamedSharding(self.s.mesh, spec))
+    return distributed.put_global(x, NamedSharding(self.s.place.mesh, spec))
 
 
-def _init_fn(s: Setup) -> Callable:
+def _init_fn(s: setup_lib.Setup) -> Callable:
   """``() -> TrainState``: the model's initial parameters and every state around them."""
   key = jax.random.PRNGKey(s.loop.seed)
-  sample = _sample_input(s.dataset)
+  sample = setup_lib.sample_input(s.data.dataset)
 
   def init():
     params = s.model.init(key, sample)['params']
-    return step_lib.init_state(params, s.optimizer, s.outer, s.comps, s.num_dcs,
-                               s.workers_per_dc, jax.random.fold_in(key, 1),
-                               dgc_momentum=s.dgc.momentum > 0, shard_state=s.shard_state,
-                               stream=s.stream, broadcast=broadcast(s.config),
+    return step_lib.init_state(params, s.optim.optimizer, s.optim.outer, s.compress.comps,
+                               s.place.num_dcs, s.place.workers_per_dc,
+                               jax.random.fold_in(key, 1),
+                               dgc_momentum=s.compress.dgc.momentum > 0,
+                               shard_state=s.optim.shard_state, stream=s.sync.stream,
+                               broadcast=setup_lib.broadcast(s.config),
                                scaffold=scaffold_lib.enabled(s.config.sync))
   return init
 
 
-def make_runtime(s: Setup, workdir: str, wall0: float) -> Runtime:
+def make_runtime(s: setup_lib.Setup, workdir: str, wall0: float) -> Runtime:
   """Builds the step of the configured compressors (compiled on its first call),
   the evaluation, and the checkpoint manager, in ``workdir`` (which
-  :func:`hfl.metrics.workdir_lock` created on process 0).
+  :func:`hfl.workdir.workdir_lock` created on process 0).
   """
   apply_fn = lambda p, x: s.model.apply({'params': p}, x)
   init_fn = _init_fn(s)
   state_shape = jax.eval_shape(init_fn)
-  make = lambda comps: step_lib.make_step(apply_fn, s.optimizer, s.outer, comps, s.mesh,
-                                          state_shape, s.dgc, prox_mu=s.loop.prox_mu,
-                                          stream=s.stream, mode=s.mode,
-                                          shape=(s.num_dcs, s.workers_per_dc),
+  make = lambda comps: step_lib.make_step(apply_fn, s.optim.optimizer, s.optim.outer, comps,
+                                          s.place.mesh, state_shape, s.compress.dgc,
+                                          prox_mu=s.loop.prox_mu, stream=s.sync.stream,
+                                          mode=s.place.mode,
+                                          shape=(s.place.num_dcs, s.place.workers_per_dc),
                                           scaffold=scaffold_lib.spec_from_config(
-                                              s.config, s.dc_weights))
-  step_fns = {None: make(s.comps)}
-  evaluate = make_eval(s.model, s.mesh, s.dataset.test_images, s.dataset.test_labels,
-                       s.loop.eval_batch_size)
-  shardings = step_lib.state_shardings(s.mesh, state_shape)
+                                              s.config, s.data.dc_weights))
+  step_fns = {None: make(s.compress.comps)}
+  evaluate = make_eval(s.model, s.place.mesh, s.data.dataset.test_images,
+                       s.data.dataset.test_labels, s.loop.eval_batch_size)
+  shardings = step_lib.state_shardings(s.place.mesh, state_shape)
   leaf_names = [jax.tree_util.keystr(path) for path, _ in
                 jax.tree_util.tree_flatten_with_path(s.params_shape)[0]]
   # An absent DC's work in a round is discarded (hfl.sync.faults): its per-DC
@@ -943,127 +245,63 @@ def make_runtime(s: Setup, workdir: str, wall0: float) -> Runtime:
       all_finite=jax.jit(lambda t: jnp.all(jnp.stack(
           [jnp.all(jnp.isfinite(x)) for x in jax.tree.leaves(t)]))))
   timer = StepTimer()
-  window = inflight.Window(inflight.depth(jax.default_backend(), s.mode, s.mesh.size),
-                           timer.iteration)
-  return Runtime(s, workdir, wall0, state_shape, shardings, init_fn, make, step_fns, evaluate,
-                 ckpt_lib.manager(workdir), leaf_names, timer, jitted, window=window)
+  window = inflight.Window(inflight.depth(jax.default_backend(), s.place.mode,
+                                          s.place.mesh.size), timer.iteration)
+  return Runtime(s=s, workdir=workdir, wall0=wall0, state_shape=state_shape,
+                 shardings=shardings,
+                 programs=Programs(init_fn=init_fn, make_step=make, step_fns=step_fns,
+                                   evaluate=evaluate, jitted=jitted),
+                 mngr=ckpt_lib.manager(workdir), leaf_names=leaf_names, timer=timer,
+                 window=window)
 
 
 def _step_fn(rt: Runtime, stage: int | None, step: int) -> Callable:
   """The step of a warm-up stage, built (from its precomputed compressors) when the
   stage is first reached."""
-  if stage not in rt.step_fns:
-    comps = rt.s.warmup.comps[stage]
+  if stage not in rt.programs.step_fns:
+    comps = rt.s.compress.warmup.comps[stage]
     logging.info('DGC warm-up stage %d from step %d, uplink policy:\n%s', stage, step,
                  policy.describe(comps.up, rt.s.params_shape))
-    rt.step_fns[stage] = rt.make_step(comps)
-  return rt.step_fns[stage]
+    rt.programs.step_fns[stage] = rt.programs.make_step(comps)
+  return rt.programs.step_fns[stage]
 
 
 def restore_or_init(rt: Runtime):
   """``(state, loop_state, restored)``: the newest checkpoint that restores, or a
   new run's state initialised directly sharded. A checkpoint older than
-  :attr:`LoopState.samples` gets them from metrics.jsonl (:func:`samples_from_log`).
+  :attr:`LoopState.samples` gets them from metrics.jsonl (:func:`hfl.workdir.samples_from_log`).
 
   Raises:
-    ValueError: :func:`check_resumed_samples`, :func:`check_fault_rounds`.
+    ValueError: :func:`hfl.workdir.check_resumed_samples`,
+      :func:`hfl.workdir.check_fault_rounds`.
   """
   restored = ckpt_lib.restore_latest(rt.mngr, ckpt_lib.abstract(rt.state_shape, rt.shardings))
   if restored is None:
-    state = jax.jit(rt.init_fn, out_shardings=rt.shardings)()
-    return state, new_loop_state(rt.s.schedule, rt.s.num_dcs), False
+    state = jax.jit(rt.programs.init_fn, out_shardings=rt.shardings)()
+    return state, cost.new_loop_state(rt.s.sync.schedule, rt.s.place.num_dcs), False
   _, state, host = restored
-  ls = from_host(host, rt.s.schedule)
+  ls = cost.from_host(host, rt.s.sync.schedule)
   if ls.samples is None:  # a checkpoint older than the count
-    ls = ls._replace(samples=samples_from_log(
+    ls = ls._replace(samples=workdir_lib.samples_from_log(
         metrics_lib.read_jsonl(os.path.join(rt.workdir, 'metrics.jsonl')), ls))
   if rt.s.loop.stop.governed_by == 'sample_budget':  # the budget the run was trained to
-    old = upgrade_config(_stored_config(rt.workdir) or {}).get('train', {})
-    check_resumed_samples(rt.s.loop.stop, ls, old.get('sample_budget', 0), rt.workdir)
+    old = workdir_lib.upgrade_config(workdir_lib.stored_config(rt.workdir) or {})
+    workdir_lib.check_resumed_samples(rt.s.loop.stop, ls,
+                                      old.get('train', {}).get('sample_budget', 0), rt.workdir)
   if not rt.s.loop.stop.finished(ls.step, ls.clock.now, ls.samples):
-    check_fault_rounds(rt.s.config.sync.faults, host, rt.workdir)
+    workdir_lib.check_fault_rounds(rt.s.config.sync.faults, host, rt.workdir)
   return state, ls, True
-
-
-def samples_from_log(records, ls: LoopState) -> int | None:
-  """The samples a run processed up to ``ls`` (a checkpoint written before
-  :attr:`LoopState.samples` existed), summed from the per-round ``dc_rounds`` of
-  its metrics.jsonl ``records`` (rounds up to ``ls.round``) and of ``ls`` (rounds
-  since its last evaluation); None unless every round 1..``ls.round`` is there
-  (older runs did not record them)."""
-  per_round = {}
-  for entry in [e for r in records if isinstance(r, dict)
-                for e in (r.get('dc_rounds') or ())] + list(ls.dc_rounds):
-    if isinstance(entry, dict) and isinstance(entry.get('round'), int) and (
-        1 <= entry['round'] <= ls.round) and isinstance(entry.get('samples'), list):
-      per_round[entry['round']] = sum(int(x) for x in entry['samples'])
-  if len(per_round) != ls.round:
-    return None
-  return sum(per_round.values())
-
-
-def check_resumed_samples(stop: budget_lib.Stop, ls: LoopState, old_budget: int,
-                          workdir: str) -> None:
-  """Refuses to resume under ``train.sample_budget`` a checkpoint (``ls``) whose
-  samples are unknown, or that already processed the budget ``stop.sample_budget``
-  unless it is the end of a run stopped by a budget ``old_budget`` <= it: its last
-  round was then the first to reach the new budget too. (A budget lowered below
-  what the checkpoint processed might have stopped the run rounds earlier; one
-  raised, or lowered above it, is resumed: rounds run whole, so it trains bitwise
-  as the fresh run of the new budget; only an evaluation at the old end, if not
-  due anyway, stays in its history.)
-
-  Args:
-    stop: the run's stopping rule.
-    ls: the restored loop state.
-    old_budget: ``train.sample_budget`` of the config the run was trained with
-      (0: another rule governed it).
-    workdir: for the message.
-
-  Raises:
-    ValueError: naming ``train.sample_budget``, the checkpoint and what to do.
-  """
-  if stop.governed_by != 'sample_budget':
-    return
-  if ls.samples is None:
-    raise ValueError(
-        f'train.sample_budget={stop.sample_budget} governs this run, but the checkpoint of '
-        f'iteration {ls.step} in --workdir={workdir} predates the sample count and its '
-        "metrics.jsonl does not record every round's samples; use a new --workdir.")
-  if ls.samples >= stop.sample_budget and not 0 < old_budget <= stop.sample_budget:
-    raise ValueError(
-        f'train.sample_budget={stop.sample_budget} is not above the {ls.samples} samples '
-        f'--workdir={workdir} has already processed (checkpoint of iteration {ls.step}, '
-        f'round {ls.round}), so the run might have stopped rounds earlier; use a new '
-        'workdir for a smaller budget.')
-
-
-def check_fault_rounds(spec: str, host: Mapping[str, Any], workdir: str) -> None:
-  """Refuses to go on with a run whose ``sync.faults`` counted rounds from 0: its
-  checkpoint (``host``, :func:`to_host`) predates :data:`FAULT_ROUNDS_FROM`, so the
-  same spec would now name rounds one later (hfl.sync.faults). A finished run is
-  only reported again, so it is not checked.
-
-  Raises:
-    ValueError: naming the spec, the workdir and what to do.
-  """
-  if spec.strip() and host.get('fault_rounds_from') != FAULT_ROUNDS_FROM:
-    raise ValueError(
-        f'--workdir={workdir} holds a run started when sync.faults counted rounds from 0; '
-        f'rounds are now numbered from 1, so sync.faults={spec!r} would name rounds one '
-        'later than it did. Use a new --workdir (for the same outages, each round one '
-        'higher).')
 
 
 # ------------------------------------------------------------------------------
 # One round: its iterations on the devices, then their accounting on the host.
 # ------------------------------------------------------------------------------
 
-def _round_weights(s: Setup, plan, it: int, active, present) -> np.ndarray:
+def _round_weights(s: setup_lib.Setup, plan, it: int, active, present) -> np.ndarray:
   """float32 [D]: the round's aggregation scales (:mod:`hfl.sync.aggregation`) of
   the present DCs, with the local steps each ran (``it + 1`` iterations so far)."""
   local = np.where(active, np.minimum(plan.k_d, it + 1), plan.k_d)
-  p = aggregation.fedavg_weights(s.dc_weights, present)
+  p = aggregation.fedavg_weights(s.data.dc_weights, present)
   return np.asarray(aggregation.aggregation_scale(s.loop.aggregation, p,
                                                   jnp.asarray(local, jnp.float32)))
 
@@ -1087,12 +325,12 @@ def _run_iteration(rt: Runtime, state, step: int, active, weights, do_round: boo
                    lr_scale=None):
   """One step on the devices: ``(state, device metrics, ProgramInfo)``."""
   s, loop = rt.s, rt.s.loop
-  idx = data_lib.batch_indices(s.partition, loop.batch_size, step, loop.seed)
+  idx = data_lib.batch_indices(s.data.partition, loop.batch_size, step, loop.seed)
   # Each process gathers only the rows of its own (dc, worker) devices.
-  batch_sh = NamedSharding(s.mesh, P(mesh_lib.DC, mesh_lib.WORKER))
+  batch_sh = NamedSharding(s.place.mesh, P(mesh_lib.DC, mesh_lib.WORKER))
   batch = tuple(distributed.put_rows(src, rows, batch_sh) for src, rows in data_lib.batch_rows(
-      s.dataset, idx, step, loop.seed, loop.augment))
-  stage = s.warmup.stage(step)
+      s.data.dataset, idx, step, loop.seed, loop.augment))
+  stage = s.compress.warmup.stage(step)
   t_start = time.perf_counter()
   step_fn = _step_fn(rt, stage, step)
   # With learning-rate scaling, ``active`` carries each DC's multiplier (0: inactive).
@@ -1102,7 +340,7 @@ def _run_iteration(rt: Runtime, state, step: int, active, weights, do_round: boo
   return state, m, step_fn.info[step_lib.program_key(do_round)]
 
 
-def run_round(rt: Runtime, state, ls: LoopState):
+def run_round(rt: Runtime, state, ls: cost.LoopState):
   """Runs one round's iterations (K_d per DC; with ``train.num_steps`` governing, at
   most ``num_steps`` in all; with a time or sample budget, always the whole round).
 
@@ -1117,11 +355,11 @@ def run_round(rt: Runtime, state, ls: LoopState):
   """
   s, plan = rt.s, ls.plan
   kmax = int(np.max(plan.k_d))
-  if s.stream is not None:  # one fragment's sync event every K / P iterations
-    kmax = int(s.config.sync.k) // len(s.stream.fragments)
-  present = s.present_fn(ls.round + 1)  # this round's number (hfl.sync.faults)
-  start = None if np.all(present) else rt.jitted['round_start'](state)
-  pending, weights = [], np.zeros(s.num_dcs, np.float32)
+  if s.sync.stream is not None:  # one fragment's sync event every K / P iterations
+    kmax = int(s.config.sync.k) // len(s.sync.stream.fragments)
+  present = s.sync.present_fn(ls.round + 1)  # this round's number (hfl.sync.faults)
+  start = None if np.all(present) else rt.programs.jitted['round_start'](state)
+  pending, weights = [], np.zeros(s.place.num_dcs, np.float32)
   lr_scale = (None if s.loop.lr_scaling == 'none'
               else round_lr_scale(s.loop.lr_scaling, plan.k_d))
   cap = s.loop.stop.step_cap()
@@ -1131,19 +369,19 @@ def run_round(rt: Runtime, state, ls: LoopState):
     if do_round:
       weights = _round_weights(s, plan, it, active, present)
     key = (streaming.event_at(ls.step + it + 1, int(s.config.sync.k),
-                              len(s.stream.fragments), int(s.config.sync.overlap_steps))
-           if s.stream is not None else do_round)
+                              len(s.sync.stream.fragments), int(s.config.sync.overlap_steps))
+           if s.sync.stream is not None else do_round)
     state, m, info = _run_iteration(rt, state, ls.step + it, active, weights, key, lr_scale)
     pending.append((m, active, info))
     if do_round:
       break
   if start is not None:
-    state = rt.jitted['discard_absent'](state, start, rt.put(present))
+    state = rt.programs.jitted['discard_absent'](state, start, rt.put(present))
   rt.window.drain()  # every step timed before the round's metrics are gathered
   return state, pending, weights, present
 
 
-def account(rt: Runtime, ls: LoopState, pending, weights, present):
+def account(rt: Runtime, ls: cost.LoopState, pending, weights, present):
   """Gathers a round's metrics (one inter-DC transfer) and charges its iterations
   and its inter-DC exchange to ``ls``; checks every value was finite.
 
@@ -1158,161 +396,54 @@ def account(rt: Runtime, ls: LoopState, pending, weights, present):
   for at, raw, (_, act, info) in zip(range(first, end + 1), round_ms, pending):
     # ``at``: this iteration's step number (1-based).
     m = step_lib.host_metrics(info, raw, act, weights if info.do_round else None)
-    _check_finite(rt, m, at, end, ls.round + 1)
-    ls = account_iteration(ls, s.net, m, act)
-    losses.append(float(np.dot(s.dc_weights, m['loss'])))
+    diagnostics.check_finite(rt, m, at, end, ls.round + 1)
+    ls = cost.account_iteration(ls, s.net, m, act)
+    losses.append(float(np.dot(s.data.dc_weights, m['loss'])))
     if at < end and at % s.loop.log_every == 0:
-      _log_progress(rt, ls, at, losses[-1])
+      diagnostics.log_progress(rt, ls, at, losses[-1])
   round_loss = sum(losses) / len(losses)
   # The exchange overlaps the next τ iterations; a run that stops after this round
-  # waits for all of it (``at_stop``: the summary's, hfl.train.stopped).
-  tau = int(s.config.sync.get('overlap_steps', 0)) if s.stream is not None else 0
-  ls = account_round(ls, s.net, s.schedule, m, present, len(pending), round_loss, tau)
-  diag = round_diagnostics(ls.round, [act for _, act, _ in pending], present,
-                           s.workers_per_dc * s.loop.batch_size, weights, m)
+  # waits for all of it (``at_stop``: the summary's, hfl.cost.stopped).
+  tau = int(s.config.sync.get('overlap_steps', 0)) if s.sync.stream is not None else 0
+  ls = cost.account_round(ls, s.net, s.sync.schedule, m, present, len(pending), round_loss, tau)
+  diag = cost.round_diagnostics(ls.round, [act for _, act, _ in pending], present,
+                           s.place.workers_per_dc * s.loop.batch_size, weights, m)
   diag['train_loss'] = round_loss  # what the K schedule saw (hfl.sync.schedule)
   return ls._replace(dc_rounds=ls.dc_rounds + (diag,),
-                     samples=add_samples(ls.samples, diag['samples'])), losses[-1]
+                     samples=cost.add_samples(ls.samples, diag['samples'])), losses[-1]
 
 
-def add_samples(total: int | None, round_samples) -> int | None:
-  """The run's samples after a round that processed ``round_samples`` (ints per DC,
-  :func:`round_diagnostics`'s ``samples``); None stays None (unknown)."""
-  return None if total is None else total + sum(int(x) for x in round_samples)
-
-
-def round_diagnostics(rnd: int, actives, present, batch: int, weights, m) -> dict:
-  """One round's per-DC diagnostics (the ``dc_rounds`` entries of metrics.jsonl).
-
-  Args:
-    rnd: the round's number (1-based).
-    actives: bool [D] per iteration of the round (the DCs that ran it).
-    present: bool [D], the DCs that took part (hfl.sync.faults).
-    batch: samples per DC per iteration (workers_per_dc x batch_size).
-    weights: float [D], the round's aggregation scales s_d (hfl.sync.aggregation).
-    m: :func:`hfl.step.host_metrics` of the round's last iteration.
-
-  Returns:
-    ``{'round', 'samples': [D] ints (K_d x W x B; 0 for an absent DC, whose work
-    is discarded), 'weight': [D] s_d, 'update_l2': [D] ||x_d - x_ref||_2 at
-    the round's end (its pseudo-gradient; x_ref = x_global unless the round's update
-    goes through a lossy downlink, hfl.step.round_reference), 'drift_l2': [D] ||x_d - x_global'||_2
-    from the new global model (float32 norms), 'contribution': [D]
-    s_d ||Delta_d|| / sum_e s_e ||Delta_e|| (each DC's share of the weighted
-    update norms; 0s when all are 0)}``.
-  """
-  steps = np.sum(np.asarray(actives, bool), axis=0) * np.asarray(present, bool)
-  w = np.asarray(weights, np.float64)
-  upd = np.asarray(m['update_l2'], np.float64)
-  share = w * upd
-  total = share.sum()
-  return dict(round=int(rnd), samples=[int(k) * batch for k in steps],
-              weight=[float(x) for x in w], update_l2=[float(x) for x in upd],
-              drift_l2=[float(x) for x in m['drift_l2']],
-              contribution=[float(x) for x in (share / total if total > 0 else share * 0)])
-
-
-def divergence_advice(config, workdir: str, last_checkpoint: int | None) -> str:
-  """What a diverged run keeps and which config changes may help.
-
-  Args:
-    config: the run's config.
-    workdir: its workdir.
-    last_checkpoint: step of its latest checkpoint, None when it has none.
-
-  Returns:
-    The checkpoints kept (only if there are any), then only changes that differ
-    from ``config``: a lower learning rate, and milder compression of the links
-    that are compressed.
-  """
-  kept = (f'The checkpoints in {workdir} (up to step {last_checkpoint}, before the '
-          'divergence) are kept. ' if last_checkpoint is not None else '')
-  compressed = [f'compression.{link}.name={config.compression[link].name!r}'
-                for link in ('uplink', 'downlink', 'wan')
-                if config.compression[link].name not in UNCOMPRESSED]
-  milder = f' or use milder compression than {", ".join(compressed)}' if compressed else ''
-  return (f'{kept}Lower optimizer.learning_rate (now {config.optimizer.learning_rate}){milder} '
-          'in a new --workdir (a workdir keeps its config).')
-
-
-def _diverged(rt: Runtime, step: int, rnd: int, what: str) -> FloatingPointError:
-  return FloatingPointError(f'{what} at step {step}, round {rnd}: training diverged. '
-                            + divergence_advice(rt.s.config, rt.workdir, rt.mngr.latest_step()))
-
-
-def _check_finite(rt: Runtime, m, at: int, step: int, rnd: int) -> None:
-  """Stops the run on a non-finite train loss, gradient, payload or residual of
-  iteration ``at`` (round ``rnd``, numbered from 1, ends at ``step``)."""
-  where = step_lib.first_nonfinite(m['flags'], rt.leaf_names)
-  where = f'the first non-finite value is the {where}' if where else ''
-  if not np.all(np.isfinite(m['loss'])):
-    raise _diverged(rt, step, rnd, f'the train loss is {m["loss"].tolist()} (per DC) at '
-                    f'iteration {at}' + (f'; {where}' if where else ''))
-  if where:
-    raise _diverged(rt, step, rnd, f'at iteration {at} {where}')
-
-
-def evaluate(rt: Runtime, state, ls: LoopState):
+def evaluate(rt: Runtime, state, ls: cost.LoopState):
   """Evaluates the global model, writes the record: ``(loop state, record)``.
 
   Raises:
     FloatingPointError: the test loss is not finite (nothing is written).
   """
-  acc, loss = rt.evaluate(state.global_params)
+  acc, loss = rt.programs.evaluate(state.global_params)
   if not np.isfinite(loss):  # nothing non-finite is written or checkpointed
-    raise _diverged(rt, ls.step, ls.round, f'the test loss of the global model is {loss}')
+    raise diagnostics.diverged(rt, ls.step, ls.round,
+                               f'the test loss of the global model is {loss}')
   rec = eval_record(ls, rt.s.task, acc, loss, rt.wall_s(ls))
   rt.mw.write(rec)
   return record_eval(ls, rt.s.task, rec), rec
 
 
-def _k_text(plan: schedule_lib.RoundPlan) -> str:
-  """The progress line's K: one number when every DC runs K_base iterations, else
-  the per-DC K_d (semi-sync) with K_base, e.g. ``'[9,7,5,4] (K_base 4)'``."""
-  k_d = [int(k) for k in np.asarray(plan.k_d).reshape(-1)]
-  if all(k == plan.k_base for k in k_d):
-    return str(plan.k_base)
-  return f'[{",".join(map(str, k_d))}] (K_base {plan.k_base})'
-
-
-def _log_progress(rt: Runtime, ls: LoopState, at: int, loss: float) -> None:
-  """The progress line of iteration ``at`` (``loss``: its train loss)."""
-  now = time.time()
-  rate = (at - rt.log_at[1]) / max(now - rt.log_at[0], 1e-9)
-  first = rt.log_at[2]  # since the loop started: compilation included
-  rt.log_at = (now, at, False)
-  stop = rt.s.loop.stop
-  if stop.governed_by == 'num_steps':
-    total, eta = str(stop.num_steps), f'{(stop.num_steps - at) / max(rate, 1e-9):.0f}s'
-    eta = f'<{eta} (this rate includes compiling)' if first and at < stop.num_steps else eta
-  elif stop.governed_by == 'sim_time_budget_s':  # no iteration count: the budget instead
-    total, eta = '?', f'at sim {stop.sim_time_budget_s:g}s'
-  else:  # samples counted at each round's end
-    total, eta = '?', f'at {stop.sample_budget} samples ({ls.samples} done)'
-  fmt = lambda link: metrics_lib.format_bytes(_bytes(ls.bits[link]), digits=1)
-  logging.info(
-      'step %d/%s round %d K=%s loss %.4f %s sim %.1fs bytes intra_up %s intra_down %s '
-      'inter_dc %s | %.1f steps/s ETA %s', at, total, ls.round, _k_text(ls.plan), loss,
-      tasks.progress(rt.s.task, ls.last_eval), ls.clock.now, fmt('intra_up'),
-      fmt('intra_down'), fmt('inter_dc'), rate, eta)
-
-
-def end_round(rt: Runtime, state, ls: LoopState, loss: float) -> LoopState:
+def end_round(rt: Runtime, state, ls: cost.LoopState, loss: float) -> cost.LoopState:
   """After a round: checks the global model, then evaluates, checkpoints and logs
   when due (``loss``: the round's last train loss, for the progress line)."""
   loop = rt.s.loop
   # Every DC restarts from the global model: checked before it is evaluated or saved.
-  if not bool(distributed.to_host(rt.jitted['all_finite'](state.global_params))):
-    raise _diverged(rt, ls.step, ls.round, 'the global model has non-finite parameters')
+  if not bool(distributed.to_host(rt.programs.jitted['all_finite'](state.global_params))):
+    raise diagnostics.diverged(rt, ls.step, ls.round, 'the global model has non-finite parameters')
   last = loop.stop.finished(ls.step, ls.clock.now, ls.samples)
   if ls.round % loop.eval_every == 0 or last:
     ls, rec = evaluate(rt, state, ls)
     logging.info('eval step %d round %d: %s', ls.step, ls.round, ' '.join(
         f'{k} {v:.4f}' for k, v in rec.items() if k.startswith('test_')))
   if last or (loop.checkpoint_every and ls.round % loop.checkpoint_every == 0):
-    ckpt_lib.save(rt.mngr, ls.step, state, to_host(ls, rt.wall_s(ls)))
+    ckpt_lib.save(rt.mngr, ls.step, state, cost.to_host(ls, rt.wall_s(ls)))
   if ls.step % loop.log_every == 0 or last:
-    _log_progress(rt, ls, ls.step, loss)
+    diagnostics.log_progress(rt, ls, ls.step, loss)
   return ls
 
 
@@ -1320,164 +451,46 @@ def end_round(rt: Runtime, state, ls: LoopState, loss: float) -> LoopState:
 # The experiment.
 # ------------------------------------------------------------------------------
 
-def _log_policies(s: Setup) -> None:
-  """Logs the per-leaf compression policy of each link that compresses."""
-  c = s.config.compression
-  logging.info('Compression policy (uplink):\n%s', policy.describe(s.comps.up, s.params_shape))
-  if c.downlink.name != 'identity' or c.small != 'float32':
-    logging.info('Compression policy (downlink):\n%s',
-                 policy.describe(s.comps.down, s.params_shape))
-  if c.wan.name != 'identity':
-    logging.info('Compression policy (inter-DC):\n%s',
-                 policy.describe(s.comps.wan, s.params_shape))
-  if s.stream is not None:
-    logging.info('Streaming DiLoCo fragments (one syncs every %d iterations):\n%s',
-                 s.config.sync.k // len(s.stream.fragments),
-                 streaming.describe(s.stream.fragments, s.params_shape))
-
-
 def _write_config(rt: Runtime) -> None:
   if metrics_lib.is_writer():
     metrics_lib.write_json(os.path.join(rt.workdir, 'config.json'),
                            json.loads(rt.s.config.to_json()))
 
 
-def _resumed(rt: Runtime, ls: LoopState, changed: list[str]) -> dict | None:
+def _resumed(rt: Runtime, ls: cost.LoopState, resume: workdir_lib.Resume) -> dict | None:
   """Checks a restored run against its stopping rule (:mod:`hfl.budget`; a shorter
-  ``train.num_steps`` was refused by :func:`check_workdir_config`); its summary
-  when it already finished (printed again), else None.
+  ``train.num_steps`` was refused by :func:`hfl.workdir.prepare`); its summary
+  when it already finished (printed again, :func:`hfl.workdir.reported_summary`),
+  else None.
 
   Raises:
-    ValueError: the finished run's summary.json is not a JSON object, or not a
-      finished run's (hfl.metrics.summary_problem, e.g. ``{}``); names it and
-      what to do.
+    ValueError: as :func:`hfl.workdir.reported_summary`.
   """
-  workdir, stop = rt.workdir, rt.s.loop.stop
-  summary_path = os.path.join(workdir, 'summary.json')
-  if stop.finished(ls.step, ls.clock.now, ls.samples) and os.path.exists(summary_path):
-    logging.info('%s already finished %d iterations; nothing to do.', workdir, ls.step)
-    summary = read_json_object(summary_path, _SUMMARY_ADVICE)
-    task = rt.s.task
-    problem = metrics_lib.summary_problem(summary, task.metric)  # the check the report makes
-    if problem:
-      raise ValueError(f'{summary_path} {problem}; {_SUMMARY_ADVICE}')
-    history = summary.get('eval_history')  # absent in summaries of older runs: kept as is
-    retarget = dict(target=task.target, **to_target(task, history or []))
-    if 'target_accuracy' in summary:
-      retarget['target_accuracy'] = task.target
-    if history and any(summary.get(k) != v for k, v in retarget.items()):
-      logging.info('Target %s=%g: time and rounds to target recomputed from the run\'s '
-                   'evaluations.', task.metric, task.target)
-      summary.update(retarget)
-      # The stored configs name the new target too; every other field stays as trained.
-      targets = {k: rt.s.config.train[k] for k, _ in tasks.TARGET_FIELDS.values()
-                 if k in rt.s.config.train}
-      stored = [_stored_config(workdir)] + ([summary['config']] if 'config' in summary else [])
-      for cfg in stored:
-        if isinstance(cfg, dict):
-          cfg.setdefault('train', {}).update(targets)
-      if not os.access(workdir, os.W_OK):
-        logging.warning('%s cannot be written: the recomputed time and rounds to target are '
-                        'printed, not saved.', workdir)
-      elif metrics_lib.is_writer():
-        metrics_lib.write_json(summary_path, summary)
-        if os.path.exists(os.path.join(workdir, 'config.json')):
-          metrics_lib.write_json(os.path.join(workdir, 'config.json'), stored[0])
-    if metrics_lib.is_writer():
-      print_results(summary)
-    return summary
-  logging.info('Resumed from %s at step %d (round %d).', workdir, ls.step, ls.round)
-  if changed:
-    logging.info('Continuing with changed %s.', '; '.join(changed))
+  if rt.s.loop.stop.finished(ls.step, ls.clock.now, ls.samples) and resume.has_summary:
+    logging.info('%s already finished %d iterations; nothing to do.', rt.workdir, ls.step)
+    return _reported(workdir_lib.reported_summary(rt.workdir, rt.s.task, rt.s.config))
+  logging.info('Resumed from %s at step %d (round %d).', rt.workdir, ls.step, ls.round)
+  if resume.changed:
+    logging.info('Continuing with changed %s.', '; '.join(resume.changed))
     _write_config(rt)
   return None
 
 
-def summarize(rt: Runtime, state, ls: LoopState) -> dict:
-  """The summary.json of a finished run (the last evaluation's metrics; ``samples``:
-  training samples processed by all DCs, :attr:`LoopState.samples`; ``stop``: what
-  stopped it, :mod:`hfl.budget`; ``eval_history``: every evaluation's step, round,
-  samples, simulated time and metrics, to compare runs at equal simulated time, at
-  equal work or at equal iterations)."""
+def _reported(summary: dict) -> dict:
+  """``summary``, a finished run's reported again: printed (process 0)."""
+  if metrics_lib.is_writer():
+    cost.print_results(summary)
+  return summary
+
+
+def summarize(rt: Runtime, state, ls: cost.LoopState) -> dict:
+  """The summary.json of a finished run (:func:`hfl.cost.summary`), after one last
+  evaluation if the run has none."""
   records = metrics_lib.read_jsonl(rt.mw.path)
-  if records:
-    final = records[-1]
-  else:
+  if not records:
     ls, final = evaluate(rt, state, ls)
     records = [final]
-  # The run stops here: it waits for its last overlapped transfer (evaluations are
-  # stamped, as every round's, with the clock the run goes on with).
-  ls = stopped(ls)
-  return dict(
-      **tasks.summary_fields(rt.s.task, final, ls._asdict()),
-      inter_dc_rounds=ls.round, intra_dc_iterations=ls.step, samples=ls.samples,
-      bytes=byte_totals(ls.bits),
-      sim_time_s=ls.clock.now, idle_s=[float(x) for x in ls.clock.idle_s],
-      wall_time_s=rt.wall_s(ls), **to_target(rt.s.task, records),
-      step_wall_s=wall_stats(rt.timer.step_wall),
-      stop=rt.s.loop.stop.to_json(), eval_history=eval_history(records),
-      **wan_summary(rt.s, ls), config=json.loads(rt.s.config.to_json()),
-      **({'changed_on_resume': list(ls.resumed_changes)} if ls.resumed_changes else {}),
-      provenance=list(ls.provenance))
-
-
-def wan_summary(s: Setup, ls: LoopState) -> dict:
-  """The summary's WAN exposure fields (Streaming DiLoCo's comparison; every run).
-
-  ``exposed_wan_s``: simulated seconds of round communication (WAN + the round's
-  LAN delivery) not hidden behind compute; ``compute_s``: the slowest DC's
-  compute, iterations x ``network.compute_time_s`` / speed; ``compute_utilisation``
-  = compute_s / sim_time_s; ``peak_wan_bytes_per_sync``: the most bytes one sync
-  event (round) put on the WAN; ``wan_mbps_for_95pct_utilisation``: per-DC WAN
-  bandwidth (Mbit/s) at which the model's steady state spends at least 95% of
-  its wall time outside WAN stalls (:func:`hfl.network.wan_bandwidth_for_utilisation`
-  with the largest per-DC event, iterations per event = iterations / rounds, an
-  iteration's time t = (sim_time_s - exposed_wan_s) / iterations counted whole
-  as busy time (the LAN is not the WAN's to hide) and τ = ``sync.overlap_steps``;
-  null when no bandwidth suffices, e.g. the latency alone stalls more, or no
-  round ran); ``wan_mbps_for_95pct_without_latency``: the same with the WAN
-  latency taken as 0 (the bandwidth term alone). :func:`hfl.bandwidth.planned_event`
-  derives both from the config alone (tests/test_bandwidth.py).
-  """
-  wan = ls.wan or dict(exposed_s=0.0, peak_bits=0, peak_dc_bits=0)
-  compute = ls.step * float(np.max(s.net.compute_s))
-  now = ls.clock.now
-  need = {}
-  if ls.round and ls.step:
-    t = (now - wan['exposed_s']) / ls.step
-    for name, latency in (('', s.net.wan_latencies_per_round * s.net.wan_latency_s),
-                          ('_without_latency', 0.0)):
-      b = network.wan_bandwidth_for_utilisation(
-          wan['peak_dc_bits'], ls.step / ls.round, t, t,
-          int(s.config.sync.get('overlap_steps', 0)), latency)
-      need[name] = b / 1e6 if np.isfinite(b) else None
-  return dict(exposed_wan_s=wan['exposed_s'], compute_s=compute,
-              compute_utilisation=compute / now if now > 0 else None,
-              peak_wan_bytes_per_sync=_bytes(wan['peak_bits']),
-              wan_mbps_for_95pct_utilisation=need.get(''),
-              wan_mbps_for_95pct_without_latency=need.get('_without_latency'))
-
-
-HISTORY_KEYS = ('step', 'round', 'samples', 'sim_time_s', 'test_accuracy', 'test_loss')
-
-
-def to_target(task: tasks.Task, records) -> dict:
-  """summary.json's ``time_to_target_s`` (simulated s) and ``rounds_to_target``:
-  where ``records`` (evaluations in step order: metrics.jsonl or ``eval_history``)
-  first reach the task's current target, interpolated (hfl.metrics.time_to_target);
-  None when never. Computed from the whole history, so a target changed on rerun
-  is applied to the evaluations already made."""
-  return {name: metrics_lib.time_to_target(records, task.target, key, task.metric,
-                                           task.higher_is_better)
-          for name, key in (('time_to_target_s', 'sim_time_s'), ('rounds_to_target', 'round'))}
-
-
-def eval_history(records) -> list[dict]:
-  """summary.json's ``eval_history``: per evaluation of metrics.jsonl, its
-  ``step`` (iterations of the fastest DC), ``round``, ``samples`` (processed by all
-  DCs; null in records older than the field), ``sim_time_s`` (simulated seconds),
-  ``test_accuracy`` and ``test_loss`` (nats)."""
-  return [{k: r.get(k) for k in HISTORY_KEYS} for r in records]
+  return cost.summary(rt.s, ls, records, rt.wall_s(ls), rt.timer.step_wall)
 
 
 def train_and_evaluate(config: ml_collections.ConfigDict, workdir: str) -> dict:
@@ -1486,8 +499,9 @@ def train_and_evaluate(config: ml_collections.ConfigDict, workdir: str) -> dict:
   Args:
     config: the experiment config (see configs/default.py).
     workdir: output directory; an existing run there is resumed from its newest
-      checkpoint that restores (the config must match, except RESUMABLE_FIELDS;
-      unusable newer step directories are moved aside, hfl.checkpoint).
+      checkpoint that restores (the config must match, except
+      hfl.workdir.RESUMABLE_FIELDS; unusable newer step directories are moved
+      aside, hfl.checkpoint).
 
   Returns:
     The summary dict (:mod:`hfl.metrics`), also written to WORKDIR/summary.json.
@@ -1498,8 +512,8 @@ def train_and_evaluate(config: ml_collections.ConfigDict, workdir: str) -> dict:
     FloatingPointError: the train loss became NaN or infinite.
     hfl.checkpoint.UnrestorableError (a ValueError): no checkpoint in the workdir
       restores and one looks committed; nothing is moved.
-    hfl.metrics.WorkdirInUseError (a ValueError): another run holds the workdir
-      (:func:`hfl.metrics.workdir_lock`); nothing there is read or written.
+    hfl.workdir.WorkdirInUseError (a ValueError): another run holds the workdir
+      (:func:`hfl.workdir.workdir_lock`); nothing there is read or written.
     hfl.metrics.WriteError (an OSError): a file of the run could not be written
       (e.g. no space left on device): a checkpoint (hfl.checkpoint.save),
       metrics.jsonl, summary.json or config.json; what was written before stays whole.
@@ -1507,30 +521,31 @@ def train_and_evaluate(config: ml_collections.ConfigDict, workdir: str) -> dict:
   # The lock asks for the process index, which starts JAX's backend: a backend
   # that cannot start (a bad JAX_PLATFORMS) is explained here first.
   mesh_lib.global_devices()
-  with metrics_lib.workdir_lock(workdir):
+  with workdir_lib.workdir_lock(workdir):
     return _train_and_evaluate(config, workdir)
 
 
 def _train_and_evaluate(config: ml_collections.ConfigDict, workdir: str) -> dict:
   """:func:`train_and_evaluate` while the workdir is held."""
   wall0 = time.time()
-  s = setup(config)
-  changed = check_workdir_config(workdir, config)
-  _log_policies(s)
+  s = setup_lib.setup(config)
+  resume = workdir_lib.prepare(workdir, config)
+  setup_lib.log_policies(s)
   rt = make_runtime(s, workdir, wall0)
   state, ls, restored = restore_or_init(rt)
-  if not restored and os.path.exists(os.path.join(workdir, 'summary.json')):
-    return _finished_without_checkpoint(rt)
-  if not restored or not os.path.exists(os.path.join(workdir, 'config.json')):
+  if not restored and resume.has_summary:
+    return _reported(workdir_lib.finished_without_checkpoint(workdir, s.task.metric,
+                                                             s.loop.stop))
+  if not restored or not resume.has_config:
     _write_config(rt)  # on resume: restored from summary.json's copy, checked above
   else:
-    summary = _resumed(rt, ls, changed)
+    summary = _resumed(rt, ls, resume)
     if summary is not None:
       return summary
-    _check_metrics_log(workdir, ls)
-    if changed:
+    workdir_lib.check_metrics_log(workdir, ls)
+    if resume.changed:
       ls = ls._replace(resumed_changes=ls.resumed_changes + (
-          dict(at_iteration=ls.step, changes=list(changed)),))
+          dict(at_iteration=ls.step, changes=list(resume.changed)),))
   ls = ls._replace(provenance=ls.provenance + (provenance.collect(ls.step),))
   rt.mw = metrics_lib.MetricsWriter(workdir, resume_step=ls.step)
   rt.log_at = (time.time(), ls.step, True)
@@ -1538,7 +553,7 @@ def _train_and_evaluate(config: ml_collections.ConfigDict, workdir: str) -> dict
     state, pending, weights, present = run_round(rt, state, ls)
     ls, loss = account(rt, ls, pending, weights, present)
     ls = end_round(rt, state, ls, loss)
-  for o in faults.unreached(config.sync.faults, s.num_dcs, ls.round):
+  for o in faults.unreached(config.sync.faults, s.place.num_dcs, ls.round):
     logging.warning('sync.faults: DC %d was to be absent in round %s, but the run ended '
                     'after %d rounds (rounds 1-%d): that outage did not (fully) happen.',
                     o.dc, o.first if o.first == o.last else f'{o.first}-{o.last}',
@@ -1548,117 +563,7 @@ def _train_and_evaluate(config: ml_collections.ConfigDict, workdir: str) -> dict
   rt.mngr.close()
   if metrics_lib.is_writer():
     metrics_lib.write_json(os.path.join(workdir, 'summary.json'), summary)
-    print_results(summary)
+    cost.print_results(summary)
   return summary
 
 
-def _check_metrics_log(workdir: str, ls: LoopState) -> None:
-  """Refuses to go on from a checkpoint whose evaluations metrics.jsonl has lost (cut
-  short or truncated): the run's evaluation history, time to target and, when it is
-  rebuilt, summary.json would be wrong without a word.
-
-  Raises:
-    ValueError: the log's last record is of an earlier round than the checkpoint's
-      last evaluation (both named); nothing is written.
-  """
-  if not ls.last_eval or 'round' not in ls.last_eval:
-    return
-  path = os.path.join(workdir, 'metrics.jsonl')
-  rounds = [r.get('round') for r in metrics_lib.read_jsonl(path) if isinstance(r, dict)]
-  last = max((r for r in rounds if metrics_lib.finite(r)), default=None)
-  if last is None or last < ls.last_eval['round']:
-    raise ValueError(
-        f'{path} ends {"with no record" if last is None else f"at round {last}"}, but the '
-        f'checkpoint of iteration {ls.step} was evaluated at round {ls.last_eval["round"]}: '
-        "the log lost evaluations, so the run's history and summary would be wrong; nothing "
-        'was written. Restore metrics.jsonl; or move the checkpoints newer than its last '
-        'record out of checkpoints/ (the run then resumes from an older one); or use a new '
-        '--workdir.')
-
-
-def _finished_without_checkpoint(rt: Runtime) -> dict:
-  """A workdir holding a finished run's summary.json but no checkpoint that restores
-  (deleted, as in docs/results/runs, or skipped as damaged): its summary, reported
-  again when this config's stopping rule has stopped it, as :func:`_resumed` does
-  (a changed target is not recomputed: that needs the checkpoint).
-
-  Raises:
-    ValueError: the run would have to train more (a longer ``train.num_steps``):
-      from step 0, overwriting its metrics.jsonl and summary.json; or summary.json is
-      damaged. Nothing is written.
-  """
-  path = os.path.join(rt.workdir, 'summary.json')
-  summary = read_json_object(path, 'no checkpoint is left to rebuild it from: restore it '
-                             'from a copy, or use a new --workdir')
-  if metrics_lib.summary_problem(summary, rt.s.task.metric) is None and _stopped(
-      summary, rt.s.loop.stop):
-    logging.info('%s already finished %d iterations (no checkpoint kept); nothing to do.',
-                 rt.workdir, int(summary['intra_dc_iterations']))
-    if metrics_lib.is_writer():
-      print_results(summary)
-    return summary
-  raise ValueError(
-      f'--workdir={rt.workdir} holds a finished run ({path}) but no checkpoint that '
-      'restores, so this config could only train it again from step 0, overwriting its '
-      'metrics.jsonl and summary.json; nothing was written. Use a new --workdir (or move '
-      'summary.json and metrics.jsonl away to train here from the start).')
-
-
-def wall_stats(step_wall: dict) -> dict:
-  """Median and count of the measured iteration wall-clock, per kind of iteration.
-
-  Args:
-    step_wall: ``{'round': [...], 'local': [...], 'excess': [...]}``, seconds per
-      iteration (the first call of each compiled program, which compiles it,
-      left out).
-
-  Returns:
-    ``{'round_median': s | None, 'round_min': s | None, 'round_n': int,
-    'local_median': s | None, 'local_min': s | None, 'local_n': int,
-    'excess_median': s | None, 'excess_min': s | None, 'excess_n': int}``,
-    seconds. A round iteration includes the inter-DC exchange and the host
-    loop's one gather of the round's metrics (both cross the WAN), so on a real
-    or emulated WAN ``round_median - local_median`` (or the difference of
-    ``round_median`` against the same run on a fast network) measures the
-    inter-DC communication time that ``hfl.network.round_comm_time`` predicts.
-    ``excess`` is, per round with local iterations (K > 1), the round iteration
-    minus the median of the same round's local iterations: paired with
-    iterations run moments before, it is robust to a machine whose load drifts.
-  """
-  out = {}
-  for kind in ('round', 'local', 'excess'):
-    v = step_wall.get(kind, [])
-    out[f'{kind}_median'] = float(np.median(v)) if v else None
-    out[f'{kind}_min'] = float(np.min(v)) if v else None
-    out[f'{kind}_n'] = len(v)
-  return out
-
-
-def print_results(summary: dict) -> None:
-  """Prints the short results table at the end of a run."""
-  b = summary['bytes']
-  fmt = lambda n: metrics_lib.format_bytes(n, digits=1)
-  metric_rows, target = tasks.result_rows(summary)
-  rows = metric_rows + [
-      ('inter-DC rounds', str(summary['inter_dc_rounds'])),
-      ('intra-DC iterations', str(summary['intra_dc_iterations'])),
-      ('bytes intra-DC up', fmt(b['intra_up'])),
-      ('bytes intra-DC down', fmt(b['intra_down'])),
-      ('bytes inter-DC', fmt(b['inter_dc'])),
-      ('simulated time', f'{summary["sim_time_s"]:.1f} s'),
-      ('wall time', f'{summary["wall_time_s"]:.1f} s'),
-      (f'time to {target}',
-       'never' if summary['time_to_target_s'] is None else f'{summary["time_to_target_s"]:.1f} s'),
-      (f'rounds to {target}',
-       'never' if summary['rounds_to_target'] is None else f'{summary["rounds_to_target"]:.1f}'),
-  ]
-  stop = summary.get('stop') or {}
-  if stop.get('governed_by') == 'sim_time_budget_s':
-    rows.insert(len(metric_rows), ('stopped at', f'simulated-time budget '
-                                   f'{stop["sim_time_budget_s"]:g} s (train.sim_time_budget_s)'))
-  elif stop.get('governed_by') == 'sample_budget':
-    rows.insert(len(metric_rows), ('stopped at', f'sample budget {stop["sample_budget"]} '
-                                   f'(train.sample_budget; {summary.get("samples")} '
-                                   'processed)'))
-  width = max(len(r[0]) for r in rows)
-  print('\n'.join(f'{k:<{width}}  {v}' for k, v in rows), flush=True)

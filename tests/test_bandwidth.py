@@ -19,6 +19,7 @@ import pytest
 from hfl import bandwidth as bw
 from hfl import network
 from hfl import train
+from hfl import setup as setup_lib
 from hfl.compress import base, sparse
 from hfl.data import text
 
@@ -159,7 +160,7 @@ def _params_shape(config):
 
 def _not_derivable(config, params_shape) -> str:
   """Why the run's figure cannot be derived from its config exactly ('' if it can)."""
-  comps = train.build_compressors(config, params_shape)
+  comps = setup_lib.build_compressors(config, params_shape)
   if any(c.wire_bits is not base.payload_bits for link in comps for c in link):
     return ('a variable-length code (CO3): the run charged the coded lengths, '
             'static_bits is the fixed-width payload')

@@ -17,7 +17,9 @@ from jax.sharding import NamedSharding, PartitionSpec as P
 
 from configs import default as default_config
 from hfl import accounting, mesh as mesh_lib, step as step_lib, train
+from hfl import setup as setup_lib
 from hfl.compress import base, dgc, policy, registry, sparse
+from hfl import workdir as workdir_lib
 from tests.helpers import put as _put
 
 U = 2.0**-24
@@ -286,10 +288,10 @@ def _intra_bytes_per_round(cfg, k):
   net = models.from_config(cfg.model, 10)
   shapes = jax.eval_shape(lambda: net.init(jax.random.PRNGKey(0),
                                            jnp.zeros((1, 28, 28, 1)))['params'])
-  comps = train.build_compressors(cfg, shapes)
+  comps = setup_lib.build_compressors(cfg, shapes)
   w, d = cfg.mesh.workers_per_dc, cfg.mesh.num_dcs
   up, down, _ = accounting.static_bits(comps, shapes, w)
-  return k * w * (up + down) + accounting.round_down_bits(comps, w, d, train.broadcast(cfg))
+  return k * w * (up + down) + accounting.round_down_bits(comps, w, d, setup_lib.broadcast(cfg))
 
 
 def test_default_config_top_k_2_percent_is_20x_fewer_intra_dc_bytes():
@@ -342,13 +344,13 @@ def test_an_older_runs_config_ran_with_the_gathered_model():
   import ml_collections  # pylint: disable=g-import-not-at-top
   old = default_config.get_config().to_dict()
   del old['compression']['broadcast']
-  assert train.upgrade_config(old)['compression']['broadcast'] == 'downlink'
+  assert workdir_lib.upgrade_config(old)['compression']['broadcast'] == 'downlink'
   for name, small in (('topk', 'float32'), ('identity', 'bfloat16')):
     lossy = copy.deepcopy(old)
     lossy['compression']['downlink']['name'] = name
     lossy['compression']['small'] = small
-    assert train.upgrade_config(lossy)['compression']['broadcast'] == 'gather'
-    assert train.broadcast(ml_collections.ConfigDict(lossy)) == 'gather'
+    assert workdir_lib.upgrade_config(lossy)['compression']['broadcast'] == 'gather'
+    assert setup_lib.broadcast(ml_collections.ConfigDict(lossy)) == 'gather'
 
 
 @pytest.mark.slow

@@ -19,9 +19,13 @@ import numpy as np
 import pytest
 
 from hfl import budget, models, network, sweep, tasks, train
+from hfl import setup as setup_lib
+from hfl import cost
 from hfl import data as data_lib
 from hfl import config as config_lib
 from hfl.sync import schedule as schedule_lib
+from hfl import diagnostics
+from hfl import workdir as workdir_lib
 from tests.helpers import crash_then_resume, final_state, smoke_config
 
 # A network whose LAN and WAN transfers are negligible (1e18 bit/s: the smoke MLP's
@@ -123,11 +127,11 @@ def test_setup_refuses_the_warmup_with_the_planned_times(fake_data, monkeypatch)
     config_lib.validate(budget_config(fake_data, 0.5, **{'optimizer.warmup_steps': 85}))
   config_lib.validate(budget_config(fake_data, 0.5, **{'optimizer.warmup_steps': 19}))
   with pytest.raises(ValueError) as e:
-    train.setup(budget_config(fake_data, 0.5, **{'optimizer.warmup_steps': 19}))
+    setup_lib.setup(budget_config(fake_data, 0.5, **{'optimizer.warmup_steps': 19}))
   assert str(e.value).startswith('optimizer.warmup_steps=19 must be < 19')
-  assert 'Estimated from hfl.train.planned_times' in str(e.value)
+  assert 'Estimated from hfl.setup.planned_times' in str(e.value)
   assert 'K = 4 the most iterations of a round' in str(e.value)
-  s = train.setup(budget_config(fake_data, 0.5, **{'optimizer.warmup_steps': 18}))
+  s = setup_lib.setup(budget_config(fake_data, 0.5, **{'optimizer.warmup_steps': 18}))
   assert s.loop.stop.governed_by == 'sim_time_budget_s'
 
 
@@ -142,7 +146,7 @@ def test_stop_rule_and_unset_defaults():
   old = config_lib.load_file('configs/smoke.py')
   del old.train['sim_time_budget_s']
   assert budget.from_config(old.train) == budget.Stop(12, 0.0)
-  assert train.upgrade_config({'train': {'num_steps': 5}})['train']['sim_time_budget_s'] == 0.0
+  assert workdir_lib.upgrade_config({'train': {'num_steps': 5}})['train']['sim_time_budget_s'] == 0.0
 
 
 # ------------------------------------------------------------------------------
@@ -235,7 +239,7 @@ def test_interrupted_budget_run_resumes_bitwise(fake_data, budget_run, tmp_path,
 def test_budget_sweeps_give_sync_its_configured_iterations(sweep_file, input_shape,
                                                            sync_rounds):
   """Each budget sweep's SYNC_ROUND_S is max_d(t_d + C_d) of its sync runs
-  (hfl.train.planned_times from the model's payload shapes, at both speed levels),
+  (hfl.setup.planned_times from the model's payload shapes, at both speed levels),
   and its budget stops sync after exactly ``sync_rounds`` rounds: the round that
   reaches the budget is run, so rounds = floor(budget / round) + 1."""
   root = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
@@ -253,7 +257,7 @@ def test_budget_sweeps_give_sync_its_configured_iterations(sweep_file, input_sha
     shapes = jax.eval_shape(lambda: model.init(  # noqa: B023
         jax.random.PRNGKey(0), jnp.zeros((1,) + input_shape))['params'])
     net = network.from_config(cfg.network, cfg.mesh.num_dcs)
-    t, c = train.planned_times(cfg, net, train.build_compressors(cfg, shapes), shapes)
+    t, c = setup_lib.planned_times(cfg, net, setup_lib.build_compressors(cfg, shapes), shapes)
     assert mod.SYNC_ROUND_S == pytest.approx(float(np.max(t + c)), rel=1e-9)
     assert point['train.sim_time_budget_s'] == mod.SIM_BUDGET_S
   assert int(np.floor(mod.SIM_BUDGET_S / mod.SYNC_ROUND_S)) + 1 == sync_rounds
@@ -265,10 +269,10 @@ def test_printed_results_say_a_budget_stopped_the_run(capsys):
                  intra_dc_iterations=8, sim_time_s=10.5, wall_time_s=3.0, time_to_target_s=None,
                  rounds_to_target=None,
                  stop=dict(governed_by='sim_time_budget_s', num_steps=0, sim_time_budget_s=10.0))
-  train.print_results(summary)
+  cost.print_results(summary)
   assert 'stopped at           simulated-time budget 10 s (train.sim_time_budget_s)\n' in (
       capsys.readouterr().out)
-  train.print_results(dict(summary, stop=dict(governed_by='num_steps', num_steps=8)))
+  cost.print_results(dict(summary, stop=dict(governed_by='num_steps', num_steps=8)))
   assert 'stopped at' not in capsys.readouterr().out
 
 
@@ -332,8 +336,8 @@ def test_sample_stop_rule_and_older_configs():
   old = config_lib.load_file('configs/smoke.py')
   del old.train['sample_budget']
   assert budget.from_config(old.train) == budget.Stop(12, 0.0, 0)
-  assert train.upgrade_config({'train': {'num_steps': 5}})['train']['sample_budget'] == 0
-  assert train.upgrade_config({'train': {'sample_budget': 9}})['train']['sample_budget'] == 9
+  assert workdir_lib.upgrade_config({'train': {'num_steps': 5}})['train']['sample_budget'] == 0
+  assert workdir_lib.upgrade_config({'train': {'sample_budget': 9}})['train']['sample_budget'] == 9
 
 
 def test_max_iterations_of_samples_bounds_the_hand_computed_runs():
@@ -377,8 +381,8 @@ def test_a_warmup_the_sample_budget_cannot_finish_is_refused(fake_data, monkeypa
   tight = 25 if faults else 21
   with pytest.raises(ValueError, match=f'optimizer.warmup_steps={tight} must be < {tight},.*'
                      r"K = 4 the most iterations of a round \(the K schedule's plan\)"):
-    train.setup(cfg(tight))
-  assert train.setup(cfg(tight - 1)).loop.stop.governed_by == 'sample_budget'
+    setup_lib.setup(cfg(tight))
+  assert setup_lib.setup(cfg(tight - 1)).loop.stop.governed_by == 'sample_budget'
 
 
 # ------------------------------------------------------------------------------
@@ -387,37 +391,37 @@ def test_a_warmup_the_sample_budget_cannot_finish_is_refused(fake_data, monkeypa
 
 def _loop_state(rnd=3, dc_rounds=(), samples=0):
   sched = schedule_lib.from_config(smoke_config('').sync, 2, t=np.ones(2), c=np.zeros(2))
-  return train.new_loop_state(sched, 2)._replace(round=rnd, step=4 * rnd, dc_rounds=dc_rounds,
+  return cost.new_loop_state(sched, 2)._replace(round=rnd, step=4 * rnd, dc_rounds=dc_rounds,
                                                   samples=samples), sched
 
 
 def test_samples_survive_the_checkpoint_and_older_ones_derive_them():
   ls, sched = _loop_state(samples=576)
-  host = json.loads(json.dumps(train.to_host(ls, 1.0)))
-  assert host['samples'] == 576 and train.from_host(host, sched).samples == 576
+  host = json.loads(json.dumps(cost.to_host(ls, 1.0)))
+  assert host['samples'] == 576 and cost.from_host(host, sched).samples == 576
   del host['samples']  # a checkpoint written before the count
-  assert train.from_host(host, sched).samples is None
+  assert cost.from_host(host, sched).samples is None
   # metrics.jsonl's rounds 1-2 and the checkpoint's round 3 (after its last evaluation);
   # a record past the checkpoint (round 4) is not counted.
   rec = lambda *rounds: {'dc_rounds': [{'round': r, 'samples': [128, 64 * (r != 2)]}
                                        for r in rounds]}
   ls, _ = _loop_state(rnd=3, dc_rounds=({'round': 3, 'samples': [128, 64]},), samples=None)
-  assert train.samples_from_log([rec(1), rec(2), rec(4)], ls) == 192 + 128 + 192
-  assert train.samples_from_log([rec(1), rec(1, 2), rec(4)], ls) == 192 + 128 + 192
-  assert train.samples_from_log([rec(1)], ls) is None          # round 2 missing
-  assert train.samples_from_log([{'step': 4}, {'step': 8}], ls) is None  # before dc_rounds
-  assert train.add_samples(None, [128, 64]) is None and train.add_samples(5, [1, 2]) == 8
+  assert workdir_lib.samples_from_log([rec(1), rec(2), rec(4)], ls) == 192 + 128 + 192
+  assert workdir_lib.samples_from_log([rec(1), rec(1, 2), rec(4)], ls) == 192 + 128 + 192
+  assert workdir_lib.samples_from_log([rec(1)], ls) is None          # round 2 missing
+  assert workdir_lib.samples_from_log([{'step': 4}, {'step': 8}], ls) is None  # before dc_rounds
+  assert cost.add_samples(None, [128, 64]) is None and cost.add_samples(5, [1, 2]) == 8
 
 
 def test_resume_refuses_unknown_samples_and_a_budget_the_run_went_past():
   stop = budget.Stop(0, 0.0, 577)
   ls, _ = _loop_state(rnd=4, samples=768)
-  train.check_resumed_samples(stop, ls, 577, 'w')      # the same run, finished
-  train.check_resumed_samples(stop, ls, 500, 'w')      # raised from 500: 768 reached both
-  train.check_resumed_samples(stop, ls._replace(samples=576), 0, 'w')  # not yet reached
-  train.check_resumed_samples(budget.Stop(16, 0.0), ls._replace(samples=None), 0, 'w')
+  workdir_lib.check_resumed_samples(stop, ls, 577, 'w')      # the same run, finished
+  workdir_lib.check_resumed_samples(stop, ls, 500, 'w')      # raised from 500: 768 reached both
+  workdir_lib.check_resumed_samples(stop, ls._replace(samples=576), 0, 'w')  # not yet reached
+  workdir_lib.check_resumed_samples(budget.Stop(16, 0.0), ls._replace(samples=None), 0, 'w')
   with pytest.raises(ValueError) as e:
-    train.check_resumed_samples(stop, ls, 961, 'w')    # lowered: 768 processed >= 577
+    workdir_lib.check_resumed_samples(stop, ls, 961, 'w')    # lowered: 768 processed >= 577
   assert str(e.value) == (
       'train.sample_budget=577 is not above the 768 samples --workdir=w has already '
       'processed (checkpoint of iteration 16, round 4), so the run might have stopped rounds '
@@ -425,10 +429,10 @@ def test_resume_refuses_unknown_samples_and_a_budget_the_run_went_past():
   with pytest.raises(ValueError, match='the checkpoint of iteration 16 in --workdir=w '
                      "predates the sample count and its metrics.jsonl does not record every "
                      "round's samples; use a new --workdir"):
-    train.check_resumed_samples(stop, ls._replace(samples=None), 577, 'w')
+    workdir_lib.check_resumed_samples(stop, ls._replace(samples=None), 577, 'w')
   # A run trained under num_steps (no old budget) past the new budget: refused.
   with pytest.raises(ValueError, match='is not above the 768 samples'):
-    train.check_resumed_samples(stop, ls, 0, 'w')
+    workdir_lib.check_resumed_samples(stop, ls, 0, 'w')
 
 
 def test_progress_line_and_printed_results_under_the_sample_budget(caplog, capsys):
@@ -438,7 +442,7 @@ def test_progress_line_and_printed_results_under_the_sample_budget(caplog, capsy
   rt = types.SimpleNamespace(log_at=(time.time(), 0, False), s=types.SimpleNamespace(
       loop=types.SimpleNamespace(stop=stop), task=tasks.from_config(config)))
   with caplog.at_level(logging.INFO):
-    train._log_progress(rt, ls._replace(plan=sched.plan(sched.init())), 10, 0.5)
+    diagnostics.log_progress(rt, ls._replace(plan=sched.plan(sched.init())), 10, 0.5)
   line = caplog.records[-1].getMessage()
   assert line.startswith('step 10/? round 3 ') and line.endswith(
       'ETA at 577 samples (384 done)')
@@ -447,7 +451,7 @@ def test_progress_line_and_printed_results_under_the_sample_budget(caplog, capsy
                  intra_dc_iterations=16, sim_time_s=0.5, wall_time_s=3.0,
                  time_to_target_s=None, rounds_to_target=None, samples=768,
                  stop=stop.to_json())
-  train.print_results(summary)
+  cost.print_results(summary)
   assert ('stopped at           sample budget 577 (train.sample_budget; 768 processed)\n'
           in capsys.readouterr().out)
 
@@ -563,7 +567,7 @@ def test_a_larger_sample_budget_extends_the_run_as_a_fresh_one(fake_data, sample
   lower = sample_config(fake_data, 500)
   with pytest.raises(ValueError, match='train.sample_budget=500 is not above the 768 samples'):
     train.train_and_evaluate(lower, ext)
-  assert train.check_workdir_config(ext, sample_config(fake_data, 961)) == [
+  assert workdir_lib.check_workdir_config(ext, sample_config(fake_data, 961)) == [
       'train.sample_budget: 577 -> 961']
   summary = train.train_and_evaluate(sample_config(fake_data, 961), ext)
   fresh_dir = str(tmp_path / 'fresh')
@@ -587,4 +591,4 @@ def test_an_older_workdir_config_without_the_field_resumes(fake_data, tmp_path):
   (workdir / 'config.json').write_text(json.dumps(stored))
   (workdir / 'summary.json').write_text(json.dumps(dict(
       intra_dc_iterations=12, sim_time_s=1.0, config=stored)))
-  assert train.check_workdir_config(str(workdir), config) == []
+  assert workdir_lib.check_workdir_config(str(workdir), config) == []

@@ -2,7 +2,7 @@
 
 ``--config.sync.kk=3`` is refused by :func:`hfl.config.apply_overrides`; these
 tests cover the same typo written inside a config file, which
-:func:`hfl.config.validate` refuses (main.py, hfl.sweep's pre-check, hfl.train.setup).
+:func:`hfl.config.validate` refuses (main.py, hfl.sweep's pre-check, hfl.setup.setup).
 """
 
 import glob
@@ -18,6 +18,7 @@ import pytest
 from configs import default, shakespeare
 from hfl import config as config_lib
 from hfl import models, sweep, train
+from hfl import workdir as workdir_lib
 
 REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 WHY = ("A config's fields must be ones hfl reads: those of configs/default.py, and the "
@@ -138,11 +139,11 @@ def test_every_shipped_config_sweep_point_and_recorded_run_has_known_fields():
     assert len(list(sweep._run_configs(base, config_arg, runs, paths=False))) == len(runs)
     sweeps += 1
   assert sweeps >= 10
-  # Finished runs' configs are only compared (hfl.train.check_workdir_config), never
+  # Finished runs' configs are only compared (hfl.workdir_lib.check_workdir_config), never
   # validated; still, none holds a field hfl no longer reads.
   for path in glob.glob(os.path.join(REPO, 'docs', 'results', 'runs', '*', '*', 'config.json')):
     with open(path) as f:
-      config_lib.check_fields(ml_collections.ConfigDict(train.upgrade_config(json.load(f))))
+      config_lib.check_fields(ml_collections.ConfigDict(workdir_lib.upgrade_config(json.load(f))))
 
 
 def test_main_refuses_a_config_file_with_unknown_fields(fake_data, tmp_path):

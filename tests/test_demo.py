@@ -18,7 +18,8 @@ import scipy.fft
 
 from configs import demo as demo_config
 from hfl import config as config_lib
-from hfl import models, optim, train
+from hfl import models, optim
+from hfl import setup as setup_lib
 from hfl.compress import dct, ef, policy, registry
 
 KEY = jax.random.PRNGKey(0)
@@ -263,7 +264,7 @@ def test_docs_quote_the_bytes_per_step_of_the_lm():
   c = demo_config.get_config()
   shapes = jax.eval_shape(lambda: models.from_config(c.model, 65).init(
       jax.random.PRNGKey(0), jnp.zeros((1, 128), jnp.int32)))['params']
-  comps = train.build_compressors(c, shapes)
+  comps = setup_lib.build_compressors(c, shapes)
   up = sum(policy.static_bits(x) for x in comps.up) // 8
   down = sum(policy.static_bits(x) for x in comps.down) // 8
   leaves = jax.tree.leaves(shapes)

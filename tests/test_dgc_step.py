@@ -13,7 +13,9 @@ from jax.sharding import NamedSharding, PartitionSpec as P
 from configs import default
 from hfl import config as config_lib
 from hfl import mesh as mesh_lib, models, step as step_lib, train
+from hfl import setup as setup_lib
 from hfl.compress import base, dgc, policy, sparse
+from hfl import workdir as workdir_lib
 from tests.helpers import smoke_config
 
 D, W, B = 2, 4, 4
@@ -163,7 +165,7 @@ def test_dgc_config_validation():
   c = default.get_config()
   del c.compression['dgc']
   config_lib.validate(c)
-  assert train.dgc_options(c) == dgc.Options()
+  assert setup_lib.dgc_options(c) == dgc.Options()
 
 
 @pytest.mark.slow
@@ -180,10 +182,10 @@ def test_warmup_switches_stages_and_wire_bits_follow_schedule(fake_data, tmp_pat
   recs = [json.loads(l) for l in open(os.path.join(tmp_path / 'run', 'metrics.jsonl'))]
   assert [r['step'] for r in recs] == list(range(1, steps + 1))
   up = np.diff([0.0] + [r['bytes']['intra_up'] for r in recs])
-  s = train.setup(cfg)
+  s = setup_lib.setup(cfg)
   expect = []
   for t in range(steps):
-    comps = train.build_compressors(cfg, s.params_shape, t)
+    comps = setup_lib.build_compressors(cfg, s.params_shape, t)
     expect.append(D * W * sum(policy.static_bits(c) for c in comps.up) / 8)
   np.testing.assert_array_equal(up, expect)
   # k follows 0.25 -> 0.01 exponentially over 4 stages of 2 steps, then stays at 0.01.
@@ -191,7 +193,7 @@ def test_warmup_switches_stages_and_wire_bits_follow_schedule(fake_data, tmp_pat
   for t in range(steps):
     stage = min(stages, t * stages // warm)
     density = 0.25 * (0.01 / 0.25)**(stage / stages)
-    comps = train.build_compressors(cfg, s.params_shape, t)
+    comps = setup_lib.build_compressors(cfg, s.params_shape, t)
     ks = [c.name for c in comps.up if c.name.startswith('topk')]
     assert ks == [f'topk({dgc.warmup_density(t, 0.01, warm, 0.25, stages):g})'] * len(big)
     assert np.isclose(dgc.warmup_density(t, 0.01, warm, 0.25, stages), density)
@@ -206,7 +208,7 @@ def test_run_started_before_the_dgc_section_still_resumes(tmp_path):
   with open(tmp_path / 'config.json', 'w') as f:
     json.dump(old, f)
   (tmp_path / 'checkpoints' / '4').mkdir(parents=True)  # a run with a checkpoint: pinned
-  train.check_workdir_config(str(tmp_path), c)  # same config, DGC off: accepted
+  workdir_lib.check_workdir_config(str(tmp_path), c)  # same config, DGC off: accepted
   c.compression.dgc.momentum = 0.9
   with pytest.raises(ValueError, match=r'compression\.dgc\.momentum'):
-    train.check_workdir_config(str(tmp_path), c)
+    workdir_lib.check_workdir_config(str(tmp_path), c)

@@ -8,6 +8,7 @@ import optax
 import pytest
 
 from hfl import config as config_lib, mesh as mesh_lib, step as step_lib, train
+from hfl import cost
 from hfl.sync import aggregation, frequency, schedule as schedule_lib
 from tests.helpers import D, W, mlp_identity, run_schedule, run_steps, step_batches
 
@@ -70,12 +71,12 @@ def test_round_reports_each_dcs_update_and_drift_norms():
 def test_round_diagnostics_samples_weights_and_contributions():
   actives = [[True, True], [True, False], [True, False], [True, False]]
   m = {'update_l2': np.array([2.0, 1.0]), 'drift_l2': np.array([0.5, 0.7])}
-  diag = train.round_diagnostics(7, actives, [True, True], 4 * 8, [0.25, 0.75], m)
+  diag = cost.round_diagnostics(7, actives, [True, True], 4 * 8, [0.25, 0.75], m)
   assert diag['round'] == 7 and diag['samples'] == [4 * 32, 32]
   # contribution_d = s_d ||D_d|| / sum_e s_e ||D_e|| = (0.5, 0.75) / 1.25
   np.testing.assert_allclose(diag['contribution'], [0.4, 0.6])
   assert diag['weight'] == [0.25, 0.75] and diag['drift_l2'] == [0.5, 0.7]
-  absent = train.round_diagnostics(1, actives, [True, False], 32, [1.0, 0.0], m)
+  absent = cost.round_diagnostics(1, actives, [True, False], 32, [1.0, 0.0], m)
   assert absent['samples'] == [128, 0] and absent['contribution'] == [1.0, 0.0]
 
 

@@ -1563,7 +1563,7 @@ def test_subprocess_runner_logs_and_returns_status(tmp_path):
      "run 'compression.uplink.density=2.0__compression.uplink.name=topk' (nothing was "
      "launched): compression.uplink.density=2.0: density must be a number in (0, 1] "
      '(fraction of entries kept)'),
-    # What only hfl.train.setup used to check (built objects, the data path).
+    # What only hfl.setup.setup used to check (built objects, the data path).
     ({'network.wan_bandwidth_mbps': [100.0, -5.0]}, "run 'network.wan_bandwidth_mbps=-5.0' "
      '(nothing was launched): network.wan_bandwidth_mbps=-5.0 must be finite and > 0.'),
     ({'sync.outer.name': ['bogus']}, "run 'sync.outer.name=bogus' (nothing was launched): "

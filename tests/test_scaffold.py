@@ -12,6 +12,7 @@ import pytest
 
 from hfl import accounting, config as config_lib, mesh as mesh_lib, network, step as step_lib
 from hfl import train
+from hfl import workdir as workdir_lib
 from hfl.compress import base
 from hfl.sync import scaffold
 from tests.helpers import B, D, W, mlp_identity, put, run_steps, smoke_config
@@ -295,7 +296,7 @@ def test_config_refuses_scaffold_where_it_makes_no_sense(fake_data, overrides, m
 
 def test_older_configs_run_without_control_variates():
   old = {'sync': {'strategy': 'periodic'}}
-  assert train.upgrade_config(old)['sync']['control_variates'] == 'none'
+  assert workdir_lib.upgrade_config(old)['sync']['control_variates'] == 'none'
   assert not scaffold.enabled({}) and scaffold.enabled({'control_variates': 'scaffold'})
   assert scaffold.spec_from_config(smoke_config('/nonexistent'), [0.5, 0.5]) is None
 

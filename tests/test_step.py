@@ -11,7 +11,8 @@ import pytest
 from jax.sharding import NamedSharding, PartitionSpec as P
 
 from configs import default as default_config
-from hfl import accounting, collectives, mesh as mesh_lib, models, optim, step as step_lib, train
+from hfl import accounting, collectives, mesh as mesh_lib, models, optim, step as step_lib
+from hfl import setup as setup_lib
 from hfl.compress import base, co3, dgc, policy, quantize, registry, sparse
 from tests.helpers import B, D, W, step_batches as _batches, host_metrics as _host
 from tests.helpers import put as _put, run_steps as _run
@@ -278,7 +279,7 @@ def test_default_config_every_collective_is_counted():
   mesh = mesh_lib.make_mesh(D, W)
   net = models.get_model(cfg.model.name, 10)
   params = net.init(jax.random.PRNGKey(0), jnp.zeros((1, 28, 28, 1)))['params']
-  comps = train.build_compressors(cfg, params)
+  comps = setup_lib.build_compressors(cfg, params)
   opt = optim.make_optimizer(cfg.optimizer)
   state = step_lib.init_state(params, opt, optax.sgd(1.0), comps, D, W, jax.random.PRNGKey(1))
   state = jax.device_put(state, step_lib.state_shardings(mesh, state))

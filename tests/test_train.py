@@ -17,8 +17,12 @@ from hfl import config as config_lib
 from hfl import data as data_lib
 from hfl import step as step_lib
 from hfl import network, provenance, tasks, train
+from hfl import setup as setup_lib
+from hfl import cost
 from hfl.compress import dgc
 from hfl.sync import schedule as schedule_lib
+from hfl import diagnostics
+from hfl import workdir as workdir_lib
 from tests.helpers import crash_then_resume, final_state, smoke_config
 
 REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
@@ -206,7 +210,7 @@ def test_bad_config_fails_before_compilation_naming_the_field(fake_data, tmp_pat
   assert not os.path.exists(tmp_path / 'w')
 
 
-# What hfl.train.setup builds from the config (network model, fault plan, outer
+# What hfl.setup.setup builds from the config (network model, fault plan, outer
 # optimizer, K schedule) and the data path: refused by hfl.config.validate itself, so
 # that the sweep's pre-check refuses them too.
 SETUP_ONLY_BAD = [
@@ -486,7 +490,6 @@ def _listing(workdir):
 def test_workdir_entries_of_the_wrong_type_are_refused_untouched(tmp_path, name, make):
   """checkpoints/ as a file, metrics.jsonl as a directory, ...: one ValueError naming
   the path, what it is and what it must be, before anything reads or writes them."""
-  from hfl import metrics as metrics_lib  # pylint: disable=g-import-not-at-top
   workdir, config = _finished_workdir(tmp_path)
   path = os.path.join(workdir, name)
   if os.path.isdir(path):
@@ -501,17 +504,17 @@ def test_workdir_entries_of_the_wrong_type_are_refused_untouched(tmp_path, name,
   else:
     os.symlink(os.path.join(workdir, 'nowhere'), path)
   before = _listing(workdir)
-  must, what = ('a directory' if metrics_lib.WORKDIR_ENTRIES[name][0] else 'a file',
-                metrics_lib.WORKDIR_ENTRIES[name][1])
+  must, what = ('a directory' if workdir_lib.WORKDIR_ENTRIES[name][0] else 'a file',
+                workdir_lib.WORKDIR_ENTRIES[name][1])
   kind = {'file': 'a file', 'dir': 'a directory', 'broken_link': 'a broken symbolic link'}[make]
   problem = (f'cannot be used: {path} is {kind}, but must be {must} ({what}); move it out '
              'of the way, or use a new --workdir')
-  assert metrics_lib.workdir_entries_problem(workdir) == problem
+  assert workdir_lib.workdir_entries_problem(workdir) == problem
   with pytest.raises(ValueError) as e:
-    train.check_workdir_config(workdir, config)
+    workdir_lib.check_workdir_config(workdir, config)
   assert str(e.value) == f'--workdir={workdir!r} {problem}'
   assert _listing(workdir) == before
-  assert metrics_lib.workdir_entries_problem(str(tmp_path / 'new')) is None
+  assert workdir_lib.workdir_entries_problem(str(tmp_path / 'new')) is None
 
 
 def test_main_refuses_a_workdir_entry_of_the_wrong_type_in_one_line(tmp_path):
@@ -537,16 +540,12 @@ def test_a_corrupt_summary_of_a_finished_run_is_named_with_what_to_do(tmp_path, 
   no object, or not a finished run's: the report's check) is named, with the remedy
   (without it the run resumes at its last checkpoint, finishes at once and writes
   it again). ``{}`` used to end in a KeyError traceback."""
-  import types  # pylint: disable=g-import-not-at-top
   workdir, config = _finished_workdir(tmp_path)
   summary = os.path.join(workdir, 'summary.json')
   with open(summary, 'w') as f:
     f.write(text)
-  rt = types.SimpleNamespace(workdir=workdir, s=types.SimpleNamespace(
-      loop=train.loop_config(config), task=tasks.from_config(config)))
-  ls = types.SimpleNamespace(step=4, clock=network.new_clock(2), samples=128)
   with pytest.raises(ValueError) as e:
-    train._resumed(rt, ls, [])  # pylint: disable=protected-access
+    workdir_lib.reported_summary(workdir, tasks.from_config(config), config)
   assert str(e.value).startswith(f'{summary} '), str(e.value)
   assert str(e.value).endswith('; delete it and rerun the same command to rewrite it from '
                                'metrics.jsonl and the last checkpoint')
@@ -561,12 +560,12 @@ def test_a_shorter_run_is_refused_from_the_checkpoints_before_compiling(tmp_path
   os.makedirs(os.path.join(workdir, 'checkpoints', '6'))  # empty: never committed
   shorter = smoke_config(config.dataset.data_dir, **{'train.num_steps': 2})
   with pytest.raises(ValueError) as e:
-    train.check_workdir_config(workdir, shorter)
+    workdir_lib.check_workdir_config(workdir, shorter)
   assert str(e.value) == (f'train.num_steps=2 is below the 4 iterations --workdir={workdir} '
                           'has already done; use a new workdir for a shorter run.')
-  assert train.check_workdir_config(workdir, config) == []
+  assert workdir_lib.check_workdir_config(workdir, config) == []
   longer = smoke_config(config.dataset.data_dir, **{'train.num_steps': 6})
-  assert train.check_workdir_config(workdir, longer) == ['train.num_steps: 4 -> 6']
+  assert workdir_lib.check_workdir_config(workdir, longer) == ['train.num_steps: 4 -> 6']
 
 
 def test_a_run_stopped_before_its_first_checkpoint_may_start_over_with_another_config(
@@ -579,10 +578,10 @@ def test_a_run_stopped_before_its_first_checkpoint_may_start_over_with_another_c
   (workdir / 'config.json').write_text(config.to_json())
   (workdir / 'metrics.jsonl').write_text('')
   other = smoke_config(str(tmp_path / 'data'), **{'train.num_steps': 4, 'sync.k': 4})
-  assert train.check_workdir_config(str(workdir), other) == []
+  assert workdir_lib.check_workdir_config(str(workdir), other) == []
   (workdir / 'checkpoints' / '2').mkdir()  # a checkpoint (even a partial one): pinned
   with pytest.raises(ValueError, match='holds a run with a different config'):
-    train.check_workdir_config(str(workdir), other)
+    workdir_lib.check_workdir_config(str(workdir), other)
 
 
 def test_a_read_only_workdir_only_reports_its_finished_run(tmp_path, monkeypatch):
@@ -591,17 +590,17 @@ def test_a_read_only_workdir_only_reports_its_finished_run(tmp_path, monkeypatch
   resume), is refused before anything is compiled."""
   workdir, config = _finished_workdir(tmp_path)
   monkeypatch.setattr(train.os, 'access', lambda path, mode: mode != os.W_OK)
-  assert train.check_workdir_config(workdir, config) == []
+  assert workdir_lib.check_workdir_config(workdir, config) == []
   longer = smoke_config(config.dataset.data_dir, **{'train.num_steps': 6})
   refused = (f'--workdir={workdir!r} cannot be written (read-only?); from there a finished '
              'run can only be reported again: copy the workdir somewhere writable to '
              'continue it.')
   with pytest.raises(ValueError) as e:
-    train.check_workdir_config(workdir, longer)
+    workdir_lib.check_workdir_config(workdir, longer)
   assert str(e.value) == refused
   os.remove(os.path.join(workdir, 'config.json'))
   with pytest.raises(ValueError) as e:
-    train.check_workdir_config(workdir, config)
+    workdir_lib.check_workdir_config(workdir, config)
   assert str(e.value) == refused
 
 
@@ -750,7 +749,7 @@ def test_divergence_message_is_true_of_the_run(fake_data, tmp_path):
   # With checkpoints and compressed links: both are mentioned, as they are.
   cfg = smoke_config(fake_data, **{'compression.uplink.name': 'topk',
                                    'compression.wan.name': 'bf16'})
-  advice = train.divergence_advice(cfg, '/w', 6)
+  advice = diagnostics.divergence_advice(cfg, '/w', 6)
   assert advice == (
       'The checkpoints in /w (up to step 6, before the divergence) are kept. Lower '
       "optimizer.learning_rate (now 0.1) or use milder compression than "
@@ -841,16 +840,16 @@ def test_warmup_stage_of_every_step_matches_dgc_warmup_stage():
   """Setup precomputes the stage boundaries; the loop looks the stage up by step."""
   for steps in range(1, 14):
     for stages in range(1, 7):
-      w = train.Warmup(train.warmup_starts(steps, stages), (None,) * stages)
+      w = setup_lib.Warmup(setup_lib.warmup_starts(steps, stages), (None,) * stages)
       for step in range(steps + 3):
         ref = dgc.warmup_stage(step, steps, stages)
         assert w.stage(step) == (ref if ref < stages else None), (steps, stages, step)
-  assert train.Warmup().stage(0) is None  # warm-up off
+  assert setup_lib.Warmup().stage(0) is None  # warm-up off
 
 
 def _loop_state(schedule):
-  ls = train.new_loop_state(schedule, 2)
-  ls = train.account_iteration(ls, network.from_config(smoke_config('').network, 2), dict(
+  ls = cost.new_loop_state(schedule, 2)
+  ls = cost.account_iteration(ls, network.from_config(smoke_config('').network, 2), dict(
       up_bits=np.array([8 * 3, 8 * 5 + 4]), down_bits=np.array([16, 16])), [True, True])
   return ls._replace(best_test_accuracy=0.5, last_eval=dict(test_accuracy=0.5, round=1,
                                                            sim_time_s=2.5), round_loss=(1.25,))
@@ -860,9 +859,9 @@ def test_loop_state_round_trips_through_the_checkpoint_dict_and_reads_old_ones()
   schedule = schedule_lib.make_schedule('periodic', 2, 3, 3)
   ls = _loop_state(schedule)._replace(provenance=(dict(at_iteration=0, git_commit=None),))
   assert ls.bits == dict(intra_up=68, intra_down=32, inter_dc=0)
-  host = json.loads(json.dumps(train.to_host(ls, 7.5)))  # what a checkpoint holds
+  host = json.loads(json.dumps(cost.to_host(ls, 7.5)))  # what a checkpoint holds
   assert host['bytes'] == dict(intra_up=8.5, intra_down=4, inter_dc=0)
-  back = train.from_host(host, schedule)
+  back = cost.from_host(host, schedule)
   assert back.wall_time_s == 7.5
   chex.assert_trees_all_equal(back._replace(wall_time_s=0.0), ls)  # clock, plan, schedule, ...
   assert back.last_eval == ls.last_eval and back.schedule == ls.schedule
@@ -870,38 +869,38 @@ def test_loop_state_round_trips_through_the_checkpoint_dict_and_reads_old_ones()
   # Checkpoints of older versions: bytes only (exact bits derived), no best_test_loss,
   # no provenance.
   old = {k: v for k, v in host.items() if k not in ('bits', 'best_test_loss', 'provenance')}
-  assert train.from_host(old, schedule).bits == ls.bits
-  assert train.from_host(old, schedule).best_test_loss is None
-  assert train.from_host(old, schedule).provenance == ()  # older checkpoints: none recorded
+  assert cost.from_host(old, schedule).bits == ls.bits
+  assert cost.from_host(old, schedule).best_test_loss is None
+  assert cost.from_host(old, schedule).provenance == ()  # older checkpoints: none recorded
 
 
 def test_the_accounting_at_stop_round_trips_and_only_the_summary_reads_it():
   """Issue 51, fault 1: the clock and WAN exposure of a run that stops after its last
   round (an overlapped transfer charged whole) travel beside the loop state's own;
-  :func:`hfl.train.stopped` swaps them in for the summary."""
+  :func:`hfl.cost.stopped` swaps them in for the summary."""
   schedule = schedule_lib.make_schedule('periodic', 2, 3, 3)
-  at_stop = train.AtStop(network.Clock(np.array([3.0, 3.0]), np.array([0.0, 0.5])), 0.75)
+  at_stop = cost.AtStop(network.Clock(np.array([3.0, 3.0]), np.array([0.0, 0.5])), 0.75)
   ls = _loop_state(schedule)._replace(wan=dict(exposed_s=0.25, peak_bits=8, peak_dc_bits=8),
                                       at_stop=at_stop)
-  back = train.from_host(json.loads(json.dumps(train.to_host(ls, 0.0))), schedule)
+  back = cost.from_host(json.loads(json.dumps(cost.to_host(ls, 0.0))), schedule)
   chex.assert_trees_all_equal(back.at_stop, at_stop)
-  end = train.stopped(back)
+  end = cost.stopped(back)
   chex.assert_trees_all_equal(end.clock, at_stop.clock)
   assert end.wan == dict(exposed_s=0.75, peak_bits=8, peak_dc_bits=8) and end.at_stop is None
-  assert train.stopped(end) is end and ls.wan['exposed_s'] == 0.25
+  assert cost.stopped(end) is end and ls.wan['exposed_s'] == 0.25
 
 
 def test_a_run_whose_faults_counted_rounds_from_0_is_not_continued():
   """Issue 51, fault 3: rounds in sync.faults are numbered from 1 now; a checkpoint
   written before (no ``fault_rounds_from``) of a run with outages is not continued,
   since its spec would now name rounds one later."""
-  host = train.to_host(_loop_state(schedule_lib.make_schedule('periodic', 2, 3, 3)), 0.0)
-  train.check_fault_rounds('1:2', host, 'w')
+  host = cost.to_host(_loop_state(schedule_lib.make_schedule('periodic', 2, 3, 3)), 0.0)
+  workdir_lib.check_fault_rounds('1:2', host, 'w')
   old = {k: v for k, v in host.items() if k != 'fault_rounds_from'}
-  train.check_fault_rounds(' ', old, 'w')  # no outages: nothing to misread
+  workdir_lib.check_fault_rounds(' ', old, 'w')  # no outages: nothing to misread
   with pytest.raises(ValueError, match=r"counted rounds from 0; .* sync.faults='1:2' would "
                      'name rounds one later'):
-    train.check_fault_rounds('1:2', old, 'w')
+    workdir_lib.check_fault_rounds('1:2', old, 'w')
 
 
 def test_record_eval_keeps_the_best_and_the_first_crossing():
@@ -921,8 +920,8 @@ def test_record_eval_keeps_the_best_and_the_first_crossing():
 
 def test_progress_line_shows_the_per_dc_k_of_semi_sync():
   plan = schedule_lib.RoundPlan(np.array([9, 7, 5, 4]), 4)
-  assert train._k_text(plan) == '[9,7,5,4] (K_base 4)'
-  assert train._k_text(schedule_lib.RoundPlan(np.array([4, 4]), 4)) == '4'
+  assert diagnostics.k_text(plan) == '[9,7,5,4] (K_base 4)'
+  assert diagnostics.k_text(schedule_lib.RoundPlan(np.array([4, 4]), 4)) == '4'
 
 
 def test_a_workdir_in_use_by_another_run_is_refused_untouched(fake_data, tmp_path):
@@ -930,15 +929,14 @@ def test_a_workdir_in_use_by_another_run_is_refused_untouched(fake_data, tmp_pat
   reads or writes anything there, naming the holder; once the lock is free, the
   lock file is gone and a workdir the refused run created is removed again."""
   import fcntl  # pylint: disable=g-import-not-at-top
-  from hfl import metrics as metrics_lib  # pylint: disable=g-import-not-at-top
   workdir = tmp_path / 'run'
   workdir.mkdir()
   (workdir / 'metrics.jsonl').write_text('{"step": 2}\n')
-  lock = workdir / metrics_lib.LOCK_FILE
+  lock = workdir / workdir_lib.LOCK_FILE
   lock.write_text('pid 12345 on elsewhere, since 2026-12-04 10:00:00\n')
   with open(lock) as held:
     fcntl.flock(held, fcntl.LOCK_EX | fcntl.LOCK_NB)
-    with pytest.raises(metrics_lib.WorkdirInUseError) as e:
+    with pytest.raises(workdir_lib.WorkdirInUseError) as e:
       train.train_and_evaluate(smoke_config(fake_data), str(workdir))
     assert str(e.value).startswith(f'{workdir} is in use by another run (pid 12345 on '
                                    'elsewhere, since 2026-12-04 10:00:00; ')
@@ -946,7 +944,7 @@ def test_a_workdir_in_use_by_another_run_is_refused_untouched(fake_data, tmp_pat
     assert sorted(os.listdir(workdir)) == ['.lock', 'metrics.jsonl']
     assert lock.read_text().startswith('pid 12345')
   # Free: the lock is taken, the holder written, and both removed at the end.
-  with metrics_lib.workdir_lock(str(workdir)):
+  with workdir_lib.workdir_lock(str(workdir)):
     assert lock.read_text().startswith(f'pid {os.getpid()} on ')
   assert sorted(os.listdir(workdir)) == ['metrics.jsonl']
   # A refused config leaves no workdir behind that the run itself created.

@@ -24,6 +24,7 @@ import pytest
 from hfl import mesh as mesh_lib, models, step as step_lib
 from hfl.compress import base, co3, dgc, policy, registry, sparse
 from hfl.sync import streaming
+from hfl import workdir as workdir_lib
 from tests.helpers import B, D, W, step_batches, put
 
 LR = 0.1
@@ -216,8 +217,7 @@ def test_bad_simulate_names_the_field():
 def test_an_older_config_resumes_with_auto():
   """A config.json from before mesh.simulate: 'auto', which picks the device mesh
   wherever the run could start before (and the default config's value: no diff)."""
-  from hfl import train  # pylint: disable=g-import-not-at-top
-  assert train.upgrade_config({'mesh': {'num_dcs': 2, 'workers_per_dc': 4}})['mesh'][
+  assert workdir_lib.upgrade_config({'mesh': {'num_dcs': 2, 'workers_per_dc': 4}})['mesh'][
       'simulate'] == 'auto'
 
 

@@ -22,6 +22,7 @@ from hfl import mesh as mesh_lib
 from hfl import metrics, models, optim, tasks, train
 from hfl import step as step_lib
 from hfl.data import augment
+from hfl import workdir as workdir_lib
 from tests.helpers import crash_then_resume, final_state, mlp_identity, make_tree
 from tests.helpers import set_overrides, write_archive
 
@@ -306,10 +307,10 @@ def test_older_workdir_without_the_new_fields_resumes(tmp_path):
     del old[section][field]
   (tmp_path / 'config.json').write_text(json.dumps(old))
   (tmp_path / 'checkpoints' / '4').mkdir(parents=True)  # a run with a checkpoint: pinned
-  assert train.check_workdir_config(str(tmp_path), c) == []
+  assert workdir_lib.check_workdir_config(str(tmp_path), c) == []
   c.optimizer.schedule = 'cosine'   # but a changed schedule is refused
   with pytest.raises(ValueError, match='optimizer.schedule'):
-    train.check_workdir_config(str(tmp_path), c)
+    workdir_lib.check_workdir_config(str(tmp_path), c)
 
 
 def test_another_spelling_of_the_data_dir_resumes(tmp_path):
@@ -319,10 +320,10 @@ def test_another_spelling_of_the_data_dir_resumes(tmp_path):
   (tmp_path / 'checkpoints' / '4').mkdir(parents=True)  # a run with a checkpoint: pinned
   for same in ('/data/fmnist/', '/data//fmnist', '/data/x/../fmnist'):
     c.dataset.data_dir = same
-    assert train.check_workdir_config(str(tmp_path), c) == []
+    assert workdir_lib.check_workdir_config(str(tmp_path), c) == []
   c.dataset.data_dir = '/data/fmnist2'   # another directory is refused
   with pytest.raises(ValueError, match='dataset.data_dir'):
-    train.check_workdir_config(str(tmp_path), c)
+    workdir_lib.check_workdir_config(str(tmp_path), c)
 
 
 def test_workdir_without_config_json_is_checked_against_its_summary(tmp_path):
@@ -330,16 +331,16 @@ def test_workdir_without_config_json_is_checked_against_its_summary(tmp_path):
   config; with checkpoints but neither file it is refused, not resumed blind."""
   c = smoke.get_config()
   (tmp_path / 'summary.json').write_text(json.dumps({'config': json.loads(c.to_json())}))
-  assert train.check_workdir_config(str(tmp_path), c) == []
+  assert workdir_lib.check_workdir_config(str(tmp_path), c) == []
   changed = copy.deepcopy(c)
   changed.sync.k = c.sync.k + 1
   with pytest.raises(ValueError, match='sync.k'):
-    train.check_workdir_config(str(tmp_path), changed)
+    workdir_lib.check_workdir_config(str(tmp_path), changed)
   (tmp_path / 'summary.json').unlink()
-  assert train.check_workdir_config(str(tmp_path), changed) == []  # a new run
+  assert workdir_lib.check_workdir_config(str(tmp_path), changed) == []  # a new run
   (tmp_path / 'checkpoints' / '50').mkdir(parents=True)
   with pytest.raises(ValueError, match='checkpoints but no config.json'):
-    train.check_workdir_config(str(tmp_path), c)
+    workdir_lib.check_workdir_config(str(tmp_path), c)
 
 
 @pytest.mark.parametrize('text', ['{garbage', '', '[1, 2]'])
@@ -347,7 +348,7 @@ def test_a_corrupt_config_json_is_named(tmp_path, text):
   (tmp_path / 'config.json').write_text(text)
   before = (tmp_path / 'config.json').read_bytes()
   with pytest.raises(ValueError, match=r'config\.json'):
-    train.check_workdir_config(str(tmp_path), smoke.get_config())
+    workdir_lib.check_workdir_config(str(tmp_path), smoke.get_config())
   assert (tmp_path / 'config.json').read_bytes() == before
 
 

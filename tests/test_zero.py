@@ -20,6 +20,7 @@ from configs import default
 from hfl import config as config_lib
 from hfl import mesh as mesh_lib, models, step as step_lib, train
 from hfl.compress import base, dgc, sparse
+from hfl import workdir as workdir_lib
 from tests.helpers import B, D, W, step_batches as _batches, run_steps as _run
 from tests.helpers import crash_then_resume, final_state, mlp_identity, smoke_config
 
@@ -185,10 +186,10 @@ def test_older_run_without_the_field_resumes(tmp_path):
   with open(tmp_path / 'config.json', 'w') as f:
     json.dump(old, f)
   (tmp_path / 'checkpoints' / '4').mkdir(parents=True)  # a run with a checkpoint: pinned
-  assert train.check_workdir_config(str(tmp_path), c) == []
+  assert workdir_lib.check_workdir_config(str(tmp_path), c) == []
   c.optimizer.shard_state = True
   with pytest.raises(ValueError, match=r'optimizer.shard_state: False -> True'):
-    train.check_workdir_config(str(tmp_path), c)
+    workdir_lib.check_workdir_config(str(tmp_path), c)
 
 
 @pytest.mark.slow

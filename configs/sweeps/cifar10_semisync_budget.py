@@ -9,7 +9,7 @@ K and ``adacomm`` (tau_0 = 4): 30 runs, the Fashion-MNIST sweep
 (configs/sweeps/semisync_budget.py) on the second image workload.
 
 Every run stops at the same simulated-time budget: SIM_BUDGET_S is 4,799.5 rounds
-of ``sync`` (SYNC_ROUND_S = max_d(t_d + C_d), hfl.train.planned_times with the
+of ``sync`` (SYNC_ROUND_S = max_d(t_d + C_d), hfl.setup.planned_times with the
 CIFAR CNN's payloads: the slowest DC's 0.0581 s iteration + 0.6396 s of WAN
 exchange and LAN fan-out; the same at both levels, since the slowest DC has speed
 1), so ``sync`` runs exactly configs/cifar10.py's 4,800 iterations and every
@@ -30,7 +30,7 @@ run, so this sweep is sized for a GPU.
 
 from configs.sweeps import workloads
 
-SYNC_ROUND_S = 0.6977584704  # hfl.train.planned_times: max_d(t_d + C_d) of sync
+SYNC_ROUND_S = 0.6977584704  # hfl.setup.planned_times: max_d(t_d + C_d) of sync
 SIM_BUDGET_S = round(4799.5 * SYNC_ROUND_S, 3)  # 3,348.892 s: sync runs 4,800 rounds
 SPEEDS = [(3.0, 2.0, 1.5, 1.0), (10.0, 4.0, 2.0, 1.0)]
 STRATEGIES = [  # train.eval_every counts rounds

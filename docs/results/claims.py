@@ -653,7 +653,7 @@ _STREAMING = dict(
              value='change:final_loss', show=['paired:final_loss'], verdict='<= 0.01'),
     ],
     notes=[
-        'The WAN exposure columns are hfl.train.wan_summary\'s fields of summary.json: '
+        'The WAN exposure columns are hfl.cost.wan_summary\'s fields of summary.json: '
         'exposed WAN time (simulated seconds of round communication not hidden behind the '
         'next τ iterations), compute utilisation (compute / simulated time), peak WAN bytes '
         'of one sync event, and the per-DC WAN bandwidth at which WAN stalls take ≤ 5% of '

@@ -80,7 +80,7 @@ _WORDS = {'bytes.intra': 'intra-DC bytes', 'bytes.intra_up': 'uplink bytes',
           'latency', 'exposed_wan_s': 'exposed WAN time',
           'compute_utilisation': 'compute utilisation'}
 # Metrics whose value null in a finished run's summary.json means "no value suffices"
-# (hfl.train.wan_summary: not even an infinite WAN bandwidth keeps 95% utilisation).
+# (hfl.cost.wan_summary: not even an infinite WAN bandwidth keeps 95% utilisation).
 NONE_SUFFICES = {'wan_mbps_for_95pct_utilisation', 'wan_mbps_for_95pct_without_latency'}
 # A metric of this page only (not of hfl.report): a table's ``equal_iterations`` = N
 # gives each run its test accuracy after N iterations of the fastest DC.

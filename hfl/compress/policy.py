@@ -247,3 +247,19 @@ def describe(compressors: Sequence[base.Compressor], shapes) -> str:
   lines = [fmt(rows[0]), '|' + '|'.join('-' * (w + 2) for w in widths) + '|']
   lines += [fmt(r) for r in rows[1:]]
   return '\n'.join(lines)
+
+
+LOSSLESS_NAMES = ('identity', 'float32')  # registry names of hfl.compress.base.identity
+
+
+def lossy_downlink(compression) -> bool:
+  """Whether some leaf's downlink compressor may be lossy: ``compression.downlink.name``
+  not identity/float32, or small leaves cast (``compression.small`` not float32).
+  Where it is not, both ``compression.broadcast`` modes (hfl.config.BROADCASTS)
+  train bitwise the same run.
+
+  Args:
+    compression: the ``compression`` section, a ConfigDict or a config.json dict.
+  """
+  return (compression['downlink']['name'] not in LOSSLESS_NAMES
+          or compression.get('small', 'float32') != 'float32')

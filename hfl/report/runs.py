@@ -22,7 +22,7 @@ from hfl.data import TEXT_DATASETS
 RUN_FILES = ('summary.json', 'metrics.jsonl')
 # A directory with metrics.jsonl only (hfl.train writes config.json first): left out.
 NOT_A_RUN = 'not a training run: metrics.jsonl but neither config.json nor summary.json'
-WAN_FIELDS = metrics_lib.WAN_FIELDS  # hfl.train.wan_summary's fields and their units
+WAN_FIELDS = metrics_lib.WAN_FIELDS  # hfl.cost.wan_summary's fields and their units
 # Per-run quantities (columns of run_frame) and their units: accuracies are fractions,
 # validation losses nats and bits per character (hfl.tasks), samples those all DCs trained on.
 METRICS = {

@@ -12,7 +12,7 @@ A *round* is one inter-DC round, numbered from 1 as everywhere a run shows one
 the run has done r rounds: metrics.jsonl's ``round`` and ``dc_rounds[*].round``,
 the progress line). Configs written before this numbering counted them from 0:
 ``'1:0'`` is refused, ``'1:2'`` now names the round that was ``'1:1'``, and a
-run with outages checkpointed then is not continued (hfl.train.check_fault_rounds).
+run with outages checkpointed then is not continued (hfl.workdir.check_fault_rounds).
 
 Semantics of an absent DC ``d`` in round ``r``:
 
