@@ -1675,3 +1675,24 @@ def test_lm_sections_render_with_missing_runs(tmp_path):
   lm = text.split('## Tiny Shakespeare', 1)[1].split('\n## ', 1)[0]
   assert '**Published vs ours**' not in lm  # readings only: no published number judged
   assert '**DiLoCo check: K=16 with the Nesterov outer optimizer against K=1**: not measured' in lm
+
+
+def test_steps_notes_flag_unequal_iterations_except_at_equal_time_or_work(monkeypatch):
+  """A run with other intra-DC iterations than the baseline gets a ⚠ note, unless the
+  section compares at equal simulated time or at equal work (a sample budget), where
+  iterations differ by design."""
+  from types import SimpleNamespace as NS  # pylint: disable=g-import-not-at-top
+  monkeypatch.setattr(results, 'run_label', lambda t, p: p.name)
+
+  def table(sample_budget, equal_time=False):
+    run = lambda it: NS(summary={'intra_dc_iterations': it,
+                                 'config': {'train': {'sample_budget': sample_budget}}})
+    pts = [NS(name='sync', group=0, status='done', run=run(600)),
+           NS(name='semi', group=1, status='done', run=run(864))]
+    return NS(points=pts, base_gid=0, spec={'equal_time': equal_time})
+
+  assert results.steps_notes(table(0)) == [
+      '- ⚠ `semi` ran 864 intra-DC iterations, the baseline 600: its byte ratios and Δ '
+      'compare unequal amounts of training.']
+  assert results.steps_notes(table(153600)) == []
+  assert results.steps_notes(table(0, equal_time=True)) == []

@@ -905,8 +905,9 @@ def commits_note(points: Sequence[Point]) -> str | None:
 def steps_notes(t: Table) -> list[str]:
   """Finished runs with another number of intra-DC iterations than the baseline's first run."""
   base = next((p for p in t.points if p.group == t.base_gid and p.status == 'done'), None)
-  if base is None or t.spec.get('equal_time'):  # equal time: iterations differ by design
-    return []
+  budget = base and base.run.summary.get('config', {}).get('train', {}).get('sample_budget')
+  if base is None or t.spec.get('equal_time') or budget:  # equal time or work: iterations
+    return []                                              # differ by design
   steps = lambda p: p.run.summary.get('intra_dc_iterations')
   return [f'- ⚠ `{run_label(t, p)}` ran {steps(p)} intra-DC iterations, the baseline '
           f'{steps(base)}: its byte ratios and Δ compare unequal amounts of training.'
