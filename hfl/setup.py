@@ -336,8 +336,25 @@ def sample_input(dataset):
   return jnp.zeros((1,) + tuple(dataset.train_images.shape[1:]), dataset.train_images.dtype)
 
 
+def describe_sync(config, k_d) -> str:
+  """One line of what happens between DCs: strategy, first round's K_d (int [D]),
+  aggregation, outer optimizer, and the options that are on."""
+  y = config.sync
+  on = [f'{f}={y.get(f)!r}' for f, off in (
+      ('progress_aware', False), ('k_min_ratio', 0.0), ('lr_scaling', 'none'),
+      ('prox_mu', 0.0), ('control_variates', 'none'), ('faults', ''), ('fragments', 1))
+        if y.get(f, off) != off]
+  return (f'sync.strategy={y.strategy!r}, first round K_d={[int(k) for k in k_d]}, '
+          f'aggregation={y.aggregation!r}, outer={y.outer.name!r} (lr '
+          f'{y.outer.learning_rate}, momentum {y.outer.momentum})' +
+          (f'; {", ".join(on)}' if on else ''))
+
+
 def log_policies(s: Setup) -> None:
-  """Logs the per-leaf compression policy of each link that compresses."""
+  """Logs what happens between DCs (:func:`describe_sync`) and the per-leaf compression
+  policy of each link that compresses."""
+  logging.info('Sync: %s', describe_sync(s.config, s.sync.schedule.plan(
+      s.sync.schedule.init()).k_d))
   c = s.config.compression
   logging.info('Compression policy (uplink):\n%s',
                policy.describe(s.compress.comps.up, s.params_shape))

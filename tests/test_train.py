@@ -955,3 +955,15 @@ def test_a_workdir_in_use_by_another_run_is_refused_untouched(fake_data, tmp_pat
   (tmp_path / 'a_file').write_text('')
   with pytest.raises(ValueError, match=r"--workdir='.*a_file/run' cannot be created: "):
     train.train_and_evaluate(smoke_config(fake_data), str(tmp_path / 'a_file' / 'run'))
+
+
+def test_describe_sync_names_the_strategy_and_only_the_options_that_are_on():
+  from hfl import setup as setup_lib  # pylint: disable=g-import-not-at-top
+  c = config_lib.load_file('configs/smoke.py')
+  assert setup_lib.describe_sync(c, [2, 2]) == (
+      "sync.strategy='periodic', first round K_d=[2, 2], aggregation='fedavg', "
+      "outer='avg' (lr 1.0, momentum 0.0)")
+  c.sync.strategy, c.sync.control_variates, c.sync.prox_mu = 'semi_sync', 'scaffold', 0.01
+  assert setup_lib.describe_sync(c, [4, 2]).endswith(
+      "K_d=[4, 2], aggregation='fedavg', outer='avg' (lr 1.0, momentum 0.0); "
+      "prox_mu=0.01, control_variates='scaffold'")
