@@ -101,6 +101,7 @@ def get_config(arg: str | None = None) -> ml_collections.ConfigDict:
   c.compression.wan = _compressor('identity')       # DC -> global (pseudo-gradient, all tensors)
   c.compression.small_threshold = 0  # leaves with fewer entries (or ndim < 2) use `small`
   c.compression.small = 'float32'    # float32 | bfloat16 | float16: precision of small leaves
+  c.compression.dense_leaves = ''     # regex on leaf paths sent as small leaves ('' = none)
   # How a round's new global model reaches each DC's workers (hfl.step.broadcast_leaves):
   # 'downlink' (the thesis's design): the PS sends the correction through the downlink
   # compressor with its own error feedback wherever that is lossy (bitwise 'gather'

@@ -151,6 +151,7 @@ def validate(config: ml_collections.ConfigDict, paths: bool = True
   outer_lib.make_outer(s.outer.name, s.outer.learning_rate, s.outer.momentum)
   _choice(config.compression.small, 'compression.small', SMALL_PRECISIONS)
   _int(config, 'compression.small_threshold', 0)
+  policy.dense_pattern(config.compression.get('dense_leaves', ''))
   for link in ('uplink', 'downlink', 'wan'):
     policy.check_spec(config.compression[link], f'compression.{link}')
   validate_broadcast(config)

@@ -188,12 +188,14 @@ def build_compressors(config, params_shape, step: int | None = None
     ValueError: what :func:`hfl.compress.policy.build` refuses, naming the field.
   """
   c = config.compression
+  dense = c.get('dense_leaves', '')
   up = policy.build(_link_spec(config, 'uplink', step), params_shape, c.small_threshold,
-                    c.small, field='compression.uplink')
+                    c.small, field='compression.uplink', dense_leaves=dense)
   down = policy.build(_link_spec(config, 'downlink', step), params_shape, c.small_threshold,
-                      c.small, field='compression.downlink')
+                      c.small, field='compression.downlink', dense_leaves=dense)
   # The pseudo-gradient is compressed leaf by leaf with the same size policy.
-  wan = policy.build(c.wan, params_shape, c.small_threshold, c.small, field='compression.wan')
+  wan = policy.build(c.wan, params_shape, c.small_threshold, c.small, field='compression.wan',
+                     dense_leaves=dense)
   return step_lib.Compressors(up, down, wan)
 
 

@@ -612,3 +612,20 @@ def test_dgc_clip_and_warmup():
   assert dgc.warmup_density(5, 0.01, 0) == 0.01
   with pytest.raises(ValueError, match='final_density'):
     dgc.warmup_density(0, 0.0, 10)
+
+
+def test_dense_leaves_pattern_keeps_matching_leaves_in_the_small_precision():
+  """compression.dense_leaves: leaves whose keystr path matches skip the compressor (the
+  small precision); others keep it; a bad expression names the field."""
+  from hfl.compress import policy  # pylint: disable=g-import-not-at-top
+  shapes = {'embedding': jax.ShapeDtypeStruct((65, 128), 'float32'),
+            'dense': jax.ShapeDtypeStruct((128, 128), 'float32')}
+  comps = policy.build({'name': 'topk', 'density': 0.02}, shapes, 0, 'bfloat16',
+                       field='compression.uplink', dense_leaves='embed')
+  names = dict(zip(sorted(shapes), [c.name for c in comps]))  # dict leaves: sorted keys
+  assert names['embedding'] != names['dense'] and names['dense'].startswith('topk'), names
+  plain = policy.build({'name': 'topk', 'density': 0.02}, shapes, 0, 'bfloat16')
+  assert all(c.name.startswith('topk') for c in plain)
+  with pytest.raises(ValueError, match=r'compression\.dense_leaves=.*regular expression'):
+    policy.build({'name': 'topk', 'density': 0.02}, shapes, 0, 'bfloat16',
+                 field='compression.uplink', dense_leaves='(')

@@ -93,12 +93,14 @@ def _small_factory(small, small_field):
 
 
 def build(spec, shapes, small_threshold: int, small: str,
-          field: str = 'compression', small_field: str | None = None
-          ) -> list[base.Compressor]:
+          field: str = 'compression', small_field: str | None = None,
+          dense_leaves: str = '') -> list[base.Compressor]:
   """Builds one compressor per leaf of ``shapes``, aligned with ``jax.tree.leaves``.
 
-  Leaves with ndim < 2 or size < ``small_threshold`` get the dense ``small``
-  precision (identity for float32, else a cast); the others get
+  Leaves with ndim < 2 or size < ``small_threshold``, and leaves whose path
+  (``jax.tree_util.keystr``, e.g. ``"['embedding']['embedding']"``) matches the
+  regular expression ``dense_leaves`` (``re.search``; '' matches none), get the dense
+  ``small`` precision (identity for float32, else a cast); the others get
   ``REGISTRY[spec.name]`` with the spec's hyper-parameters.
 
   Args:
@@ -128,12 +130,14 @@ def build(spec, shapes, small_threshold: int, small: str,
   small_make = _small_factory(small, small_field)
   name, hyper = check_spec(spec, field)
   factory = REGISTRY[name][0]
+  dense = dense_pattern(dense_leaves, f'{parent}.dense_leaves' if parent else 'dense_leaves')
 
   out = []
-  for leaf in jax.tree.leaves(shapes):
+  for path, leaf in jax.tree_util.tree_flatten_with_path(shapes)[0]:
     shape = _leaf_shape(leaf)
     size = int(np.prod(shape, dtype=np.int64))
-    if len(shape) < 2 or size < small_threshold:
+    if (len(shape) < 2 or size < small_threshold
+        or (dense is not None and dense.search(jax.tree_util.keystr(path)))):
       out.append(small_make(shape))
       continue
     try:
@@ -141,6 +145,20 @@ def build(spec, shapes, small_threshold: int, small: str,
     except ValueError as e:
       raise _factory_error(field, name, hyper, e) from e
   return out
+
+
+def dense_pattern(pattern: str, field: str = 'compression.dense_leaves'):
+  """``pattern`` compiled (None for ''), or ValueError naming ``field`` when it is not
+  a string or not a valid regular expression."""
+  if not isinstance(pattern, str):
+    raise ValueError(f'{field}={pattern!r} must be a string (a regular expression on leaf '
+                     "paths such as \"['embedding']['embedding']\"; '' = none)")
+  if not pattern:
+    return None
+  try:
+    return re.compile(pattern)
+  except re.error as e:
+    raise ValueError(f'{field}={pattern!r} is not a valid regular expression ({e})') from e
 
 
 def check_spec(spec, field: str = 'compression') -> tuple[str, dict]:
