@@ -179,18 +179,27 @@ def _os_error(err: BaseException) -> OSError | None:
   return None
 
 
-def _remove_partial_step(mngr: ocp.CheckpointManager, step: int) -> list[str]:
+def _remove_partial_step(mngr: ocp.CheckpointManager, step: int, tries: int = 10,
+                         wait_s: float = 0.5) -> list[str]:
   """Removes (process 0) what a failed save of ``step`` left: orbax's temporary
   directories of it, and the step directory itself when it is not complete; returns
-  the names of those it could not remove (a resume moves them aside)."""
+  the names of those it could not remove (a resume moves them aside). TensorStore's
+  writes still in flight may recreate files after a removal (seen on a loaded
+  machine), so it tries up to ``tries`` times, ``wait_s`` seconds apart."""
   if jax.process_index() != 0:
     return []
   partial = lambda p: (p.name.startswith(f'{step}{TMP_MARK}') or
                        (p.name == str(step) and incomplete_reason(p) is not None))
   root = epath.Path(mngr.directory)
   try:
-    for p in [p for p in root.iterdir() if partial(p)]:
-      shutil.rmtree(p, ignore_errors=True)
+    for attempt in range(tries):
+      left = [p for p in root.iterdir() if partial(p)]
+      if not left:
+        return []
+      if attempt:
+        time.sleep(wait_s)
+      for p in left:
+        shutil.rmtree(p, ignore_errors=True)
     return [p.name for p in root.iterdir() if partial(p)]
   except OSError:
     return ['(unknown: the checkpoint directory cannot be read)']

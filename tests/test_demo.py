@@ -251,7 +251,7 @@ def test_two_demo_steps_match_algorithm_1(workers):
 
 def test_demo_config_is_valid_and_is_demo_in_hfl_terms():
   c = demo_config.get_config()
-  config_lib.validate(c)
+  config_lib.validate(c, paths=False)  # the data may be absent here (a clone elsewhere)
   assert (c.mesh.num_dcs, c.optimizer.name, c.optimizer.momentum) == (1, 'signum', 0.0)
   up = c.compression.uplink
   assert (up.name, up.chunk_size, up.density * 4096, up.gamma) == ('dct_topk', 64, 32.0, 0.999)
