@@ -48,6 +48,7 @@ from hfl import models
 from hfl import network
 from hfl import setup as setup_lib
 from hfl.compress import policy
+from hfl.sync import scaffold as scaffold_lib
 from hfl.sync import schedule as schedule_lib
 from hfl.sync import streaming
 
@@ -255,7 +256,8 @@ def planned_event(config: ml_collections.ConfigDict, params_shape,
   ``dc_speed`` + the LAN of the static intra-DC payloads); else every DC
   iterates in ``iteration_s`` (the calculator's stated step time; the LAN is
   not modelled) and c_d is the round's :func:`hfl.network.round_comm_time`.
-  The K schedule's first plan (:func:`hfl.sync.schedule.from_config`) gives
+  With SCAFFOLD (``sync.control_variates``) the DC's payload also holds its float32
+  control-variate deltas, as the run charges them. The K schedule's first plan (:func:`hfl.sync.schedule.from_config`) gives
   k_d; an event runs I = max_d k_d iterations (K / P with Streaming DiLoCo) and
   its iteration time is t = max_d(k_d t_d) / max_d k_d (the slowest DC's
   share; t_d itself for equal DCs). Exact for static schedules; a K that moves
@@ -278,6 +280,8 @@ def planned_event(config: ml_collections.ConfigDict, params_shape,
   net = network.from_config(config.network, d)
   comps = setup_lib.build_compressors(config, params_shape)
   payload = peak_payload_bits(config, params_shape, comps.wan)
+  if scaffold_lib.enabled(config.sync):  # the c_d deltas: a second, float32 payload
+    payload += scaffold_lib.payload_bits(params_shape)
   dc_bits = int(np.max(network.dc_link_bits(np.full(d, payload, np.int64))))
   if iteration_s is None:
     t_d, c_d = setup_lib.planned_times(config, net, comps, params_shape)
