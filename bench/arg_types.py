@@ -84,6 +84,18 @@ def names_in(allowed, what: str = 'name'):
   return parse
 
 
+def model_names(ap: argparse.ArgumentParser, text: str, choices, every) -> list[str]:
+  """``--model``'s comma-separated names ('all': ``every``), each one of ``choices`` and
+  given once; otherwise ``ap.error`` (exit status 2) naming the bad or repeated one."""
+  names = list(every) if text == 'all' else text.split(',')
+  for i, n in enumerate(names):
+    if n not in choices:
+      ap.error(f'--model={n!r} is not one of {", ".join(choices)}')
+    if n in names[:i]:
+      ap.error(f'argument --model: {n!r} is repeated in {text!r}; give each model once')
+  return names
+
+
 def existing_path(files_only: bool = False):
   """Converter for the path of something that exists (a file when ``files_only``);
   returns the path as given."""

@@ -37,6 +37,7 @@ sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 
 import step_throughput as st  # noqa: E402  (re-executes once with tcmalloc, as it does)
+import arg_types  # noqa: E402
 from arg_types import int_at_least  # noqa: E402
 from hlo_ops import FREE, entry_opcodes, op_count  # noqa: E402
 import jax  # noqa: E402
@@ -82,12 +83,7 @@ def main():
   ap.add_argument('--batch', type=int_at_least(1), default=32, help='examples per worker')
   ap.add_argument('--ops', action='store_true', help='also list each program\'s opcodes')
   args = ap.parse_args()
-  names = list(models.MODELS) if args.model == 'all' else args.model.split(',')
-  for i, n in enumerate(names):
-    if n not in MODEL_CHOICES:
-      ap.error(f'--model={n!r} is not one of {", ".join(MODEL_CHOICES)}')
-    if n in names[:i]:
-      ap.error(f'argument --model: {n!r} is repeated in {args.model!r}; give each model once')
+  names = arg_types.model_names(ap, args.model, MODEL_CHOICES, models.MODELS)
   try:
     d, w = mesh_lib.parse_shape(args.mesh)
   except ValueError as e:

@@ -71,6 +71,7 @@ from hfl.compress import base  # noqa: E402
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 from flops import jaxpr_flops, this_cpu_peak_flops, xla_cost, xla_flops  # noqa: E402
+import arg_types  # noqa: E402
 from arg_types import int_at_least, number_in  # noqa: E402
 
 # Per-example image shapes of the datasets hfl reads (HWC).
@@ -317,12 +318,7 @@ def main():
   if D * W > mesh_lib.MAX_CPU_DEVICES:  # configure_cpu_devices' limit
     ap.error(f'argument --mesh: {args.mesh} asks for D x W = {D * W} devices; at most '
              f'{mesh_lib.MAX_CPU_DEVICES} simulated devices are allowed in one process')
-  names = list(models.MODELS) if args.model == 'all' else args.model.split(',')
-  for i, n in enumerate(names):
-    if n not in CHOICES:
-      ap.error(f'--model={n!r} is not one of {", ".join(CHOICES)}')
-    if n in names[:i]:
-      ap.error(f'argument --model: {n!r} is repeated in {args.model!r}; give each model once')
+  names = arg_types.model_names(ap, args.model, CHOICES, models.MODELS)
   mesh_lib.configure_cpu_devices(D * W)  # before anything starts the backend
   try:
     have = len(mesh_lib.global_devices())  # starts the backend; compiles nothing
