@@ -7,6 +7,8 @@ Override any field from the command line, e.g. ``--config.sync.k=8``.
 
 import ml_collections
 
+from hfl.sync import strategies
+
 
 def get_config(arg: str | None = None) -> ml_collections.ConfigDict:
   """Returns the default config.
@@ -69,7 +71,7 @@ def get_config(arg: str | None = None) -> ml_collections.ConfigDict:
   c.train.log_every = 50             # steps between progress lines
 
   c.sync = ml_collections.ConfigDict()
-  c.sync.strategy = 'periodic'       # sync | periodic | semi_sync | adacomm
+  c.sync.strategy = 'periodic'       # sync | periodic | semi_sync | adacomm | partial
   c.sync.k = 4                       # intra-DC iterations per inter-DC round (K; K_base for semi_sync)
   c.sync.k_max = 64                  # upper bound for any K_d
   c.sync.aggregation = 'fedavg'      # fedavg | fednova | samples (by samples processed)
@@ -94,6 +96,11 @@ def get_config(arg: str | None = None) -> ml_collections.ConfigDict:
   c.sync.progress_test = 'endpoints'  # plateau test: endpoints | window_means (hfl.sync.schedule)
   c.sync.k_max_scope = 'every_dc'    # semi_sync: k_max caps every_dc's K_d | k_base (slowest) only
   c.sync.control_variates = 'none'   # none | scaffold (SCAFFOLD, hfl.sync.scaffold; 2x the WAN)
+  # Each sync strategy's own fields, with their defaults (hfl.sync.strategies, one module
+  # per strategy: Strategy.hyper), e.g. sync.participation = 1.0 ('partial': the fraction
+  # of the DCs that exchange each round, in turn).
+  for field, value in strategies.hyper_defaults().items():
+    c.sync[field] = value
 
   c.compression = ml_collections.ConfigDict()
   c.compression.uplink = _compressor('identity')    # worker -> PS (large tensors)

@@ -41,6 +41,7 @@ from hfl.sync import outer as outer_lib
 from hfl.sync import scaffold as scaffold_lib
 from hfl.sync import schedule as schedule_lib
 from hfl.sync import streaming
+from hfl.sync import strategies as strategies_lib
 
 # One source for the names: the modules that implement them.
 STRATEGIES = schedule_lib.STRATEGIES
@@ -159,6 +160,7 @@ def validate(config: ml_collections.ConfigDict, paths: bool = True
   validate_shard_state(config)
   validate_heterogeneity_options(config)
   validate_control_variates(config)
+  validate_strategy(config)
   # The K schedule's fields (sync.progress_*), with stand-in times (t = 1 s, C = 0),
   # which only semi_sync's K_d use (hfl.setup.setup builds it with the planned ones).
   schedule_lib.from_config(s, d, t=np.ones(d), c=np.zeros(d))
@@ -311,6 +313,25 @@ def validate_heterogeneity_options(config: ml_collections.ConfigDict) -> None:
   mu = _number(s.get('prox_mu', 0.0), 'sync.prox_mu')
   if not 0 <= mu < float('inf'):
     raise ValueError(f'sync.prox_mu={mu} must be a finite number >= 0 (FedProx mu; 0: off)')
+
+
+def validate_strategy(config: ml_collections.ConfigDict) -> None:
+  """Checks the sync strategy's own fields and rules (hfl.sync.strategies).
+
+  Raises:
+    ValueError: another registered strategy's own field (``Strategy.hyper``) set to
+      a value other than its default (it would silently do nothing); the chosen
+      strategy's ``check`` refusing the config.
+  """
+  s = config.sync
+  chosen = strategies_lib.get(s.strategy)
+  for other in strategies_lib.REGISTRY.values():
+    for field, default in other.hyper.items():
+      if field not in chosen.hyper and s.get(field, default) != default:
+        raise ValueError(f'sync.{field}={s.get(field)!r} has no effect with sync.strategy='
+                         f'{s.strategy!r}: it is a field of sync.strategy={other.name!r}; unset it')
+  if chosen.check is not None:
+    chosen.check(config)
 
 
 def validate_control_variates(config: ml_collections.ConfigDict) -> None:

@@ -200,7 +200,8 @@ def account_iteration(ls: LoopState, net: network.NetworkModel, m: Mapping[str, 
 
 def account_round(ls: LoopState, net: network.NetworkModel, schedule: schedule_lib.Schedule,
                   m: Mapping[str, np.ndarray], present: np.ndarray, steps: int,
-                  train_loss: float, overlap_steps: int = 0) -> LoopState:
+                  train_loss: float, overlap_steps: int = 0,
+                  waits: np.ndarray | None = None) -> LoopState:
   """Ends a round: the inter-DC exchange, its result reaching the workers over the
   LAN (bits and :func:`hfl.network.advance_round`), and the next round's plan.
 
@@ -217,6 +218,9 @@ def account_round(ls: LoopState, net: network.NetworkModel, schedule: schedule_l
       the part of it longer than τ iterations of the DC is charged
       (:func:`hfl.network.exposed_comm_time`); all of it in ``at_stop``, the
       accounting of a run that stops after this round.
+    waits: bool [D], the DCs that wait for the round's result (default: all): a DC
+      that neither takes part nor adopts keeps its own time
+      (:func:`hfl.network.advance_round`).
   """
   wan_bits = m['wan_bits']
   bits = _add_bits(ls.bits, inter_dc=network.link_bits(wan_bits, present),
@@ -224,7 +228,8 @@ def account_round(ls: LoopState, net: network.NetworkModel, schedule: schedule_l
   comm = (network.round_comm_time(net, wan_bits, present)
           + network.lan_time(net, m['round_down_bits']))
   overlap = overlap_steps * network.iteration_time(net, m['up_bits'], m['down_bits'])
-  clock, clock_at_stop = network.advance_overlapped_round(ls.clock, comm, overlap, present)
+  clock, clock_at_stop = network.advance_overlapped_round(ls.clock, comm, overlap, present,
+                                                          waits)
   at_stop = (None if not overlap_steps else
              AtStop(clock=clock_at_stop,
                     exposed_s=account_wan(ls.wan, wan_bits, present, comm)['exposed_s']))

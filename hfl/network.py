@@ -282,22 +282,29 @@ def advance_iteration(clock: Clock, dt: np.ndarray, active: Sequence[bool]) -> C
   return Clock(clock.time_s + np.where(np.asarray(active, bool), dt, 0.0), clock.idle_s)
 
 
-def advance_round(clock: Clock, comm_s: np.ndarray, present: np.ndarray | None = None) -> Clock:
+def advance_round(clock: Clock, comm_s: np.ndarray, present: np.ndarray | None = None,
+                  waits: np.ndarray | None = None) -> Clock:
   """Ends a round: every DC finishes its communication, then all wait for the slowest.
 
   Args:
     clock: the clock after the round's iterations.
     comm_s: float [D], each DC's communication time C_d of the round.
     present: bool [D], DCs taking part (default: all; hfl.sync.faults).
+    waits: bool [D], the DCs that wait for the round's result (default: all). A DC
+      that neither takes part nor adopts the new global model (a partial strategy,
+      hfl.sync.strategies) keeps training on its own timeline.
 
-  Returns a clock where every DC reads T = max_d(time_d + C_d) over the present
-  DCs; each DC's idle time grows by max(0, T - (time_d + C_d)) (an absent DC later
-  than T abandons its discarded work at T).
+  Returns a clock where every waiting DC reads T = max_d(time_d + C_d) over the
+  present DCs; each waiting DC's idle time grows by max(0, T - (time_d + C_d)) (an
+  absent DC later than T abandons its discarded work at T); the others' clocks are
+  unchanged.
   """
   done = clock.time_s + np.asarray(comm_s, np.float64)
   present = np.ones(done.shape, bool) if present is None else np.asarray(present, bool)
+  waits = np.ones(done.shape, bool) if waits is None else np.asarray(waits, bool)
   t = float(np.max(done[present]))
-  return Clock(np.full_like(done, t), clock.idle_s + np.maximum(t - done, 0.0))
+  return Clock(np.where(waits, t, clock.time_s),
+               clock.idle_s + np.where(waits, np.maximum(t - done, 0.0), 0.0))
 
 
 # ------------------------------------------------------------------------------
@@ -320,7 +327,8 @@ def exposed_comm_time(comm_s, overlap_s):
 
 
 def advance_overlapped_round(clock: Clock, comm_s: np.ndarray, overlap_s: np.ndarray,
-                             present: np.ndarray | None = None) -> tuple[Clock, Clock]:
+                             present: np.ndarray | None = None,
+                             waits: np.ndarray | None = None) -> tuple[Clock, Clock]:
   """Ends a round whose communication overlaps the next iterations (Streaming DiLoCo).
 
   Args:
@@ -328,6 +336,7 @@ def advance_overlapped_round(clock: Clock, comm_s: np.ndarray, overlap_s: np.nda
     comm_s: float [D], each DC's communication time C_d of the round.
     overlap_s: float [D], the compute that runs meanwhile (τ iterations of t_d).
     present: bool [D], DCs taking part (default: all).
+    waits: bool [D], DCs that wait for the round's result (default: all; :func:`advance_round`).
 
   Returns:
     ``(running, stopped)``: the clock the run goes on with, charged only the
@@ -336,8 +345,8 @@ def advance_overlapped_round(clock: Clock, comm_s: np.ndarray, overlap_s: np.nda
     all of ``comm_s``. Only a summary reads ``stopped``: a run that goes on (or is
     extended) goes on from ``running``. Equal when ``overlap_s`` is 0.
   """
-  return (advance_round(clock, exposed_comm_time(comm_s, overlap_s), present),
-          advance_round(clock, comm_s, present))
+  return (advance_round(clock, exposed_comm_time(comm_s, overlap_s), present, waits),
+          advance_round(clock, comm_s, present, waits))
 
 
 def event_utilisation(dc_bits: float, wan_bps: float, iterations: int, iteration_s: float,

@@ -34,7 +34,7 @@ from hfl import step as step_lib
 from hfl import tasks
 from hfl.compress import dgc
 from hfl.compress import policy
-from hfl.sync import faults, outer as outer_lib, schedule as schedule_lib
+from hfl.sync import faults, outer as outer_lib, schedule as schedule_lib, strategies
 from hfl.sync import scaffold as scaffold_lib
 from hfl.sync import streaming
 
@@ -113,6 +113,8 @@ class Sync(NamedTuple):
   schedule: schedule_lib.Schedule
   present_fn: Any  # round (1-based) -> bool [D], the DCs present (hfl.sync.faults)
   stream: Any = None  # hfl.sync.streaming.Spec (Streaming DiLoCo), or None
+  # plans may leave DCs out of the exchange or the adoption (hfl.sync.strategies)
+  partial: bool = False
 
 
 @dataclasses.dataclass(frozen=True)
@@ -301,7 +303,8 @@ def setup(config: ml_collections.ConfigDict) -> Setup:
                                     dgc=dgc_options(config)),
                net=net,
                sync=Sync(schedule=schedule, present_fn=present_fn,
-                         stream=streaming.spec_from_config(config.sync, params_shape)))
+                         stream=streaming.spec_from_config(config.sync, params_shape),
+                         partial=strategies.get(config.sync.strategy).partial))
 
 
 def planned_times(config, net: network.NetworkModel, comps, params_shape

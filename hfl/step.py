@@ -719,6 +719,9 @@ class Setup(NamedTuple):
   # per leaf, the round's update goes through the downlink (broadcast_leaves); () none
   bcast: tuple = ()
   scaffold: Any = None  # hfl.sync.scaffold.Spec (SCAFFOLD control variates), or None
+  # The round's weights argument is f32[2, D]: aggregation weights and each DC's
+  # adoption of the new global model (partial strategies, :func:`adopt_global`).
+  adoption: bool = False
 
 
 class Keys(NamedTuple):
@@ -1007,6 +1010,7 @@ def inter_dc_round(setup: Setup, state: TrainState, weights, key):
     WAN charge (static, all-reduced) and to the re-gather over 'worker'; their
     finiteness flags are OR'ed into the WAN's.
   """
+  weights, adopt = split_weights(setup, weights)
   present = weights[jax.lax.axis_index(DC)] > 0
   start = round_reference(setup, state)
   pseudo = jax.tree.map(lambda x0, x: x0 - x, start, state.params)
@@ -1022,6 +1026,8 @@ def inter_dc_round(setup: Setup, state: TrainState, weights, key):
                        outer_state=outer_state, wan=_keep(present, wan.link, state.wan),
                        local_steps=jnp.zeros_like(state.local_steps))
   new, bcast = broadcast_correction(setup, new, state.params, state.global_params, pseudo, key)
+  if adopt is not None:
+    new = adopt_global(new, state, adopt[jax.lax.axis_index(DC)])
   sent = setup.bcast or (False,) * len(setup.comps.wan)
   static = [(int(b), reduces(c)) for c, b in zip(setup.comps.wan, wan.bits) if _is_static(b)]
   again = [(int(b), reduces(c)) for c, b, s in zip(setup.comps.wan, wan.bits, sent)
@@ -1038,6 +1044,30 @@ def inter_dc_round(setup: Setup, state: TrainState, weights, key):
 
 
 SCAFFOLD_KEY_OFFSET = 3000  # the c_d deltas' leaf i draws fold_in(dc key, 3000 + i)
+
+
+def split_weights(setup: Setup, weights):
+  """(f32[D] aggregation weights, f32[D] adoption or None) of a round's ``weights``
+  argument: f32[2, D] with ``setup.adoption``, else the weights alone."""
+  if setup.adoption:
+    return weights[0], weights[1]
+  return weights, None
+
+
+def adopt_global(new: TrainState, state: TrainState, a) -> TrainState:
+  """A DC's model after a round in which it adopts the fraction ``a`` (f32[], in
+  [0, 1]) of the new global model (hfl.sync.strategies: ``RoundPlan.adopt``):
+  x_d <- a x_global' + (1 - a) x_d, x_global' itself at a = 1 and the DC's own model
+  at a = 0. A DC that adopts nothing keeps counting its local steps.
+
+  Args:
+    new: the state after the outer step (``params`` = x_global').
+    state: the state before the round (``params`` = x_d).
+    a: this DC's adoption.
+  """
+  mix = lambda g, x: jnp.where(a == 1, g, a * g + (1 - a) * x)
+  return new._replace(params=jax.tree.map(mix, new.params, state.params),
+                      local_steps=jnp.where(a == 1, new.local_steps, state.local_steps))
 
 
 def scaffold_round(setup: Setup, new: TrainState, state: TrainState, pseudo, present, key):
@@ -1386,7 +1416,8 @@ def make_step(apply_fn: Callable, optimizer: optax.GradientTransformation,
               state_like: TrainState, dgc_options: dgc.Options | None = None,
               prox_mu: float = 0.0, stream: streaming.Spec | None = None,
               mode: str = 'mesh', shape: tuple[int, int] | None = None,
-              scaffold: scaffold_lib.Spec | None = None, loss_fn=None) -> Callable:
+              scaffold: scaffold_lib.Spec | None = None, loss_fn=None,
+              adoption: bool = False) -> Callable:
   """Builds ``step(state, batch, active, weights, do_round) -> (state, metrics)``.
 
   Args:
@@ -1411,6 +1442,8 @@ def make_step(apply_fn: Callable, optimizer: optax.GradientTransformation,
     shape: (D, W) simulated in 'vmap' mode (default and in 'mesh' mode: ``mesh``'s).
     scaffold: SCAFFOLD (hfl.sync.scaffold.Spec; None: off; init_state(..., scaffold=True)).
     loss_fn: ``(params, inputs, labels) -> f32[]`` of one worker (None: :func:`cross_entropy`).
+    adoption: ``weights`` is f32[2, D], the aggregation weights and each DC's adoption
+      of the new global model (:func:`adopt_global`; hfl.sync.strategies' ``partial``).
 
   The returned function takes
     state: TrainState sharded by :func:`state_specs` (donated).
@@ -1421,7 +1454,7 @@ def make_step(apply_fn: Callable, optimizer: optax.GradientTransformation,
     active: bool[D], DCs that run this iteration (semi-sync masking); or f32[D],
       each DC's learning-rate multiplier (:func:`apply_inner`), 0 = inactive.
     weights: f32[D], per-DC aggregation weights for this round's pseudo-gradients
-      (0 for an absent DC); ignored unless ``do_round``.
+      (0 for an absent DC); ignored unless ``do_round``. With ``adoption``: f32[2, D].
     do_round: static bool, end the iteration with an inter-DC round (or an
       Event: :func:`stream_event`; one program per event).
   and returns the new state and the metrics: int32[D, W, metrics_size(L)] (L
@@ -1433,17 +1466,27 @@ def make_step(apply_fn: Callable, optimizer: optax.GradientTransformation,
   Raises:
     ValueError: DGC momentum without a velocity in the state (or the reverse), or
       with ZeRO-1; a lossy compressor at a leaf where the state holds no residual
-      (:func:`check_links`); ``scaffold`` and the state disagree (:func:`_check_scaffold`).
+      (:func:`check_links`); ``scaffold`` and the state disagree (:func:`_check_scaffold`);
+      ``adoption`` with a lossy downlink broadcast, ``stream`` or ``scaffold``.
   """
   opts = dgc_options or dgc.Options()
-  sent = _check_make_step(comps, state_like, opts, stream, scaffold)
+  sent = _check_make_step(comps, state_like, opts, stream, scaffold, adoption)
   shape = _step_shape(mode, mesh, shape)
   setup = Setup(loss_fn or cross_entropy(apply_fn), optimizer, outer, comps, shape[0],
                 shape[1], is_sharded(state_like), opts, prox_mu=float(prox_mu),
-                stream=stream, bcast=sent if any(sent) else (), scaffold=scaffold)
-  num_leaves = jax.tree.structure(state_like.params).num_leaves
+                stream=stream, bcast=sent if any(sent) else (), scaffold=scaffold,
+                adoption=bool(adoption))
   specs, info = state_specs(state_like), {}
+  body = _member_body(setup, specs, jax.tree.structure(state_like.params).num_leaves, info)
+  step = _programs(body, mesh, specs, mode, shape, state_like)
+  step.info, step.num_workers, step.mode = info, setup.num_workers, mode
+  return step
 
+
+def _member_body(setup: Setup, specs, num_leaves: int, info: dict) -> Callable:
+  """One (DC, worker) member's iteration, ``body(state, images, labels, active,
+  weights, do_round) -> (state, packed metrics)``, recording each program's
+  :class:`ProgramInfo` in ``info`` when traced."""
   def body(state, images, labels, active, weights, do_round):
     keys = step_keys(state.key, state.step, setup.num_dcs)
     act, lr_scale = split_active(active[0])
@@ -1457,10 +1500,7 @@ def make_step(apply_fn: Callable, optimizer: optax.GradientTransformation,
         rnd.regathered or (True,) * num_leaves, flag_layout(links))
     packed = pack_metrics(loss, links, rnd.drift)
     return from_local(local, specs), packed[None, None]
-
-  step = _programs(body, mesh, specs, mode, shape, state_like)
-  step.info, step.num_workers, step.mode = info, setup.num_workers, mode
-  return step
+  return body
 
 
 def cross_entropy(apply_fn: Callable) -> Callable:
@@ -1484,13 +1524,17 @@ def _step_shape(mode: str, mesh: Mesh, shape) -> tuple:
 
 
 def _check_make_step(comps: Compressors, state_like: TrainState, opts: dgc.Options,
-                     stream: streaming.Spec | None, scaffold=None) -> tuple:
+                     stream: streaming.Spec | None, scaffold=None, adoption=False) -> tuple:
   """:func:`make_step`'s checks (its Raises); returns ``_state_broadcast``: per leaf,
   whether the state sends the round's update through the downlink."""
   _check_options(state_like, opts)
   _check_scaffold(state_like, scaffold, stream)
   check_links(comps, state_like)
   sent = _state_broadcast(comps, state_like)
+  if adoption and (any(sent) or stream is not None or scaffold is not None):
+    raise ValueError('make_step: adoption (a partial sync strategy) cannot be combined with '
+                     'a lossy downlink broadcast, Streaming DiLoCo or SCAFFOLD, which '
+                     'assume every DC adopts the new global model')
   if any(sent) and stream is not None:
     raise ValueError('make_step: the state sends the round\'s update through a lossy '
                      'downlink (init_state(..., broadcast=\'downlink\')), which Streaming '
@@ -1590,7 +1634,7 @@ def syncs(do_round) -> bool:
   return do_round.sync >= 0 if isinstance(do_round, streaming.Event) else bool(do_round)
 
 
-def host_metrics(info: ProgramInfo, metrics, active, weights=None) -> dict:
+def host_metrics(info: ProgramInfo, metrics, active, weights=None, adopt=None) -> dict:
   """Per-DC metrics of one iteration, on the host, with exact integer bit counts.
 
   Args:
@@ -1599,6 +1643,8 @@ def host_metrics(info: ProgramInfo, metrics, active, weights=None) -> dict:
     active: bool[D], the DCs that ran the iteration (others count no bits).
     weights: f32[D], the round's aggregation weights (0 = absent DC); needed when
       ``info.do_round``.
+    adopt: f32[D], each DC's adoption of the new global model (None: 1 for all); a
+      DC adopting nothing receives nothing over its LAN (``round_down_bits`` 0).
 
   Returns:
     dict of numpy arrays [D]: ``loss`` (float64, mean over the DC's workers),
@@ -1640,6 +1686,8 @@ def host_metrics(info: ProgramInfo, metrics, active, weights=None) -> dict:
     # Every worker decodes the same correction payload (the replicated PS's).
     round_down = (w * (info.regather_sum + int(regathered.sum())) + w * info.bcast
                   + dyn[:, :, 3].sum(axis=1))
+    if adopt is not None:
+      round_down = np.where(np.asarray(adopt) > 0, round_down, 0)
   shares = np.ascontiguousarray(m[..., 1 + k * n + flag_words(n):]).view(
       np.float32).astype(np.float64)
   drift = np.sqrt(shares.sum(axis=1))  # [D, 2]: the W workers' shares summed

@@ -45,6 +45,7 @@ from hfl import workdir as workdir_lib
 from hfl.compress import policy
 from hfl.sync import aggregation, faults
 from hfl.sync import scaffold as scaffold_lib
+from hfl.sync import strategies
 from hfl.sync import streaming
 
 
@@ -229,7 +230,8 @@ def make_runtime(s: setup_lib.Setup, workdir: str, wall0: float) -> Runtime:
                                           mode=s.place.mode,
                                           shape=(s.place.num_dcs, s.place.workers_per_dc),
                                           scaffold=scaffold_lib.spec_from_config(
-                                              s.config, s.data.dc_weights))
+                                              s.config, s.data.dc_weights),
+                                          adoption=s.sync.partial)
   step_fns = {None: make(s.compress.comps)}
   evaluate = make_eval(s.model, s.place.mesh, s.data.dataset.test_images,
                        s.data.dataset.test_labels, s.loop.eval_batch_size)
@@ -340,6 +342,26 @@ def _run_iteration(rt: Runtime, state, step: int, active, weights, do_round: boo
   return state, m, step_fn.info[step_lib.program_key(do_round)]
 
 
+class Round(NamedTuple):
+  """A round's iterations, run, as the host accounts them (:func:`account`).
+
+  Attributes:
+    pending: (device metrics, active bool [D], ProgramInfo) per iteration.
+    weights: float32 [D], the aggregation scales (0: not exchanging).
+    present: bool [D], the DCs that exchanged (up, by ``sync.faults``, and taking
+      part by the plan).
+    adopt: float32 [D], each DC's adoption of the new global model (1 for a DC out
+      by ``sync.faults``: its work is discarded).
+    waits: bool [D], the DCs that wait for the round's result (:func:`hfl.network.advance_round`).
+  Masks from :func:`hfl.sync.strategies.round_masks`.
+  """
+  pending: list
+  weights: np.ndarray
+  present: np.ndarray
+  adopt: np.ndarray
+  waits: np.ndarray
+
+
 def run_round(rt: Runtime, state, ls: cost.LoopState):
   """Runs one round's iterations (K_d per DC; with ``train.num_steps`` governing, at
   most ``num_steps`` in all; with a time or sample budget, always the whole round).
@@ -349,17 +371,17 @@ def run_round(rt: Runtime, state, ls: cost.LoopState):
   iterations must not pay.
 
   Returns:
-    ``(state, pending, weights, present)``: ``pending`` lists (device metrics,
-    active [D], ProgramInfo) per iteration; ``weights`` the round's aggregation
-    scales; ``present`` bool [D].
+    ``(state, Round)``.
   """
   s, plan = rt.s, ls.plan
   kmax = int(np.max(plan.k_d))
   if s.sync.stream is not None:  # one fragment's sync event every K / P iterations
     kmax = int(s.config.sync.k) // len(s.sync.stream.fragments)
-  present = s.sync.present_fn(ls.round + 1)  # this round's number (hfl.sync.faults)
-  start = None if np.all(present) else rt.programs.jitted['round_start'](state)
-  pending, weights = [], np.zeros(s.place.num_dcs, np.float32)
+  up = s.sync.present_fn(ls.round + 1)  # this round's number (hfl.sync.faults)
+  present, adopt, waits = strategies.round_masks(plan, up)
+  start = None if np.all(up) else rt.programs.jitted['round_start'](state)
+  pending = []
+  weights = np.zeros((2,) * s.sync.partial + (s.place.num_dcs,), np.float32)
   lr_scale = (None if s.loop.lr_scaling == 'none'
               else round_lr_scale(s.loop.lr_scaling, plan.k_d))
   cap = s.loop.stop.step_cap()
@@ -368,6 +390,8 @@ def run_round(rt: Runtime, state, ls: cost.LoopState):
     do_round = it + 1 >= kmax or ls.step + it + 1 == cap
     if do_round:
       weights = _round_weights(s, plan, it, active, present)
+      if s.sync.partial:  # the step's round argument: weights and adoption (hfl.step)
+        weights = np.stack([weights, adopt])
     key = (streaming.event_at(ls.step + it + 1, int(s.config.sync.k),
                               len(s.sync.stream.fragments), int(s.config.sync.overlap_steps))
            if s.sync.stream is not None else do_round)
@@ -376,26 +400,28 @@ def run_round(rt: Runtime, state, ls: cost.LoopState):
     if do_round:
       break
   if start is not None:
-    state = rt.programs.jitted['discard_absent'](state, start, rt.put(present))
+    state = rt.programs.jitted['discard_absent'](state, start, rt.put(up))
   rt.window.drain()  # every step timed before the round's metrics are gathered
-  return state, pending, weights, present
+  weights = weights[0] if s.sync.partial else weights
+  return state, Round(pending, weights, present, adopt, waits)
 
 
-def account(rt: Runtime, ls: cost.LoopState, pending, weights, present):
+def account(rt: Runtime, ls: cost.LoopState, rnd: Round):
   """Gathers a round's metrics (one inter-DC transfer) and charges its iterations
   and its inter-DC exchange to ``ls``; checks every value was finite.
 
   Returns:
     ``(loop state after the round, the last iteration's weighted train loss)``.
   """
-  s = rt.s
+  s, pending, weights = rt.s, rnd.pending, rnd.weights
   round_ms = distributed.to_host_stacked([pm for pm, _, _ in pending])
   rt.timer.round_gathered()
   first, end = ls.step + 1, ls.step + len(pending)
   losses = []
   for at, raw, (_, act, info) in zip(range(first, end + 1), round_ms, pending):
     # ``at``: this iteration's step number (1-based).
-    m = step_lib.host_metrics(info, raw, act, weights if info.do_round else None)
+    m = step_lib.host_metrics(info, raw, act, weights if info.do_round else None,
+                              rnd.adopt if info.do_round else None)
     diagnostics.check_finite(rt, m, at, end, ls.round + 1)
     ls = cost.account_iteration(ls, s.net, m, act)
     losses.append(float(np.dot(s.data.dc_weights, m['loss'])))
@@ -405,8 +431,9 @@ def account(rt: Runtime, ls: cost.LoopState, pending, weights, present):
   # The exchange overlaps the next τ iterations; a run that stops after this round
   # waits for all of it (``at_stop``: the summary's, hfl.cost.stopped).
   tau = int(s.config.sync.get('overlap_steps', 0)) if s.sync.stream is not None else 0
-  ls = cost.account_round(ls, s.net, s.sync.schedule, m, present, len(pending), round_loss, tau)
-  diag = cost.round_diagnostics(ls.round, [act for _, act, _ in pending], present,
+  ls = cost.account_round(ls, s.net, s.sync.schedule, m, rnd.present, len(pending),
+                          round_loss, tau, rnd.waits)
+  diag = cost.round_diagnostics(ls.round, [act for _, act, _ in pending], rnd.present,
                            s.place.workers_per_dc * s.loop.batch_size, weights, m)
   diag['train_loss'] = round_loss  # what the K schedule saw (hfl.sync.schedule)
   return ls._replace(dc_rounds=ls.dc_rounds + (diag,),
@@ -550,8 +577,8 @@ def _train_and_evaluate(config: ml_collections.ConfigDict, workdir: str) -> dict
   rt.mw = metrics_lib.MetricsWriter(workdir, resume_step=ls.step)
   rt.log_at = (time.time(), ls.step, True)
   while not s.loop.stop.finished(ls.step, ls.clock.now, ls.samples):
-    state, pending, weights, present = run_round(rt, state, ls)
-    ls, loss = account(rt, ls, pending, weights, present)
+    state, rnd = run_round(rt, state, ls)
+    ls, loss = account(rt, ls, rnd)
     ls = end_round(rt, state, ls, loss)
   for o in faults.unreached(config.sync.faults, s.place.num_dcs, ls.round):
     logging.warning('sync.faults: DC %d was to be absent in round %s, but the run ended '

@@ -433,9 +433,13 @@ ADDED_SECTIONS = {('compression', 'dgc'): dict(momentum=0.0, clip_norm=0.0, warm
 
 def upgrade_config(old: dict) -> dict:
   """An older run's config.json with the :data:`ADDED_SECTIONS` it lacks filled in
-  (a callable default is called with the older config)."""
+  (a callable default is called with the older config), and every sync strategy's
+  own fields at their defaults (``hfl.sync.strategies``' ``Strategy.hyper``: a run
+  started before a strategy was added did not have them)."""
+  from hfl.sync import strategies  # lazy: jax (the hfl.sync package imports it)
   old = copy.deepcopy(old)
-  for (*parents, leaf), default in ADDED_SECTIONS.items():
+  added = {**ADDED_SECTIONS, **{('sync', f): v for f, v in strategies.hyper_defaults().items()}}
+  for (*parents, leaf), default in added.items():
     sub = old
     for p in parents:
       sub = sub.get(p) if isinstance(sub, dict) else None

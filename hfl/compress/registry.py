@@ -7,7 +7,7 @@ is imported::
                       example={'density': 0.05})
 
 and the package (``hfl/compress/__init__.py``) imports every module of its folder
-(:func:`import_modules`), so a new file in ``hfl/compress/`` with a ``register``
+(:func:`hfl.plugins.import_modules`), so a new file in ``hfl/compress/`` with a ``register``
 call is all a new compressor needs: config validation (:func:`hfl.config.validate`
 through :func:`hfl.compress.policy.check_spec`), :func:`hfl.compress.policy.build`
 and the registry-wide tests (error feedback on every link in
@@ -21,11 +21,10 @@ This is the bottom layer of the package's registry: it imports only
 import it.
 """
 
-import importlib
-import pkgutil
 from typing import Any, Callable, Mapping, NamedTuple, Sequence
 
 from hfl.compress import base
+from hfl.plugins import import_modules  # noqa: F401 (the package imports its modules with it)
 
 
 class Entry(NamedTuple):
@@ -115,24 +114,3 @@ def distinct_names() -> list[str]:
       seen.add(key)
       out.append(name)
   return sorted(out)
-
-
-def import_modules(package: str, path: Sequence[str]) -> list[str]:
-  """Imports every module of a package folder, so their ``register`` calls run.
-
-  Modules whose name starts with ``_`` (and sub-packages) are skipped. An import
-  error propagates: a broken compressor module fails loudly rather than being left
-  out of the registry.
-
-  Args:
-    package: the package's dotted name, e.g. ``'hfl.compress'``.
-    path: the package's ``__path__``.
-
-  Returns:
-    the imported modules' dotted names, sorted.
-  """
-  names = sorted(m.name for m in pkgutil.iter_modules(list(path))
-                 if not m.ispkg and not m.name.startswith('_'))
-  for name in names:
-    importlib.import_module(f'{package}.{name}')
-  return [f'{package}.{name}' for name in names]

@@ -1,9 +1,11 @@
 """Synchronisation strategies across datacenters (FedAvg, DiLoCo, FedNova, semi-sync K_d).
 
 Modules:
+  strategies:  the sync strategies, one module each, registered by name (sync,
+               periodic, semi_sync, adacomm, partial): each round's per-DC plan.
   frequency:   K_d frequency optimisation (closed form + exact search), round time.
-  schedule:    per-round K schedules: sync, periodic, semi_sync (+ progress-aware),
-               adacomm; JSON-serialisable state.
+  schedule:    runs a strategy round after round: JSON-serialisable state, the
+               progress-aware K rule.
   aggregation: inter-DC weights: FedAvg (renormalised over present DCs), FedNova
                (JAX, jit-compatible).
   outer:       outer optimizers on the pseudo-gradient (avg, sgd, DiLoCo nesterov).
@@ -15,15 +17,16 @@ Modules:
 
 How the training loop uses them, per inter-DC round r::
 
-    plan = schedule.plan(state)                  # plan.k_d: int [D]
-    mask = faults_present(r)                     # bool [D]
+    plan = schedule.plan(state)                  # RoundPlan: k_d, takes_part, adopt
+    present, adopt, waits = strategies.round_masks(plan, faults_present(r))
     # run max(plan.k_d) SPMD intra-DC iterations; DC d stops updating after
     # plan.k_d[d] (masked); the clock charges DC d plan.k_d[d] * t_d + C_d.
-    p = fedavg_weights(n_d, mask)                # f32 [D], 0 where absent
+    p = fedavg_weights(n_d, present)             # f32 [D], 0 where not exchanging
     scale = aggregation_scale(cfg.sync.aggregation, p, plan.k_d)
     delta = sum_d scale_d (x_prev - x_d)         # psum over 'dc'
     x_new, outer_state = apply_outer(tx, x_prev, delta, outer_state)
-    # every DC (absent ones too) restarts from x_new
+    # DC d: x_d <- adopt_d x_new + (1 - adopt_d) x_d (a DC that is down restarts
+    # from x_new); the DCs in waits read the slowest exchanging DC's clock
     plan, state = schedule.next_round(state, train_loss_r)
 """
 

@@ -1,27 +1,14 @@
-"""Per-round K schedules of the sync strategies (periodic local SGD, semi-sync, AdaComm).
+"""Runs a sync strategy round after round: the K schedule's state and the progress-aware rule.
 
 A :class:`Schedule` is a NamedTuple of pure functions over a small, JSON-
-serialisable :class:`ScheduleState`, in the style of optax. It decides, for each
-inter-DC round, how many intra-DC iterations ``k_d`` each DC runs.
-
-Strategies (``sync.strategy``):
-
-- ``'sync'``: ``k_d = 1`` for all DCs (synchronous hierarchical PS baseline;
-  ``sync.k`` is ignored and ``K_base`` starts at 1).
-- ``'periodic'``: ``k_d = K_base`` for all DCs, ``K_base`` starting at ``sync.k``.
-- ``'semi_sync'``: ``k_d = optimal_k(t, c, K_base, K_max)``
-  (:mod:`hfl.sync.frequency`): the slowest DC runs ``K_base`` iterations and the
-  faster ones fill the same round time.
-- ``'adacomm'``: AdaComm (Wang & Joshi, "Adaptive Communication Strategies to
-  Achieve the Best Error-Runtime Trade-off in Local-Update SGD", SysML 2019),
-  which *lowers* K as the loss falls::
-
-      tau_l = ceil( sqrt(F(x_l) / F(x_0)) * tau_0 ),   clipped to [1, K_max]
-
-  with ``tau_0 = sync.k``, ``F(x_0)`` the first observed train loss and
-  ``F(x_l)`` the latest one; ``k_d = tau_l`` for all DCs. Simplification: the
-  paper re-evaluates tau every fixed wall-clock interval T_0; here it is
-  re-evaluated after every round. Requires positive losses.
+serialisable :class:`ScheduleState`, in the style of optax. For each inter-DC
+round it returns the strategy's :class:`RoundPlan`: how many intra-DC iterations
+``k_d`` each DC runs, which DCs take part and how much of the new global model
+each adopts. The strategies themselves (``sync.strategy``) are one module each in
+:mod:`hfl.sync.strategies`, registered by name: 'sync' (K = 1), 'periodic'
+(K_base = ``sync.k``), 'semi_sync' (per-DC K_d of equal finish time from the
+network model's times), 'adacomm' (K falling with the loss) and 'partial' (a cyclic
+fraction of the DCs exchanges each round); see each module for its rule and source.
 
 Progress-aware adjustment (``sync.progress_aware``, for 'sync', 'periodic' and
 'semi_sync'; the seed thesis' progress-aware rule): raise K_base as training plateaus.
@@ -79,45 +66,20 @@ Host-side Python/numpy; no JAX.
 import functools
 import json
 import math
-from typing import Callable, NamedTuple, Optional, Sequence
+from typing import Any, Callable, Mapping, NamedTuple, Optional, Sequence
 
 import numpy as np
 
 from hfl import metrics
 from hfl.sync import frequency
+from hfl.sync import strategies
+from hfl.sync.strategies import RoundPlan, ScheduleState  # noqa: F401 (this module's API)
 
-STRATEGIES = ('sync', 'periodic', 'semi_sync', 'adacomm')
+# The registered strategies (hfl.sync.strategies: one module each), built-in ones first.
+STRATEGIES = tuple(strategies.REGISTRY)
 PROGRESS_TESTS = ('endpoints', 'window_means')
 
 _STATE_VERSION = 1
-
-
-class ScheduleState(NamedTuple):
-  """State of a K schedule; plain Python values, JSON-serialisable.
-
-  Attributes:
-    round: number of rounds completed (losses passed to ``next_round``).
-    k_base: current K_base (AdaComm: current tau), int in [1, K_max].
-    history: finite train losses observed since ``k_base`` last changed
-      (progress-aware only; at most ``progress_window + 1``, or ``2 *
-      progress_window`` with ``progress_test='window_means'``, oldest first).
-    loss0: AdaComm's F(x_0), the first finite train loss observed; None before.
-  """
-  round: int
-  k_base: int
-  history: tuple[float, ...]
-  loss0: Optional[float]
-
-
-class RoundPlan(NamedTuple):
-  """What one inter-DC round runs.
-
-  Attributes:
-    k_d: int64 [D], intra-DC iterations of each DC in the round (>= 1).
-    k_base: the K_base the plan was derived from (int).
-  """
-  k_d: np.ndarray
-  k_base: int
 
 
 class Schedule(NamedTuple):
@@ -215,18 +177,19 @@ def make_schedule(strategy: str,
                   progress_factor: float = 2.0,
                   k_min_ratio: float = 0.0,
                   progress_test: str = 'endpoints',
-                  k_max_scope: str = 'every_dc') -> Schedule:
+                  k_max_scope: str = 'every_dc',
+                  hyper: Optional[Mapping[str, Any]] = None) -> Schedule:
   """Builds the K schedule of a sync strategy.
 
   Args:
-    strategy: ``sync.strategy``: 'sync', 'periodic', 'semi_sync' or 'adacomm'.
+    strategy: ``sync.strategy``, a registered strategy (:data:`STRATEGIES`:
+      'sync', 'periodic', 'semi_sync', 'adacomm', 'partial', ...).
     num_dcs: number of DCs D (``mesh.num_dcs``), >= 1.
     k: ``sync.k``: initial K_base (AdaComm: tau_0), >= 1. Ignored by 'sync'.
     k_max: ``sync.k_max``: upper bound of every K_d, >= k (>= 1 for 'sync').
     t: float [D], seconds per intra-DC iteration of each DC; required by
-      'semi_sync', ignored otherwise.
-    c: float [D], seconds of inter-DC communication per round of each DC;
-      required by 'semi_sync', ignored otherwise.
+      strategies that plan with the network model ('semi_sync'), ignored otherwise.
+    c: float [D], seconds of inter-DC communication per round of each DC; as ``t``.
     progress_aware: ``sync.progress_aware``; not allowed with 'adacomm'.
     progress_window: ``sync.progress_window`` (rounds), >= 1.
     progress_threshold: ``sync.progress_threshold``, finite (relative loss
@@ -238,6 +201,8 @@ def make_schedule(strategy: str,
       plateau test, module docstring).
     k_max_scope: ``sync.k_max_scope``, one of :data:`K_MAX_SCOPES`: whether
       ``k_max`` bounds every K_d or only K_base (module docstring; 'semi_sync').
+    hyper: the strategy's own fields (``Strategy.hyper``); absent ones take their
+      defaults.
 
   Returns:
     A :class:`Schedule`.
@@ -247,15 +212,13 @@ def make_schedule(strategy: str,
       ``sync.k``, ``sync.k_max``, ``sync.progress_*``, ``mesh.num_dcs``,
       ``network.*`` for bad/missing t and c).
   """
-  if strategy not in STRATEGIES:
-    raise ValueError(
-        f'sync.strategy must be one of {STRATEGIES}, got {strategy!r}.')
+  strat = strategies.get(strategy)
   num_dcs = _check_num_dcs(num_dcs)
   k0, k_max = frequency.check_k(1 if strategy == 'sync' else k, k_max)
-  t_arr, c_arr = _check_semi_sync(strategy, num_dcs, t, c)
+  t_arr, c_arr = _check_times(strat, num_dcs, t, c)
   progress_aware = bool(progress_aware)
   if progress_aware:
-    _check_progress(strategy, progress_window, progress_threshold, progress_factor)
+    _check_progress(strat, progress_window, progress_threshold, progress_factor)
   if (isinstance(k_min_ratio, bool) or not isinstance(k_min_ratio, (int, float))
       or not 0 <= k_min_ratio <= 1):
     raise ValueError(f'sync.k_min_ratio must be a number in [0, 1] (0: off), got {k_min_ratio!r}.')
@@ -264,9 +227,10 @@ def make_schedule(strategy: str,
   if k_max_scope not in K_MAX_SCOPES:
     raise ValueError(f'sync.k_max_scope must be one of {K_MAX_SCOPES}, got {k_max_scope!r}.')
   k_cap = K_CEILING if strategy == 'semi_sync' and k_max_scope == 'k_base' else k_max
-  p = _Spec(strategy, num_dcs, k0, k_max, t_arr, c_arr, progress_aware,
-            int(progress_window), float(progress_threshold), float(progress_factor),
-            float(k_min_ratio), progress_test, k_cap)
+  p = strategies.Settings(strategy, num_dcs, k0, k_max, t_arr, c_arr, progress_aware,
+                          int(progress_window), float(progress_threshold),
+                          float(progress_factor), float(k_min_ratio), progress_test, k_cap,
+                          {**strat.hyper, **dict(hyper or {})})
   return Schedule(strategy=strategy, init=functools.partial(_init, p),
                   plan=functools.partial(_plan, p),
                   next_round=functools.partial(_next_round, p))
@@ -282,17 +246,18 @@ def _check_num_dcs(num_dcs) -> int:
   return num_dcs
 
 
-def _check_semi_sync(strategy: str, num_dcs: int, t, c):
-  """(t, c) as float arrays [D] for 'semi_sync', (None, None) otherwise.
+def _check_times(strat: strategies.Strategy, num_dcs: int, t, c):
+  """(t, c) as float arrays [D] for a strategy that plans with them ('semi_sync'),
+  (None, None) otherwise.
 
   Raises:
-    ValueError: 'semi_sync' without t or c, or with a length other than D.
+    ValueError: such a strategy without t or c, or with a length other than D.
   """
-  if strategy != 'semi_sync':
+  if not strat.needs_times:
     return None, None
   if t is None or c is None:
     raise ValueError(
-        'sync.strategy="semi_sync" needs per-DC iteration times t and '
+        f'sync.strategy="{strat.name}" needs per-DC iteration times t and '
         'inter-DC times c from the network model (network.*).')
   t_arr, c_arr = frequency.check_times(t, c)
   if t_arr.shape != (num_dcs,):
@@ -302,12 +267,12 @@ def _check_semi_sync(strategy: str, num_dcs: int, t, c):
   return t_arr, c_arr
 
 
-def _check_progress(strategy: str, window, threshold, factor) -> None:
+def _check_progress(strat: strategies.Strategy, window, threshold, factor) -> None:
   """Raises ValueError naming the ``sync.progress_*`` field that is invalid."""
-  if strategy == 'adacomm':
+  if not strat.progress_aware:
     raise ValueError(
-        'sync.progress_aware must be False with sync.strategy="adacomm" '
-        '(AdaComm sets K itself, in the opposite direction).')
+        f'sync.progress_aware must be False with sync.strategy="{strat.name}" '
+        '(it sets K itself by its own rule).')
   if (isinstance(window, bool) or not isinstance(window, (int, np.integer))
       or window < 1):
     raise ValueError(
@@ -318,56 +283,28 @@ def _check_progress(strategy: str, window, threshold, factor) -> None:
     raise ValueError(f'sync.progress_factor must be finite and > 1, got {factor!r}.')
 
 
-class _Spec(NamedTuple):
-  """A schedule's validated settings (see :func:`make_schedule`)."""
-  strategy: str
-  num_dcs: int
-  k0: int
-  k_max: int
-  t: Optional[np.ndarray]  # float [D] seconds, semi_sync only
-  c: Optional[np.ndarray]  # float [D] seconds, semi_sync only
-  progress_aware: bool
-  window: int
-  threshold: float
-  factor: float
-  k_min_ratio: float = 0.0
-  progress_test: str = 'endpoints'
-  k_cap: int = 0  # bound of every K_d: k_max, or K_CEILING with k_max_scope='k_base'
-
-
-def _init(p: _Spec) -> ScheduleState:
+def _init(p: strategies.Settings) -> ScheduleState:
   return ScheduleState(round=0, k_base=p.k0, history=(), loss0=None)
 
 
-def _plan(p: _Spec, state: ScheduleState) -> RoundPlan:
+def _plan(p: strategies.Settings, state: ScheduleState) -> RoundPlan:
   kb = int(state.k_base)
   if not 1 <= kb <= p.k_max:
     raise ValueError(
         f'Schedule state has K_base = {kb} outside [1, sync.k_max = {p.k_max}] '
         '(restored from a run with another sync.k_max?).')
-  if p.strategy == 'semi_sync':
-    k_d = frequency.floor_k(frequency.optimal_k(p.t, p.c, kb, p.k_cap), p.k_min_ratio,
-                            p.k_cap)
-  else:
-    k_d = np.full((p.num_dcs,), kb, dtype=np.int64)
-  return RoundPlan(k_d=k_d, k_base=kb)
+  return strategies.get(p.strategy).plan(p, state)
 
 
-def _next_round(p: _Spec, state: ScheduleState, train_loss: Optional[float]
+def _next_round(p: strategies.Settings, state: ScheduleState, train_loss: Optional[float]
                 ) -> tuple[RoundPlan, ScheduleState]:
   loss = None if train_loss is None else float(train_loss)
   if loss is not None and not math.isfinite(loss):
     loss = None
   kb, history, loss0 = int(state.k_base), tuple(state.history), state.loss0
-  if p.strategy == 'adacomm' and loss is not None:
-    if loss0 is None:
-      if loss <= 0:
-        raise ValueError(
-            'sync.strategy="adacomm" needs a positive train loss for '
-            f'F(x_0), got {loss}.')
-      loss0 = loss
-    tau = math.ceil(math.sqrt(max(loss, 0.0) / loss0) * p.k0 - 1e-9)
-    kb = min(p.k_max, max(1, tau))
+  observe = strategies.get(p.strategy).observe
+  if observe is not None and loss is not None:
+    kb, history, loss0 = observe(p, state, loss)
   elif p.progress_aware and loss is not None:
     kb, history = _progress_step(p, kb, history + (loss,))
   new_state = ScheduleState(round=int(state.round) + 1, k_base=kb,
@@ -375,7 +312,7 @@ def _next_round(p: _Spec, state: ScheduleState, train_loss: Optional[float]
   return _plan(p, new_state), new_state
 
 
-def _progress_step(p: _Spec, kb: int, history: tuple) -> tuple[int, tuple]:
+def _progress_step(p: strategies.Settings, kb: int, history: tuple) -> tuple[int, tuple]:
   """The plateau test on ``history`` (the new loss last): ``(K_base, history)``."""
   need = p.window + 1 if p.progress_test == 'endpoints' else 2 * p.window
   history = history[-need:]
@@ -398,7 +335,8 @@ def from_config(sync_config, num_dcs: int,
 
   Args:
     sync_config: ``config.sync`` (fields strategy, k, k_max, progress_aware,
-      progress_window, progress_threshold, progress_factor).
+      progress_window, progress_threshold, progress_factor, k_min_ratio,
+      progress_test, k_max_scope, and the strategy's own ``hyper`` fields).
     num_dcs: ``config.mesh.num_dcs``.
     t: float [D] seconds per intra-DC iteration (semi_sync).
     c: float [D] seconds of inter-DC communication per round (semi_sync).
@@ -409,6 +347,7 @@ def from_config(sync_config, num_dcs: int,
   Raises:
     ValueError: as :func:`make_schedule`.
   """
+  strat = strategies.get(sync_config.strategy)
   return make_schedule(
       sync_config.strategy, num_dcs, sync_config.k, sync_config.k_max,
       t=t, c=c,
@@ -418,4 +357,5 @@ def from_config(sync_config, num_dcs: int,
       progress_factor=sync_config.progress_factor,
       k_min_ratio=sync_config.get('k_min_ratio', 0.0),
       progress_test=sync_config.get('progress_test', 'endpoints'),
-      k_max_scope=sync_config.get('k_max_scope', 'every_dc'))
+      k_max_scope=sync_config.get('k_max_scope', 'every_dc'),
+      hyper={f: sync_config.get(f, v) for f, v in strat.hyper.items()})
