@@ -71,7 +71,7 @@ def get_config(arg: str | None = None) -> ml_collections.ConfigDict:
   c.train.log_every = 50             # steps between progress lines
 
   c.sync = ml_collections.ConfigDict()
-  c.sync.strategy = 'periodic'       # sync | periodic | semi_sync | adacomm | partial
+  c.sync.strategy = 'periodic'       # sync | periodic | semi_sync | adacomm | partial (hfl.sync.strategies)
   c.sync.k = 4                       # intra-DC iterations per inter-DC round (K; K_base for semi_sync)
   c.sync.k_max = 64                  # upper bound for any K_d
   c.sync.aggregation = 'fedavg'      # fedavg | fednova | samples (by samples processed)

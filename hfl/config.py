@@ -350,8 +350,8 @@ def validate_control_variates(config: ml_collections.ConfigDict) -> None:
     raise ValueError(
         "sync.control_variates='scaffold' has no effect with sync.strategy='sync': K = 1 "
         'takes every gradient at the global model, so there is no client drift for '
-        "SCAFFOLD's control variates to correct; use it with 'periodic', 'semi_sync' or "
-        "'adacomm', or set sync.control_variates='none'")
+        "SCAFFOLD's control variates to correct; use it with a strategy of K > 1 "
+        "('periodic', 'semi_sync', 'adacomm'), or set sync.control_variates='none'")
 
 
 def validate_streaming(config: ml_collections.ConfigDict) -> None:

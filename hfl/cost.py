@@ -267,27 +267,29 @@ def add_samples(total: int | None, round_samples) -> int | None:
   return None if total is None else total + sum(int(x) for x in round_samples)
 
 
-def round_diagnostics(rnd: int, actives, present, batch: int, weights, m) -> dict:
+def round_diagnostics(rnd: int, actives, kept, batch: int, weights, m) -> dict:
   """One round's per-DC diagnostics (the ``dc_rounds`` entries of metrics.jsonl).
 
   Args:
     rnd: the round's number (1-based).
     actives: bool [D] per iteration of the round (the DCs that ran it).
-    present: bool [D], the DCs that took part (hfl.sync.faults).
+    kept: bool [D], the DCs whose round's work is kept: all but those down by
+      ``sync.faults`` (hfl.sync.faults; a DC that sits out a partial strategy's
+      exchange kept training, hfl.sync.strategies).
     batch: samples per DC per iteration (workers_per_dc x batch_size).
     weights: float [D], the round's aggregation scales s_d (hfl.sync.aggregation).
     m: :func:`hfl.step.host_metrics` of the round's last iteration.
 
   Returns:
-    ``{'round', 'samples': [D] ints (K_d x W x B; 0 for an absent DC, whose work
-    is discarded), 'weight': [D] s_d, 'update_l2': [D] ||x_d - x_ref||_2 at
+    ``{'round', 'samples': [D] ints (K_d x W x B; 0 for a DC down by
+    ``sync.faults``, whose work is discarded), 'weight': [D] s_d, 'update_l2': [D] ||x_d - x_ref||_2 at
     the round's end (its pseudo-gradient; x_ref = x_global unless the round's update
     goes through a lossy downlink, hfl.step.round_reference), 'drift_l2': [D] ||x_d - x_global'||_2
     from the new global model (float32 norms), 'contribution': [D]
     s_d ||Delta_d|| / sum_e s_e ||Delta_e|| (each DC's share of the weighted
     update norms; 0s when all are 0)}``.
   """
-  steps = np.sum(np.asarray(actives, bool), axis=0) * np.asarray(present, bool)
+  steps = np.sum(np.asarray(actives, bool), axis=0) * np.asarray(kept, bool)
   w = np.asarray(weights, np.float64)
   upd = np.asarray(m['update_l2'], np.float64)
   share = w * upd

@@ -348,8 +348,8 @@ class Round(NamedTuple):
   Attributes:
     pending: (device metrics, active bool [D], ProgramInfo) per iteration.
     weights: float32 [D], the aggregation scales (0: not exchanging).
-    present: bool [D], the DCs that exchanged (up, by ``sync.faults``, and taking
-      part by the plan).
+    up: bool [D], the DCs not down by ``sync.faults`` (their round's work is kept).
+    present: bool [D], the DCs that exchanged (up and taking part by the plan).
     adopt: float32 [D], each DC's adoption of the new global model (1 for a DC out
       by ``sync.faults``: its work is discarded).
     waits: bool [D], the DCs that wait for the round's result (:func:`hfl.network.advance_round`).
@@ -357,6 +357,7 @@ class Round(NamedTuple):
   """
   pending: list
   weights: np.ndarray
+  up: np.ndarray
   present: np.ndarray
   adopt: np.ndarray
   waits: np.ndarray
@@ -403,7 +404,7 @@ def run_round(rt: Runtime, state, ls: cost.LoopState):
     state = rt.programs.jitted['discard_absent'](state, start, rt.put(up))
   rt.window.drain()  # every step timed before the round's metrics are gathered
   weights = weights[0] if s.sync.partial else weights
-  return state, Round(pending, weights, present, adopt, waits)
+  return state, Round(pending, weights, up, present, adopt, waits)
 
 
 def account(rt: Runtime, ls: cost.LoopState, rnd: Round):
@@ -433,7 +434,7 @@ def account(rt: Runtime, ls: cost.LoopState, rnd: Round):
   tau = int(s.config.sync.get('overlap_steps', 0)) if s.sync.stream is not None else 0
   ls = cost.account_round(ls, s.net, s.sync.schedule, m, rnd.present, len(pending),
                           round_loss, tau, rnd.waits)
-  diag = cost.round_diagnostics(ls.round, [act for _, act, _ in pending], rnd.present,
+  diag = cost.round_diagnostics(ls.round, [act for _, act, _ in pending], rnd.up,
                            s.place.workers_per_dc * s.loop.batch_size, weights, m)
   diag['train_loss'] = round_loss  # what the K schedule saw (hfl.sync.schedule)
   return ls._replace(dc_rounds=ls.dc_rounds + (diag,),

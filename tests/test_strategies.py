@@ -196,6 +196,7 @@ def test_the_step_adopts_the_global_model_per_dc():
 @pytest.mark.slow
 def test_partial_runs_end_to_end(fake_data, tmp_path):
   """'partial' with every DC taking part is 'periodic' (same accuracy, bytes, clock);
+  with half of them, every DC's training still counts in ``samples``;
   with half of 4 DCs taking part, each round's all-to-all WAN exchange has 2 x 1
   payloads instead of 4 x 3 (identity WAN: 1/6 of the bytes, closed form), and the
   DCs of equal speed never wait."""
@@ -211,6 +212,8 @@ def test_partial_runs_end_to_end(fake_data, tmp_path):
   for key in ('final_test_accuracy', 'bytes', 'sim_time_s', 'idle_s', 'eval_history'):
     assert full[key] == periodic[key], key
   assert half['bytes']['inter_dc'] * 6 == periodic['bytes']['inter_dc']
+  # A DC that sits out keeps training: its samples count (8 iterations x 4 DCs x 2 x 8).
+  assert half['samples'] == periodic['samples'] == 8 * 4 * 2 * 8
   assert half['inter_dc_rounds'] == periodic['inter_dc_rounds'] == 4
   assert half['idle_s'] == [0.0] * 4 and half['final_test_accuracy'] != periodic[
       'final_test_accuracy']

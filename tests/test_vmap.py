@@ -46,7 +46,7 @@ def _registered(name):
 
 def _pair(comp_up=None, comp_wan=None, comp_down=None, optimizer=None, outer=None,
           shard_state=False, dgc_momentum=0.0, broadcast='downlink', stream=None,
-          prox_mu=0.0):
+          prox_mu=0.0, adoption=False):
   """(mesh step, its mesh, its state; vmap step, its 1 x 1 mesh, its state): the same
   initial state placed for each path."""
   net = models.get_model('mlp', 10)
@@ -68,7 +68,7 @@ def _pair(comp_up=None, comp_wan=None, comp_down=None, optimizer=None, outer=Non
     placed = jax.device_put(state, step_lib.state_shardings(mesh, state))
     fn = step_lib.make_step(apply_fn, optimizer, outer, comps, mesh, placed,
                             dgc.Options(momentum=dgc_momentum), prox_mu=prox_mu,
-                            stream=stream, mode=mode, shape=(D, W))
+                            stream=stream, mode=mode, shape=(D, W), adoption=adoption)
     out.append((fn, mesh, placed))
   return out
 
@@ -77,12 +77,14 @@ def _run(fn, mesh, state, xs, ys, actives, weights, rounds):
   """Runs the iterations; returns the state and every iteration's host metrics."""
   ms = []
   for t in range(len(xs)):
-    w = np.asarray(weights[t] if np.ndim(weights) == 2 else weights, np.float32)
+    w = np.asarray(weights[t] if np.ndim(weights) >= 2 and len(weights) == len(xs)
+                   else weights, np.float32)
     state, m = fn(state, (put(mesh, xs[t], 'dc', 'worker'), put(mesh, ys[t], 'dc', 'worker')),
                   put(mesh, np.asarray(actives[t]), 'dc'), put(mesh, w), rounds[t])
     key = step_lib.program_key(rounds[t])
+    agg, adopt = (w[0], w[1]) if w.ndim == 2 else (w, None)
     ms.append(step_lib.host_metrics(fn.info[key], np.asarray(m),
-                                    np.asarray(actives[t]) > 0, w))
+                                    np.asarray(actives[t]) > 0, agg, adopt))
   return state, ms
 
 
@@ -165,6 +167,14 @@ def test_lr_scaled_dcs_and_an_absent_dc():
   actives = [np.array([1.0, 0.5], np.float32), np.array([1.0, 0.0], np.float32)] * 2
   weights = [[0.5, 0.5], [1.0, 0.0]] * 2
   _compare(_pair(), 4, actives=actives, weights=weights)
+
+
+def test_partial_participation_adoption():
+  """A partial strategy's rounds (hfl.sync.strategies): DC 1 sits out and keeps its own
+  model in the first round, DC 0 in the second."""
+  weights = [np.zeros((2, 2)), [[1.0, 0.0], [1.0, 0.0]],
+             np.zeros((2, 2)), [[0.0, 1.0], [0.0, 1.0]]]
+  _compare(_pair(broadcast='gather', adoption=True), 4, weights=weights)
 
 
 def test_lossy_downlink_broadcast_correction():

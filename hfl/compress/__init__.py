@@ -3,7 +3,7 @@
 Re-exports the public API of the submodules; see each module for the algorithms.
 
 Importing the package imports every module of this folder
-(:func:`hfl.compress.registry.import_modules`), so each compressor module's
+(:func:`hfl.plugins.import_modules`), so each compressor module's
 ``register(...)`` call has run before anything reads the registry: a new
 compressor is one new file here (see :mod:`hfl.compress.registry`).
 """

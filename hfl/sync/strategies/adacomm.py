@@ -38,5 +38,4 @@ def observe(settings: registry.Settings, state: registry.ScheduleState, loss: fl
 
 
 STRATEGY = registry.register(registry.Strategy(
-    name='adacomm', plan=plan, observe=observe, progress_aware=False,
-    doc='K = ceil(sqrt(F(x_l) / F(x_0)) K_0), falling with the loss (Wang & Joshi, SysML 2019)'))
+    name='adacomm', plan=plan, observe=observe, progress_aware=False))

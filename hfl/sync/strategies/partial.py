@@ -16,7 +16,8 @@ compute is not left unused.
 ``sync.participation`` = 1 is 'periodic' exactly. Refused with FedNova (its τ_d would
 be the steps since the DC last adopted, which the round weights do not track), with
 SCAFFOLD and with a compressed broadcast through the downlink (both assume every DC
-adopts the new global model), and with Streaming DiLoCo (which is 'periodic's).
+adopts the new global model), here in :func:`check`; Streaming DiLoCo is refused for
+every strategy but 'periodic' by ``hfl.config.validate_streaming``.
 """
 
 import math
@@ -68,6 +69,4 @@ def check(config) -> None:
 
 
 STRATEGY = registry.register(registry.Strategy(
-    name='partial', plan=plan, check=check, hyper={'participation': 1.0}, partial=True,
-    doc='a cyclic fraction of the DCs exchanges and adopts each round, the others keep '
-        'training (cyclic participation, Cho et al. ICML 2023)'))
+    name='partial', plan=plan, check=check, hyper={'participation': 1.0}, partial=True))

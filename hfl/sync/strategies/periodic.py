@@ -16,5 +16,4 @@ def plan(settings: registry.Settings, state: registry.ScheduleState) -> registry
 
 
 STRATEGY = registry.register(registry.Strategy(
-    name='periodic', plan=plan,
-    doc='every DC K local steps, then one exchange (FedAvg / local SGD / DiLoCo)'))
+    name='periodic', plan=plan))

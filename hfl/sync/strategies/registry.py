@@ -124,8 +124,9 @@ class Strategy(NamedTuple):
     partial: plans may set ``takes_part`` or ``adopt`` (the step is then built to
       mix each DC's model with the global one, :func:`hfl.step.make_step`'s
       ``adoption``).
-    doc: one line for listings (``--helpfull``, docs/architecture.md), with the
-      algorithm's source.
+
+  The module that registers a strategy says in its docstring what it does and cites
+  its source (paper, equation).
   """
   name: str
   plan: Callable[[Settings, ScheduleState], RoundPlan]
@@ -135,7 +136,6 @@ class Strategy(NamedTuple):
   needs_times: bool = False
   progress_aware: bool = True
   partial: bool = False
-  doc: str = ''
 
 
 REGISTRY: dict[str, Strategy] = {}

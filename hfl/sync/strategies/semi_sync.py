@@ -22,5 +22,4 @@ def plan(settings: registry.Settings, state: registry.ScheduleState) -> registry
 
 
 STRATEGY = registry.register(registry.Strategy(
-    name='semi_sync', plan=plan, needs_times=True,
-    doc='per-DC K_d filling the slowest DC\'s round time (heterogeneity-aware semi-sync)'))
+    name='semi_sync', plan=plan, needs_times=True))

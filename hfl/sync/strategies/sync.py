@@ -15,4 +15,4 @@ def plan(settings: registry.Settings, state: registry.ScheduleState) -> registry
 
 
 STRATEGY = registry.register(registry.Strategy(
-    name='sync', plan=plan, doc='K = 1: exchange after every iteration (synchronous HPS)'))
+    name='sync', plan=plan))
