@@ -360,7 +360,7 @@ def wan_summary(s, ls: LoopState) -> dict:
                           ('_without_latency', 0.0)):
       b = network.wan_bandwidth_for_utilisation(
           wan['peak_dc_bits'], ls.step / ls.round, t, t,
-          int(s.config.sync.get('overlap_steps', 0)), latency)
+          s.sync.stream.overlap_steps if s.sync.stream is not None else 0, latency)
       need[name] = b / 1e6 if np.isfinite(b) else None
   return dict(exposed_wan_s=wan['exposed_s'], compute_s=compute,
               compute_utilisation=compute / now if now > 0 else None,

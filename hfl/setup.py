@@ -36,6 +36,7 @@ from hfl.compress import dgc
 from hfl.compress import policy
 from hfl.sync import faults, outer as outer_lib, schedule as schedule_lib, strategies
 from hfl.sync import scaffold as scaffold_lib
+from hfl.sync import scaffold as scaffold_lib
 from hfl.sync import streaming
 
 
@@ -106,6 +107,7 @@ class Compression(NamedTuple):
   comps: step_lib.Compressors
   warmup: Warmup
   dgc: dgc.Options
+  broadcast: str = 'gather'  # how the round's update reaches the workers (:func:`broadcast`)
 
 
 class Sync(NamedTuple):
@@ -115,6 +117,8 @@ class Sync(NamedTuple):
   stream: Any = None  # hfl.sync.streaming.Spec (Streaming DiLoCo), or None
   # plans may leave DCs out of the exchange or the adoption (hfl.sync.strategies)
   partial: bool = False
+  scaffold: Any = None  # hfl.sync.scaffold.Spec (SCAFFOLD's control variates), or None
+  faults: str = ''      # sync.faults, the outages' spec (for messages)
 
 
 @dataclasses.dataclass(frozen=True)
@@ -300,11 +304,13 @@ def setup(config: ml_collections.ConfigDict) -> Setup:
                optim=Optimizers(optimizer=optimizer, outer=outer,
                                 shard_state=shard_state(config)),
                compress=Compression(comps=comps, warmup=make_warmup(config, params_shape),
-                                    dgc=dgc_options(config)),
+                                    dgc=dgc_options(config), broadcast=broadcast(config)),
                net=net,
                sync=Sync(schedule=schedule, present_fn=present_fn,
                          stream=streaming.spec_from_config(config.sync, params_shape),
-                         partial=strategies.get(config.sync.strategy).partial))
+                         partial=strategies.get(config.sync.strategy).partial,
+                         scaffold=scaffold_lib.spec_from_config(config, sizes / sizes.sum()),
+                         faults=config.sync.faults))
 
 
 def planned_times(config, net: network.NetworkModel, comps, params_shape

@@ -44,9 +44,7 @@ from hfl import tasks
 from hfl import workdir as workdir_lib
 from hfl.compress import policy
 from hfl.sync import aggregation, faults
-from hfl.sync import scaffold as scaffold_lib
 from hfl.sync import strategies
-from hfl.sync import streaming
 
 
 # ------------------------------------------------------------------------------
@@ -211,8 +209,8 @@ def _init_fn(s: setup_lib.Setup) -> Callable:
                                jax.random.fold_in(key, 1),
                                dgc_momentum=s.compress.dgc.momentum > 0,
                                shard_state=s.optim.shard_state, stream=s.sync.stream,
-                               broadcast=setup_lib.broadcast(s.config),
-                               scaffold=scaffold_lib.enabled(s.config.sync))
+                               broadcast=s.compress.broadcast,
+                               scaffold=s.sync.scaffold is not None)
   return init
 
 
@@ -229,9 +227,7 @@ def make_runtime(s: setup_lib.Setup, workdir: str, wall0: float) -> Runtime:
                                           prox_mu=s.loop.prox_mu, stream=s.sync.stream,
                                           mode=s.place.mode,
                                           shape=(s.place.num_dcs, s.place.workers_per_dc),
-                                          scaffold=scaffold_lib.spec_from_config(
-                                              s.config, s.data.dc_weights),
-                                          adoption=s.sync.partial)
+                                          scaffold=s.sync.scaffold, adoption=s.sync.partial)
   step_fns = {None: make(s.compress.comps)}
   evaluate = make_eval(s.model, s.place.mesh, s.data.dataset.test_images,
                        s.data.dataset.test_labels, s.loop.eval_batch_size)
@@ -291,7 +287,7 @@ def restore_or_init(rt: Runtime):
     workdir_lib.check_resumed_samples(rt.s.loop.stop, ls,
                                       old.get('train', {}).get('sample_budget', 0), rt.workdir)
   if not rt.s.loop.stop.finished(ls.step, ls.clock.now, ls.samples):
-    workdir_lib.check_fault_rounds(rt.s.config.sync.faults, host, rt.workdir)
+    workdir_lib.check_fault_rounds(rt.s.sync.faults, host, rt.workdir)
   return state, ls, True
 
 
@@ -377,7 +373,7 @@ def run_round(rt: Runtime, state, ls: cost.LoopState):
   s, plan = rt.s, ls.plan
   kmax = int(np.max(plan.k_d))
   if s.sync.stream is not None:  # one fragment's sync event every K / P iterations
-    kmax = int(s.config.sync.k) // len(s.sync.stream.fragments)
+    kmax = s.sync.stream.k // len(s.sync.stream.fragments)
   up = s.sync.present_fn(ls.round + 1)  # this round's number (hfl.sync.faults)
   present, adopt, waits = strategies.round_masks(plan, up)
   start = None if np.all(up) else rt.programs.jitted['round_start'](state)
@@ -393,9 +389,7 @@ def run_round(rt: Runtime, state, ls: cost.LoopState):
       weights = _round_weights(s, plan, it, active, present)
       if s.sync.partial:  # the step's round argument: weights and adoption (hfl.step)
         weights = np.stack([weights, adopt])
-    key = (streaming.event_at(ls.step + it + 1, int(s.config.sync.k),
-                              len(s.sync.stream.fragments), int(s.config.sync.overlap_steps))
-           if s.sync.stream is not None else do_round)
+    key = s.sync.stream.event(ls.step + it + 1) if s.sync.stream is not None else do_round
     state, m, info = _run_iteration(rt, state, ls.step + it, active, weights, key, lr_scale)
     pending.append((m, active, info))
     if do_round:
@@ -431,7 +425,7 @@ def account(rt: Runtime, ls: cost.LoopState, rnd: Round):
   round_loss = sum(losses) / len(losses)
   # The exchange overlaps the next τ iterations; a run that stops after this round
   # waits for all of it (``at_stop``: the summary's, hfl.cost.stopped).
-  tau = int(s.config.sync.get('overlap_steps', 0)) if s.sync.stream is not None else 0
+  tau = s.sync.stream.overlap_steps if s.sync.stream is not None else 0
   ls = cost.account_round(ls, s.net, s.sync.schedule, m, rnd.present, len(pending),
                           round_loss, tau, rnd.waits)
   diag = cost.round_diagnostics(ls.round, [act for _, act, _ in pending], rnd.up,
@@ -581,7 +575,7 @@ def _train_and_evaluate(config: ml_collections.ConfigDict, workdir: str) -> dict
     state, rnd = run_round(rt, state, ls)
     ls, loss = account(rt, ls, rnd)
     ls = end_round(rt, state, ls, loss)
-  for o in faults.unreached(config.sync.faults, s.place.num_dcs, ls.round):
+  for o in faults.unreached(s.sync.faults, s.place.num_dcs, ls.round):
     logging.warning('sync.faults: DC %d was to be absent in round %s, but the run ended '
                     'after %d rounds (rounds 1-%d): that outage did not (fully) happen.',
                     o.dc, o.first if o.first == o.last else f'{o.first}-{o.last}',

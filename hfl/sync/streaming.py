@@ -69,10 +69,18 @@ class Spec(NamedTuple):
     fragments: tuple of P tuples of leaf indices (``jax.tree.leaves`` order).
     alpha: mixing factor α in [0, 1] (0: replace the local fragment).
     eager: apply the DC's own outer step at the sync iteration (needs τ >= 1).
+    k: ``sync.k``, iterations between two syncs of the same fragment.
+    overlap_steps: τ, iterations between a fragment's sync and its merge.
   """
   fragments: tuple
   alpha: float = 0.0
   eager: bool = False
+  k: int = 0
+  overlap_steps: int = 0
+
+  def event(self, s: int) -> 'Event':
+    """The :class:`Event` at the end of iteration ``s`` (1-based; :func:`event_at`)."""
+    return event_at(s, self.k, len(self.fragments), self.overlap_steps)
 
 
 def check(k: int, num_fragments: int, overlap_steps: int, alpha: float,
@@ -115,7 +123,7 @@ def spec_from_config(sync, params) -> Spec | None:
   if not enabled(sync):
     return None
   return Spec(partition(params, int(sync.fragments)), float(sync.mixing_alpha),
-              bool(sync.eager))
+              bool(sync.eager), int(sync.k), int(sync.get('overlap_steps', 0)))
 
 
 def sync_fragment(s: int, k: int, num_fragments: int) -> int:
