@@ -58,8 +58,55 @@ class AtStop(NamedTuple):
   exposed_s: float
 
 
+class Evaluations(NamedTuple):
+  """The run's evaluations so far (part of :class:`LoopState`).
+
+  Attributes:
+    best_test_accuracy, best_test_loss: best evaluations so far (None: none yet).
+    time_to_target_s, rounds_to_target: where the headline metric first reached
+      its target (:func:`hfl.metrics.crossing`), None until it has.
+    last_eval: the last evaluation's headline metric, ``sim_time_s`` and ``round``.
+  """
+  best_test_accuracy: float | None = None
+  best_test_loss: float | None = None
+  time_to_target_s: float | None = None
+  rounds_to_target: float | None = None
+  last_eval: Mapping[str, Any] | None = None
+
+
+class SinceEval(NamedTuple):
+  """The rounds since the last evaluation (part of :class:`LoopState`; the next
+  evaluation record reports them and starts a new window).
+
+  Attributes:
+    round_loss: mean train loss of each round.
+    dc_rounds: per-DC diagnostics of each round (:func:`round_diagnostics`).
+  """
+  round_loss: tuple[float, ...] = ()
+  dc_rounds: tuple[dict, ...] = ()
+
+
+class RunRecord(NamedTuple):
+  """Where and how the run trained (part of :class:`LoopState`).
+
+  Attributes:
+    wall_time_s: wall-clock seconds spent by earlier sessions of the run.
+    resumed_changes: each resumption with a changed config,
+      ``{'at_iteration': int, 'changes': ['train.num_steps: 10 -> 20', ...]}``
+      (:func:`hfl.workdir.check_workdir_config`): the summary's
+      ``changed_on_resume``; such a run's results may differ from a fresh run of its
+      final config.
+    provenance: one :func:`hfl.provenance.collect` entry per start of the run that
+      trained (fresh or resumed), oldest first: the summary's ``provenance``.
+  """
+  wall_time_s: float = 0.0
+  resumed_changes: tuple[dict, ...] = ()
+  provenance: tuple[dict, ...] = ()
+
+
 class LoopState(NamedTuple):
-  """What the host loop carries from round to round (checkpointed as JSON).
+  """What the host loop carries from round to round (checkpointed as JSON,
+  :func:`to_host`, whose flat layout the sub-records do not change).
 
   Attributes:
     step: intra-DC iterations done.
@@ -68,33 +115,22 @@ class LoopState(NamedTuple):
     bits: exact bit totals per link of :data:`LINKS` (Python ints).
     schedule: the K schedule's state.
     plan: the plan of the next round (``schedule.plan(schedule)`` when restored).
-    best_test_accuracy, best_test_loss: best evaluations so far (None: none yet).
-    time_to_target_s, rounds_to_target: where the headline metric first reached
-      its target (:func:`hfl.metrics.crossing`), None until it has.
-    last_eval: the last evaluation's headline metric, ``sim_time_s`` and ``round``.
-    round_loss: mean train loss of each round since the last evaluation.
-    dc_rounds: per-DC diagnostics of each round since the last evaluation
-      (:func:`round_diagnostics`).
-    wall_time_s: wall-clock seconds spent by earlier sessions of the run.
+    samples: training samples processed so far, summed over the DCs and rounds
+      (each round's ``dc_rounds[*].samples``, :func:`round_diagnostics`: K_d x W x B
+      per DC not down by ``sync.faults``); what ``train.sample_budget`` stops. None:
+      unknown (a checkpoint written before it existed whose metrics.jsonl cannot give
+      it, :func:`hfl.workdir.samples_from_log`).
     wan: the WAN exposure and peaks so far (:func:`account_wan`); None before
       the first round (and in checkpoints written before it existed: a run
       resumed from one counts them from the resumption on).
-    resumed_changes: each resumption with a changed config,
-      ``{'at_iteration': int, 'changes': ['train.num_steps: 10 -> 20', ...]}``
-      (:func:`hfl.workdir.check_workdir_config`): the summary's
-      ``changed_on_resume``; such a run's results may differ from a fresh run of its final config.
     at_stop: the accounting of the run if it stops after the last round
       (:class:`AtStop`; None: the loop state's own, nothing in flight). Only the
       summary reads it (:func:`stopped`), so a run extended past its old end goes on
       from the same clock as a fresh run (checkpoints written before it existed
       hold the old end's transfer charged in full).
-    provenance: one :func:`hfl.provenance.collect` entry per start of the run that
-      trained (fresh or resumed), oldest first: the summary's ``provenance``.
-    samples: training samples processed so far, summed over the DCs and rounds
-      (each round's ``dc_rounds[*].samples``, :func:`round_diagnostics`: K_d x W x B
-      per present DC); what ``train.sample_budget`` stops. None: unknown (a
-      checkpoint written before it existed whose metrics.jsonl cannot give it,
-      :func:`hfl.workdir.samples_from_log`).
+    evals: :class:`Evaluations`.
+    since_eval: :class:`SinceEval`.
+    run: :class:`RunRecord`.
   """
   step: int
   round: int
@@ -102,19 +138,12 @@ class LoopState(NamedTuple):
   bits: Mapping[str, int]
   schedule: schedule_lib.ScheduleState
   plan: schedule_lib.RoundPlan
-  best_test_accuracy: float | None = None
-  best_test_loss: float | None = None
-  time_to_target_s: float | None = None
-  rounds_to_target: float | None = None
-  last_eval: Mapping[str, Any] | None = None
-  round_loss: tuple[float, ...] = ()
-  wall_time_s: float = 0.0
-  dc_rounds: tuple[dict, ...] = ()
-  wan: Mapping[str, Any] | None = None
-  resumed_changes: tuple[dict, ...] = ()
-  at_stop: AtStop | None = None
-  provenance: tuple[dict, ...] = ()
   samples: int | None = 0
+  wan: Mapping[str, Any] | None = None
+  at_stop: AtStop | None = None
+  evals: Evaluations = Evaluations()
+  since_eval: SinceEval = SinceEval()
+  run: RunRecord = RunRecord()
 
 
 def new_loop_state(schedule: schedule_lib.Schedule, num_dcs: int) -> LoopState:
@@ -131,15 +160,14 @@ def to_host(ls: LoopState, wall_time_s: float) -> dict:
               clock_s=ls.clock.time_s.tolist(), idle_s=ls.clock.idle_s.tolist(),
               bytes=byte_totals(ls.bits), bits=dict(ls.bits),
               schedule=schedule_lib.state_to_json(ls.schedule),
-              best_test_accuracy=ls.best_test_accuracy, best_test_loss=ls.best_test_loss,
-              time_to_target_s=ls.time_to_target_s, rounds_to_target=ls.rounds_to_target,
-              wall_time_s=wall_time_s, last_eval=ls.last_eval, round_loss=list(ls.round_loss),
-              dc_rounds=list(ls.dc_rounds), wan=ls.wan,
-              resumed_changes=list(ls.resumed_changes),
+              **ls.evals._asdict(), wall_time_s=wall_time_s,
+              round_loss=list(ls.since_eval.round_loss),
+              dc_rounds=list(ls.since_eval.dc_rounds), wan=ls.wan,
+              resumed_changes=list(ls.run.resumed_changes),
               at_stop=None if ls.at_stop is None else dict(
                   clock_s=ls.at_stop.clock.time_s.tolist(),
                   idle_s=ls.at_stop.clock.idle_s.tolist(), exposed_s=ls.at_stop.exposed_s),
-              provenance=list(ls.provenance), samples=ls.samples)
+              provenance=list(ls.run.provenance), samples=ls.samples)
 
 
 def from_host(host: Mapping[str, Any], schedule: schedule_lib.Schedule) -> LoopState:
@@ -153,13 +181,17 @@ def from_host(host: Mapping[str, Any], schedule: schedule_lib.Schedule) -> LoopS
       step=int(host['step']), round=int(host['round']),
       clock=network.Clock(np.asarray(host['clock_s']), np.asarray(host['idle_s'])),
       bits=bits, schedule=sched, plan=schedule.plan(sched),
-      best_test_accuracy=host['best_test_accuracy'], best_test_loss=host.get('best_test_loss'),
-      time_to_target_s=host['time_to_target_s'], rounds_to_target=host['rounds_to_target'],
-      last_eval=host['last_eval'], round_loss=tuple(host['round_loss']),
-      wall_time_s=float(host['wall_time_s']), dc_rounds=tuple(host.get('dc_rounds', ())),
-      wan=host.get('wan'), resumed_changes=tuple(host.get('resumed_changes', ())),
-      at_stop=_at_stop(host.get('at_stop')), provenance=tuple(host.get('provenance', ())),
-      samples=None if host.get('samples') is None else int(host['samples']))
+      samples=None if host.get('samples') is None else int(host['samples']),
+      wan=host.get('wan'), at_stop=_at_stop(host.get('at_stop')),
+      evals=Evaluations(
+          best_test_accuracy=host['best_test_accuracy'],
+          best_test_loss=host.get('best_test_loss'), time_to_target_s=host['time_to_target_s'],
+          rounds_to_target=host['rounds_to_target'], last_eval=host['last_eval']),
+      since_eval=SinceEval(round_loss=tuple(host['round_loss']),
+                           dc_rounds=tuple(host.get('dc_rounds', ()))),
+      run=RunRecord(wall_time_s=float(host['wall_time_s']),
+                    resumed_changes=tuple(host.get('resumed_changes', ())),
+                    provenance=tuple(host.get('provenance', ()))))
 
 
 def _at_stop(host: Mapping[str, Any] | None) -> AtStop | None:
@@ -235,7 +267,8 @@ def account_round(ls: LoopState, net: network.NetworkModel, schedule: schedule_l
                     exposed_s=account_wan(ls.wan, wan_bits, present, comm)['exposed_s']))
   plan, sched = schedule.next_round(ls.schedule, train_loss)
   return ls._replace(step=ls.step + steps, round=ls.round + 1, bits=bits, clock=clock,
-                     schedule=sched, plan=plan, round_loss=ls.round_loss + (train_loss,),
+                     schedule=sched, plan=plan, since_eval=ls.since_eval._replace(
+                         round_loss=ls.since_eval.round_loss + (train_loss,)),
                      wan=account_wan(ls.wan, wan_bits, present,
                                      network.exposed_comm_time(comm, overlap)),
                      at_stop=at_stop)
@@ -319,7 +352,7 @@ def summary(s, ls: LoopState, records, wall_time_s: float, step_wall: dict) -> d
   # stamped, as every round's, with the clock the run goes on with).
   ls = stopped(ls)
   return dict(
-      **tasks.summary_fields(s.task, final, ls._asdict()),
+      **tasks.summary_fields(s.task, final, ls.evals._asdict()),
       inter_dc_rounds=ls.round, intra_dc_iterations=ls.step, samples=ls.samples,
       bytes=byte_totals(ls.bits),
       sim_time_s=ls.clock.now, idle_s=[float(x) for x in ls.clock.idle_s],
@@ -327,8 +360,9 @@ def summary(s, ls: LoopState, records, wall_time_s: float, step_wall: dict) -> d
       step_wall_s=wall_stats(step_wall),
       stop=s.loop.stop.to_json(), eval_history=eval_history(records),
       **wan_summary(s, ls), config=json.loads(s.config.to_json()),
-      **({'changed_on_resume': list(ls.resumed_changes)} if ls.resumed_changes else {}),
-      provenance=list(ls.provenance))
+      **({'changed_on_resume': list(ls.run.resumed_changes)} if ls.run.resumed_changes
+         else {}),
+      provenance=list(ls.run.provenance))
 
 
 def wan_summary(s, ls: LoopState) -> dict:

@@ -91,5 +91,5 @@ def log_progress(rt, ls: cost.LoopState, at: int, loss: float) -> None:
   logging.info(
       'step %d/%s round %d K=%s loss %.4f %s sim %.1fs bytes intra_up %s intra_down %s '
       'inter_dc %s | %.1f steps/s ETA %s', at, total, ls.round, k_text(ls.plan), loss,
-      tasks.progress(rt.s.task, ls.last_eval), ls.clock.now, fmt('intra_up'),
+      tasks.progress(rt.s.task, ls.evals.last_eval), ls.clock.now, fmt('intra_up'),
       fmt('intra_down'), fmt('inter_dc'), rate, eta)

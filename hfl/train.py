@@ -56,11 +56,13 @@ def eval_record(ls: cost.LoopState, task: tasks.Task, accuracy: float, loss: flo
   """The metrics.jsonl record of an evaluation of the global model at ``ls``."""
   return dict(step=ls.step, round=ls.round, samples=ls.samples,
               **tasks.eval_record(task, accuracy, loss),
-              train_loss=(float(np.mean(ls.round_loss)) if ls.round_loss else None),
+              train_loss=(float(np.mean(ls.since_eval.round_loss))
+                          if ls.since_eval.round_loss else None),
               bytes=cost.byte_totals(ls.bits), sim_time_s=ls.clock.now,
               wall_time_s=wall_time_s,
               k=int(ls.plan.k_base), k_d=[int(k) for k in ls.plan.k_d],
-              idle_s=[float(x) for x in ls.clock.idle_s], dc_rounds=list(ls.dc_rounds))
+              idle_s=[float(x) for x in ls.clock.idle_s],
+              dc_rounds=list(ls.since_eval.dc_rounds))
 
 
 def record_eval(ls: cost.LoopState, task: tasks.Task,
@@ -68,18 +70,18 @@ def record_eval(ls: cost.LoopState, task: tasks.Task,
   """The loop state after evaluation ``rec``: best values, the first crossing of
   the target (interpolated from the previous evaluation), a new round-loss window."""
   acc, loss = rec['test_accuracy'], rec['test_loss']
-  best_acc = ls.best_test_accuracy
-  best_loss = ls.best_test_loss
-  ttt, rtt = ls.time_to_target_s, ls.rounds_to_target
+  ev = ls.evals
+  best_acc, best_loss = ev.best_test_accuracy, ev.best_test_loss
+  ttt, rtt = ev.time_to_target_s, ev.rounds_to_target
   if ttt is None and task.reached(rec[task.metric]):
-    cross = lambda key: metrics_lib.crossing(ls.last_eval, rec, task.target, key,
+    cross = lambda key: metrics_lib.crossing(ev.last_eval, rec, task.target, key,
                                              task.metric, task.higher_is_better)
     ttt, rtt = cross('sim_time_s'), cross('round')
-  return ls._replace(
+  return ls._replace(since_eval=cost.SinceEval(), evals=cost.Evaluations(
       best_test_accuracy=acc if best_acc is None or acc > best_acc else best_acc,
       best_test_loss=loss if best_loss is None or loss < best_loss else best_loss,
-      time_to_target_s=ttt, rounds_to_target=rtt, round_loss=(), dc_rounds=(),
-      last_eval={k: rec[k] for k in (task.metric, 'sim_time_s', 'round')})
+      time_to_target_s=ttt, rounds_to_target=rtt,
+      last_eval={k: rec[k] for k in (task.metric, 'sim_time_s', 'round')}))
 
 
 def make_eval(model, mesh, images, labels: np.ndarray, batch_size: int):
@@ -191,7 +193,7 @@ class Runtime:
 
   def wall_s(self, ls: cost.LoopState) -> float:
     """The run's wall-clock so far (earlier sessions included), seconds."""
-    return ls.wall_time_s + time.time() - self.wall0
+    return ls.run.wall_time_s + time.time() - self.wall0
 
   def put(self, x, spec=P()):
     return distributed.put_global(x, NamedSharding(self.s.place.mesh, spec))
@@ -431,7 +433,8 @@ def account(rt: Runtime, ls: cost.LoopState, rnd: Round):
   diag = cost.round_diagnostics(ls.round, [act for _, act, _ in pending], rnd.up,
                            s.place.workers_per_dc * s.loop.batch_size, weights, m)
   diag['train_loss'] = round_loss  # what the K schedule saw (hfl.sync.schedule)
-  return ls._replace(dc_rounds=ls.dc_rounds + (diag,),
+  return ls._replace(since_eval=ls.since_eval._replace(
+      dc_rounds=ls.since_eval.dc_rounds + (diag,)),
                      samples=cost.add_samples(ls.samples, diag['samples'])), losses[-1]
 
 
@@ -566,9 +569,10 @@ def _train_and_evaluate(config: ml_collections.ConfigDict, workdir: str) -> dict
       return summary
     workdir_lib.check_metrics_log(workdir, ls)
     if resume.changed:
-      ls = ls._replace(resumed_changes=ls.resumed_changes + (
-          dict(at_iteration=ls.step, changes=list(resume.changed)),))
-  ls = ls._replace(provenance=ls.provenance + (provenance.collect(ls.step),))
+      ls = ls._replace(run=ls.run._replace(resumed_changes=ls.run.resumed_changes + (
+          dict(at_iteration=ls.step, changes=list(resume.changed)),)))
+  ls = ls._replace(run=ls.run._replace(
+      provenance=ls.run.provenance + (provenance.collect(ls.step),)))
   rt.mw = metrics_lib.MetricsWriter(workdir, resume_step=ls.step)
   rt.log_at = (time.time(), ls.step, True)
   while not s.loop.stop.finished(ls.step, ls.clock.now, ls.samples):

@@ -474,7 +474,7 @@ def samples_from_log(records, ls) -> int | None:
   (older runs did not record them)."""
   per_round = {}
   for entry in [e for r in records if isinstance(r, dict)
-                for e in (r.get('dc_rounds') or ())] + list(ls.dc_rounds):
+                for e in (r.get('dc_rounds') or ())] + list(ls.since_eval.dc_rounds):
     if isinstance(entry, dict) and isinstance(entry.get('round'), int) and (
         1 <= entry['round'] <= ls.round) and isinstance(entry.get('samples'), list):
       per_round[entry['round']] = sum(int(x) for x in entry['samples'])
@@ -536,15 +536,15 @@ def check_metrics_log(workdir: str, ls) -> None:
     ValueError: the log's last record is of an earlier round than the checkpoint's
       last evaluation (both named); nothing is written.
   """
-  if not ls.last_eval or 'round' not in ls.last_eval:
+  if not ls.evals.last_eval or 'round' not in ls.evals.last_eval:
     return
   path = os.path.join(workdir, 'metrics.jsonl')
   rounds = [r.get('round') for r in metrics_lib.read_jsonl(path) if isinstance(r, dict)]
   last = max((r for r in rounds if metrics_lib.finite(r)), default=None)
-  if last is None or last < ls.last_eval['round']:
+  if last is None or last < ls.evals.last_eval['round']:
     raise ValueError(
         f'{path} ends {"with no record" if last is None else f"at round {last}"}, but the '
-        f'checkpoint of iteration {ls.step} was evaluated at round {ls.last_eval["round"]}: '
+        f'checkpoint of iteration {ls.step} was evaluated at round {ls.evals.last_eval["round"]}: '
         "the log lost evaluations, so the run's history and summary would be wrong; nothing "
         'was written. Restore metrics.jsonl; or move the checkpoints newer than its last '
         'record out of checkpoints/ (the run then resumes from an older one); or use a new '

@@ -391,8 +391,9 @@ def test_a_warmup_the_sample_budget_cannot_finish_is_refused(fake_data, monkeypa
 
 def _loop_state(rnd=3, dc_rounds=(), samples=0):
   sched = schedule_lib.from_config(smoke_config('').sync, 2, t=np.ones(2), c=np.zeros(2))
-  return cost.new_loop_state(sched, 2)._replace(round=rnd, step=4 * rnd, dc_rounds=dc_rounds,
-                                                  samples=samples), sched
+  return cost.new_loop_state(sched, 2)._replace(
+      round=rnd, step=4 * rnd, since_eval=cost.SinceEval(dc_rounds=tuple(dc_rounds)),
+      samples=samples), sched
 
 
 def test_samples_survive_the_checkpoint_and_older_ones_derive_them():

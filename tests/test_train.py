@@ -851,27 +851,29 @@ def _loop_state(schedule):
   ls = cost.new_loop_state(schedule, 2)
   ls = cost.account_iteration(ls, network.from_config(smoke_config('').network, 2), dict(
       up_bits=np.array([8 * 3, 8 * 5 + 4]), down_bits=np.array([16, 16])), [True, True])
-  return ls._replace(best_test_accuracy=0.5, last_eval=dict(test_accuracy=0.5, round=1,
-                                                           sim_time_s=2.5), round_loss=(1.25,))
+  return ls._replace(evals=cost.Evaluations(best_test_accuracy=0.5, last_eval=dict(
+      test_accuracy=0.5, round=1, sim_time_s=2.5)), since_eval=cost.SinceEval(round_loss=(1.25,)))
 
 
 def test_loop_state_round_trips_through_the_checkpoint_dict_and_reads_old_ones():
   schedule = schedule_lib.make_schedule('periodic', 2, 3, 3)
-  ls = _loop_state(schedule)._replace(provenance=(dict(at_iteration=0, git_commit=None),))
+  ls = _loop_state(schedule)._replace(run=cost.RunRecord(
+      provenance=(dict(at_iteration=0, git_commit=None),)))
   assert ls.bits == dict(intra_up=68, intra_down=32, inter_dc=0)
   host = json.loads(json.dumps(cost.to_host(ls, 7.5)))  # what a checkpoint holds
   assert host['bytes'] == dict(intra_up=8.5, intra_down=4, inter_dc=0)
   back = cost.from_host(host, schedule)
-  assert back.wall_time_s == 7.5
-  chex.assert_trees_all_equal(back._replace(wall_time_s=0.0), ls)  # clock, plan, schedule, ...
-  assert back.last_eval == ls.last_eval and back.schedule == ls.schedule
-  assert back.provenance == ls.provenance
+  assert back.run.wall_time_s == 7.5
+  chex.assert_trees_all_equal(back._replace(run=back.run._replace(wall_time_s=0.0)),
+                              ls)  # clock, plan, schedule, ...
+  assert back.evals.last_eval == ls.evals.last_eval and back.schedule == ls.schedule
+  assert back.run.provenance == ls.run.provenance
   # Checkpoints of older versions: bytes only (exact bits derived), no best_test_loss,
   # no provenance.
   old = {k: v for k, v in host.items() if k not in ('bits', 'best_test_loss', 'provenance')}
   assert cost.from_host(old, schedule).bits == ls.bits
-  assert cost.from_host(old, schedule).best_test_loss is None
-  assert cost.from_host(old, schedule).provenance == ()  # older checkpoints: none recorded
+  assert cost.from_host(old, schedule).evals.best_test_loss is None
+  assert cost.from_host(old, schedule).run.provenance == ()  # older checkpoints: none recorded
 
 
 def test_the_accounting_at_stop_round_trips_and_only_the_summary_reads_it():
@@ -910,12 +912,14 @@ def test_record_eval_keeps_the_best_and_the_first_crossing():
   rec = dict(test_accuracy=0.7, test_loss=0.9, round=3, sim_time_s=4.5)
   ls = train.record_eval(ls, task, rec)
   # Crossed 0.6 halfway between the evaluations: round 2, 3.5 s (hand-computed).
-  assert ls.rounds_to_target == pytest.approx(2.0) and ls.time_to_target_s == pytest.approx(3.5)
-  assert (ls.best_test_accuracy, ls.best_test_loss, ls.round_loss) == (0.7, 0.9, ())
+  ev = ls.evals
+  assert ev.rounds_to_target == pytest.approx(2.0) and ev.time_to_target_s == pytest.approx(3.5)
+  assert (ev.best_test_accuracy, ev.best_test_loss, ls.since_eval.round_loss) == (0.7, 0.9, ())
   ls = train.record_eval(ls, task, dict(rec, test_accuracy=0.65, test_loss=1.0, round=5))
-  assert ls.rounds_to_target == pytest.approx(2.0)  # the first crossing is kept
-  assert (ls.best_test_accuracy, ls.best_test_loss) == (0.7, 0.9)
-  assert ls.last_eval == dict(test_accuracy=0.65, sim_time_s=4.5, round=5)
+  ev = ls.evals
+  assert ev.rounds_to_target == pytest.approx(2.0)  # the first crossing is kept
+  assert (ev.best_test_accuracy, ev.best_test_loss) == (0.7, 0.9)
+  assert ev.last_eval == dict(test_accuracy=0.65, sim_time_s=4.5, round=5)
 
 
 def test_progress_line_shows_the_per_dc_k_of_semi_sync():
