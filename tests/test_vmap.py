@@ -23,6 +23,7 @@ import pytest
 
 from hfl import mesh as mesh_lib, models, step as step_lib
 from hfl.compress import base, co3, dgc, policy, registry, sparse
+from hfl.sync import scaffold as scaffold_lib
 from hfl.sync import streaming
 from hfl import workdir as workdir_lib
 from tests.helpers import B, D, W, step_batches, put
@@ -46,7 +47,7 @@ def _registered(name):
 
 def _pair(comp_up=None, comp_wan=None, comp_down=None, optimizer=None, outer=None,
           shard_state=False, dgc_momentum=0.0, broadcast='downlink', stream=None,
-          prox_mu=0.0, adoption=False):
+          prox_mu=0.0, adoption=False, control=None):
   """(mesh step, its mesh, its state; vmap step, its 1 x 1 mesh, its state): the same
   initial state placed for each path."""
   net = models.get_model('mlp', 10)
@@ -59,7 +60,7 @@ def _pair(comp_up=None, comp_wan=None, comp_down=None, optimizer=None, outer=Non
   outer = outer or optax.sgd(1.0)
   state = step_lib.init_state(params, optimizer, outer, comps, D, W, jax.random.PRNGKey(1),
                               shard_state=shard_state, dgc_momentum=dgc_momentum > 0,
-                              broadcast=broadcast, stream=stream)
+                              broadcast=broadcast, stream=stream, scaffold=control is not None)
   state = jax.tree.map(np.asarray, state)
   apply_fn = lambda p, x: net.apply({'params': p}, x)
   out = []
@@ -68,7 +69,8 @@ def _pair(comp_up=None, comp_wan=None, comp_down=None, optimizer=None, outer=Non
     placed = jax.device_put(state, step_lib.state_shardings(mesh, state))
     fn = step_lib.make_step(apply_fn, optimizer, outer, comps, mesh, placed,
                             dgc.Options(momentum=dgc_momentum), prox_mu=prox_mu,
-                            stream=stream, mode=mode, shape=(D, W), adoption=adoption)
+                            stream=stream, mode=mode, shape=(D, W), adoption=adoption,
+                            scaffold=control)
     out.append((fn, mesh, placed))
   return out
 
@@ -175,6 +177,12 @@ def test_partial_participation_adoption():
   weights = [np.zeros((2, 2)), [[1.0, 0.0], [1.0, 0.0]],
              np.zeros((2, 2)), [[0.0, 1.0], [0.0, 1.0]]]
   _compare(_pair(broadcast='gather', adoption=True), 4, weights=weights)
+
+
+def test_scaffold_control_variates_with_semi_sync_masks():
+  actives = [[True, False], [True, True], [True, False], [True, True]]
+  _compare(_pair(control=scaffold_lib.spec((0.3, 0.7), LR)), 4, actives=actives,
+           weights=(0.3, 0.7))
 
 
 def test_lossy_downlink_broadcast_correction():
