@@ -18,9 +18,11 @@ FedNova, a K_d floor of 0.75 max K, per-DC learning rate x min K / K_d, and FedP
 only the slowest DC's K), with the thesis's plateau test and with the window-means
 test over 8 rounds; last ``semi_sync`` with SCAFFOLD's control variates
 (``sync.control_variates='scaffold'``, hfl.sync.scaffold: against the DCs' client
-drift; twice the WAN bytes per round). 78 runs (the first 72 archived in
-docs/results/runs/semisync_work; the SCAFFOLD arm's 6 not run yet). Evaluations
-about every 40 iterations of the fastest DC.
+drift; twice the WAN bytes per round); and ``semi_sync`` with DiLoCo's outer optimizer
+(Nesterov momentum 0.9, outer learning rate 0.7 on the pseudo-gradient; Douillard et
+al. 2023, arXiv:2311.08105) in place of plain averaging. 84 runs (archived in
+docs/results/runs/semisync_work). Evaluations about every 40 iterations of the fastest
+DC.
 
 Cost: the lockstep program runs every DC for max_d K_d iterations per round and
 masks the ones that are done (bench/skip_idle.py: on XLA:CPU a per-DC lax.cond is
@@ -57,12 +59,15 @@ PROGRESS = [
 # SCAFFOLD's control variates (Karimireddy et al., ICML 2020; hfl.sync.scaffold), last so
 # that the archived runs keep their order.
 CONTROL = [{'sync.control_variates': 'scaffold'}]
+# DiLoCo's outer Nesterov momentum on the pseudo-gradient (hfl.sync.outer), last as well.
+OUTER = [{'sync.outer.name': 'nesterov', 'sync.outer.learning_rate': 0.7,
+          'sync.outer.momentum': 0.9}]
 
 
 def get_sweep():
   work = {'train.num_steps': 0, 'train.sample_budget': SAMPLES, 'seed': SEEDS,
           'train.checkpoint_every': 100}
   semi = {'sync.strategy': 'semi_sync', 'train.eval_every': 4}
-  arms = STRATEGIES + [dict(semi, **r) for r in REMEDIES + PROGRESS + CONTROL]
+  arms = STRATEGIES + [dict(semi, **r) for r in REMEDIES + PROGRESS + CONTROL + OUTER]
   return 'configs/semisync.py', [dict(work, **a, **{'network.dc_speed': speed})
                                  for a in arms for speed in SPEEDS]
