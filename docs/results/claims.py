@@ -298,6 +298,9 @@ _WORK_LABELS = [
      'semi_sync + progress-aware, K_max on K_base only, window-means test'),
     ({'sync.k_max_scope': 'k_base'}, 'semi_sync + progress-aware, K_max on K_base only'),
     ({'sync.control_variates': 'scaffold'}, 'semi_sync + SCAFFOLD control variates'),
+    ({'sync.outer.name': 'nesterov'},
+     'semi_sync + outer Nesterov (lr {sync.outer.learning_rate:g}, momentum '
+     '{sync.outer.momentum:g})'),
 ] + _SEMISYNC['tables'][0]['labels']
 
 
