@@ -817,6 +817,18 @@ _SHAKESPEARE['readings'].append(dict(
 
 SECTIONS = [_SEMISYNC, _SEMISYNC_WORK, _SEMISYNC_BUDGET, _COMPRESSION, _CO3, _STREAMING, _CIFAR10, _SHAKESPEARE]
 
+# What is known of archived runs trained before summary.json recorded its provenance
+# (docs/results/runs/README.md, written by --archive).
+ARCHIVE_NOTES = {
+    'cifar10_co3': 'the uncompressed seeds 1 and 2 were trained on 2026-12-03 at 0300d87; the '
+    'CO3 γ = 0.9 seed 0 run at 0300d87, the γ = 0 seed 0 run at 29d8d38, the CO3 seeds 1 and '
+    '2 (γ = 0 and 0.9) at b5ecc77 (the γ = 0.9 seed 1 run resumed from its iteration-1,950 '
+    'checkpoint of 29d8d38), all with `XLA_FLAGS=--xla_cpu_experimental_ynn_fusion_type='
+    '-reduce` in their environment (docs/benchmarks.md, "XLA:CPU\'s YNNPACK reduce '
+    'fusions"), on a 2-core Zen 4 machine, mostly alongside tests (their `wall_time_s` says '
+    'little).',
+}
+
 # Published numbers no section compares with yet (candidates for a new entry above).
 NOT_YET_COMPARED = [
     dict(source='DiLoCo: A. Douillard et al., "DiLoCo: Distributed Low-Communication Training '
