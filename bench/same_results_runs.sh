@@ -2,7 +2,9 @@
 # Trains the same small runs with two checkouts of hfl and compares each pair with
 # bench/same_results.py: one run per sync strategy family (sync, periodic, semi_sync,
 # progress-aware, adacomm, FedNova weights, an outage, Streaming DiLoCo with and without
-# overlap, SCAFFOLD) on configs/smoke.py, and the default run (configs/default.py, real
+# overlap, SCAFFOLD) and one per compressor family of the registry (top-k, rand-k,
+# QSGD, sign, CO3, e3m0, PowerSGD, float16, bfloat16, chunked top-k, DCT top-k) on
+# configs/smoke.py, and the default run (configs/default.py, real
 # Fashion-MNIST, about a minute on 2 cores).
 #
 #   bash bench/same_results_runs.sh OLD_CHECKOUT NEW_CHECKOUT FASHION_MNIST_DIR [OUT]
@@ -13,6 +15,7 @@
 # config field added between the two checkouts shows as `config.<field>: None != value`.
 set -u
 OLD=$1 NEW=$2 DATA=$3 OUT=${4:-/tmp/same_results_runs}
+mkdir -p "$OUT"
 RUNS=(
   "periodic|"
   "sync|--config.sync.strategy=sync"
@@ -24,6 +27,13 @@ RUNS=(
   "stream|--config.sync.fragments=2 --config.sync.k=4 --config.compression.broadcast=gather"
   "overlap|--config.sync.fragments=2 --config.sync.k=4 --config.sync.overlap_steps=1 --config.compression.broadcast=gather"
   "scaffold|--config.sync.control_variates=scaffold"
+  # One run per compressor family (uplink, downlink with the round's update through it, WAN).
+  "topk|--config.compression.uplink.name=topk --config.compression.uplink.density=0.05 --config.compression.downlink.name=topk --config.compression.downlink.density=0.05"
+  "randk_bf16|--config.compression.uplink.name=randk --config.compression.uplink.density=0.1 --config.compression.wan.name=bf16"
+  "qsgd_sign|--config.compression.uplink.name=qsgd --config.compression.wan.name=sign"
+  "co3|--config.compression.uplink.name=co3 --config.compression.wan.name=e3m0"
+  "powersgd_fp16|--config.compression.uplink.name=powersgd --config.compression.downlink.name=fp16"
+  "chunked_dct|--config.compression.uplink.name=chunked_topk --config.compression.uplink.density=0.05 --config.compression.wan.name=dct_topk --config.compression.wan.density=0.05"
 )
 for side in old new; do
   tree=$OLD; [ $side = new ] && tree=$NEW
