@@ -236,3 +236,39 @@ def test_the_checks_can_fail():
   with pytest.raises(AssertionError):
     _check('2.57', 3.38, 'the old DGC number')
   _check('−0.47', -0.4749, 'rounded')
+
+
+_SPEED = {'3×': 3.0, '10×': 10.0}
+
+
+def test_semisync_equal_time_three_seed_table_is_the_archived_runs():
+  """docs/semisync.md's table of all three seeds: mean ± sample std of the accuracy at the
+  budget, the paired Δ against sync of the same seed, the mean rounds, and the means of
+  rounds and simulated time to the target over the seeds that reached it."""
+  runs = _runs('semisync_budget')
+  rows = _table_after(_read('docs/semisync.md'), '**All three seeds, equal simulated time')
+  assert len(rows) == 10
+  for speed, label, seeds, acc, delta, rounds, r_target, t_target in rows:
+    strategy, pa = _STRATEGY[label]
+    pick = lambda st, p: [(c, s) for c, s in runs if c['sync.strategy'] == st
+                          and bool(c['sync.progress_aware']) == p
+                          and c['network.dc_speed'][0] == _SPEED[speed]]
+    arm, base = pick(strategy, pa), pick('sync', False)
+    what = f'semisync.md, three seeds, {speed}, {label}'
+    assert _seeds(seeds) == sorted(c.get('seed', 0) for c, _ in arm), what
+    ordered = [s for _, s in sorted(arm, key=lambda r: r[0].get('seed', 0))]
+    accs = np.array([_acc(s) for s in ordered])
+    m = re.fullmatch(r'([\d.]+) ± ([\d.]+)%', acc)
+    _check(m.group(1), accs.mean(), what + ', accuracy')
+    _check(m.group(2), accs.std(ddof=1), what + ', accuracy std')
+    if strategy != 'sync':
+      _, _, mean, sd, _ = _paired(arm, base, _acc)
+      m = re.fullmatch(r'([−+\d.]+) ± ([\d.]+) pts', delta)
+      _check(m.group(1), mean, what + ', paired Δ')
+      _check(m.group(2), sd, what + ', paired Δ std')
+    _check(rounds, np.mean([s['inter_dc_rounds'] for s in ordered]), what + ', rounds')
+    reached = [s for s in ordered if s['rounds_to_target'] is not None]
+    _check(r_target.split(' (')[0], np.mean([s['rounds_to_target'] for s in reached]),
+           what + ', rounds to target')
+    _check(t_target.rstrip(' s'), np.mean([s['time_to_target_s'] for s in reached]),
+           what + ', time to target')
