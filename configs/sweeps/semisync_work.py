@@ -21,8 +21,8 @@ test over 8 rounds; last ``semi_sync`` with SCAFFOLD's control variates
 drift; twice the WAN bytes per round); and ``semi_sync`` with DiLoCo's outer optimizer
 (Nesterov momentum 0.9, outer learning rate 0.7 on the pseudo-gradient; Douillard et
 al. 2023, arXiv:2311.08105) in place of plain averaging; and ``semi_sync`` with K_base = 2
-(``sync.k=2``: the slowest DC syncs every 2 iterations, so about twice the rounds of
-K_base = 4 for the same work, still fewer than a third of sync's). 90 runs (archived in
+and 3 (``sync.k``: the slowest DC syncs every 2 or 3 iterations, so more rounds than
+K_base = 4 for the same work, still about a third of sync's or fewer). 96 runs (archived in
 docs/results/runs/semisync_work). Evaluations about every 40 iterations of the fastest
 DC.
 
@@ -65,7 +65,7 @@ CONTROL = [{'sync.control_variates': 'scaffold'}]
 OUTER = [{'sync.outer.name': 'nesterov', 'sync.outer.learning_rate': 0.7,
           'sync.outer.momentum': 0.9}]
 # A smaller K_base: more rounds for the same work (the thesis's bar is 66% fewer than sync's).
-K_BASE = [{'sync.k': 2, 'train.eval_every': 8}]
+K_BASE = [{'sync.k': 2, 'train.eval_every': 8}, {'sync.k': 3, 'train.eval_every': 6}]
 
 
 def get_sweep():
