@@ -944,9 +944,9 @@ def test_page_structure_plots_and_missing_runs(root, tmp_path):
   # finished: 2 semisync, 2 x 5 semisync_budget, 1 + 3 + 3 compression (issue 48's
   # broadcast arms on both LANs), 1 + 1 CO3; and 111 LM and CIFAR-10 runs, none here: 39
   # rows not finished (3 + 2 streaming, 3 + 5 + 3 + 2 x 5 CIFAR-10, 3 + 3 + 3 + 4
-  # Shakespeare); and issue 49's equal-work sweep, none here: 90 runs, 2 x 15 rows.
-  assert 'Incomplete: 35 of 315 runs have finished.' in text
-  assert text.count('| *not finished* |') == 21 + 39 + 30
+  # Shakespeare); and issue 49's equal-work sweep, none here: 96 runs, 2 x 16 rows.
+  assert 'Incomplete: 35 of 321 runs have finished.' in text
+  assert text.count('| *not finished* |') == 21 + 39 + 32
   assert 'Generated 2025-01-02 03:04 UTC' in text
   assert 'python3 docs/results/make_results.py --root' in text
   for claim in ('up to 66%', 'up to 43%', 'up to 92%', '≈ 95%', '270–600×',
@@ -996,13 +996,13 @@ def test_archive_rebuilds_the_same_page_without_checkpoints(root, tmp_path):
 def test_empty_root_lists_everything_as_missing(tmp_path):
   written = results.write_results(SPEC, str(tmp_path / 'none'), str(tmp_path / 'out'), now=NOW)
   text = open(written['results.md'], encoding='utf-8').read()
-  assert 'Incomplete: 0 of 315 runs have finished.' in text
+  assert 'Incomplete: 0 of 321 runs have finished.' in text
   # Every run is listed once per table it is in: the 6 DiLoCo and streaming runs twice.
-  assert text.count(': not started (`') == 315 + 6
-  # Rows: 5 semisync, 15 + 15 semisync_work, 5 + 5 semisync_budget, 8 + 5 compression
+  assert text.count(': not started (`') == 321 + 6
+  # Rows: 5 semisync, 16 + 16 semisync_work, 5 + 5 semisync_budget, 8 + 5 compression
   # (seed groups), 5 + 5 CO3; 3 + 2 streaming, 3 + 5 + 3 + 5 + 5 CIFAR-10, 3 + 3 + 3 + 4
   # Shakespeare.
-  assert text.count('| *not finished* |') == 44 + 24 + 39
+  assert text.count('| *not finished* |') == 46 + 24 + 39
   assert written['plots'] == [] and text.count('*No plots yet') == 8
   # 15 + 6 claims of the Fashion-MNIST sections, 4 streaming, 8 CIFAR-10 budget claims.
   assert text.count('| not measured') == 15 + 6 + 4 + 8
@@ -1039,7 +1039,7 @@ def test_cli_no_run_from_another_directory(tmp_path):
                      cwd=tmp_path, capture_output=True, text=True, timeout=600, check=False)
   assert p.returncode == 0, p.stderr
   assert p.stdout.splitlines()[0] == os.path.join('o', 'results.md')
-  assert '310 runs not finished' in p.stderr
+  assert '316 runs not finished' in p.stderr
   text = (tmp_path / 'o' / 'results.md').read_text(encoding='utf-8')
   assert 'make_results.py --root workdirs --out o' in text
   assert '--workdir=workdirs/semisync/sync.strategy=sync__train.eval_every=40' in text
@@ -1069,9 +1069,9 @@ def test_cli_runs_the_missing_sweeps_first(tmp_path, caplog, monkeypatch):
                                                 'shakespeare_semisync',
                                                 'shakespeare_compression', 'shakespeare_co3',
                                                 'shakespeare_diloco')]
-  # Said once, before the first launch: 310 runs are missing (seeds 1, 2 of semisync).
+  # Said once, before the first launch: 316 runs are missing (seeds 1, 2 of semisync).
   assert launched[0][1][0].startswith(
-      f'310 runs missing (semisync: 10, semisync_work: 90, semisync_budget: 30, compression: 39, co3_iid: 15, co3_paper: 15, '
+      f'316 runs missing (semisync: 10, semisync_work: 96, semisync_budget: 30, compression: 39, co3_iid: 15, co3_paper: 15, '
       'shakespeare_streaming: 9, cifar10_semisync: 9, cifar10_compression: 15, cifar10_co3: 9, '
       'cifar10_semisync_budget: 30, shakespeare_semisync: 9, shakespeare_compression: 9, shakespeare_co3: 9, '
       f'shakespeare_diloco: 12) under {root}: launching')

@@ -302,6 +302,7 @@ _WORK_LABELS = [
      'semi_sync + outer Nesterov (lr {sync.outer.learning_rate:g}, momentum '
      '{sync.outer.momentum:g})'),
     ({'sync.strategy': 'semi_sync', 'sync.k': 2}, 'semi_sync (K_base={sync.k}, K_d optimised)'),
+    ({'sync.strategy': 'semi_sync', 'sync.k': 3}, 'semi_sync (K_base={sync.k}, K_d optimised)'),
 ] + _SEMISYNC['tables'][0]['labels']
 
 
