@@ -149,6 +149,8 @@ def test_partial_config_rules():
   refused(r'sync.participation=1.5', sync__participation=1.5)
   refused("sync.aggregation='fednova' is not supported", sync__aggregation='fednova')
   refused('sync.control_variates', sync__control_variates='scaffold')
+  refused("compression.broadcast='downlink' with a lossy downlink", compression__small='bfloat16',
+          compression__small_threshold=1000)  # cast small leaves go through the downlink too
 
 
 def test_the_step_adopts_the_global_model_per_dc():

@@ -24,6 +24,7 @@ import math
 
 import numpy as np
 
+from hfl.compress import policy
 from hfl.sync.strategies import registry
 
 
@@ -60,12 +61,12 @@ def check(config) -> None:
                      "sync.strategy='partial' (SCAFFOLD assumes every DC adopts the global "
                      "model); set it to 'none'")
   c = config.compression
-  if c.get('broadcast', 'gather') == 'downlink' and c.downlink.name not in ('identity',
-                                                                             'float32'):
+  if c.get('broadcast', 'gather') == 'downlink' and policy.lossy_downlink(c):
     raise ValueError(f"compression.broadcast='downlink' with a lossy downlink "
-                     f"({c.downlink.name!r}) is not supported with sync.strategy='partial' "
-                     "(the correction assumes every DC adopts the global model); set "
-                     "compression.broadcast='gather' or an identity downlink")
+                     f"({c.downlink.name!r}, small leaves {c.get('small', 'float32')!r}) is "
+                     "not supported with sync.strategy='partial' (the correction assumes "
+                     "every DC adopts the global model); set compression.broadcast='gather', "
+                     "or an identity downlink with float32 small leaves")
 
 
 STRATEGY = registry.register(registry.Strategy(
