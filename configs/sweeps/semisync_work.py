@@ -22,8 +22,8 @@ drift; twice the WAN bytes per round); and ``semi_sync`` with DiLoCo's outer opt
 (Nesterov momentum 0.9, outer learning rate 0.7 on the pseudo-gradient; Douillard et
 al. 2023, arXiv:2311.08105) in place of plain averaging; and ``semi_sync`` with K_base = 2
 and 3 (``sync.k``: the slowest DC syncs every 2 or 3 iterations, so more rounds than
-K_base = 4 for the same work, still about a third of sync's or fewer). 96 runs (archived in
-docs/results/runs/semisync_work). Evaluations about every 40 iterations of the fastest
+K_base = 4 for the same work, still about a third of sync's or fewer); and progress-aware K
+from K_base = 2 capped at 3. 102 runs (archived in docs/results/runs/semisync_work). Evaluations about every 40 iterations of the fastest
 DC.
 
 Cost: the lockstep program runs every DC for max_d K_d iterations per round and
@@ -66,12 +66,19 @@ OUTER = [{'sync.outer.name': 'nesterov', 'sync.outer.learning_rate': 0.7,
           'sync.outer.momentum': 0.9}]
 # A smaller K_base: more rounds for the same work (the thesis's bar is 66% fewer than sync's).
 K_BASE = [{'sync.k': 2, 'train.eval_every': 8}, {'sync.k': 3, 'train.eval_every': 6}]
+# Progress-aware K from K_base = 2, raised once to 3 on a plateau (window-means test over 8
+# rounds, the cap on K_base only): between the two arms above in rounds, if the plateau
+# comes late enough, at K_base = 2's accuracy.
+K_BASE_PROGRESS = [{'sync.k': 2, 'sync.k_max': 3, 'sync.progress_aware': True,
+                    'sync.k_max_scope': 'k_base', 'sync.progress_test': 'window_means',
+                    'sync.progress_window': 8, 'train.eval_every': 8}]
 
 
 def get_sweep():
   work = {'train.num_steps': 0, 'train.sample_budget': SAMPLES, 'seed': SEEDS,
           'train.checkpoint_every': 100}
   semi = {'sync.strategy': 'semi_sync', 'train.eval_every': 4}
-  arms = STRATEGIES + [dict(semi, **r) for r in REMEDIES + PROGRESS + CONTROL + OUTER + K_BASE]
+  arms = STRATEGIES + [dict(semi, **r) for r in REMEDIES + PROGRESS + CONTROL + OUTER + K_BASE
+                                        + K_BASE_PROGRESS]
   return 'configs/semisync.py', [dict(work, **a, **{'network.dc_speed': speed})
                                  for a in arms for speed in SPEEDS]
