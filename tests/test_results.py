@@ -527,6 +527,33 @@ def test_require_selects_the_row_meeting_it_on_three_seeds(root):
                       '(K_0=4))')
 
 
+
+def test_require_table_judges_the_requirement_against_another_baseline(root):
+  """``require_table``: a claim's requirement is read in another table over the same runs
+  (another baseline), its value in its own. Against the same table nothing changes (the
+  rows' requirement: periodic −0.30 ± 0.06 pts vs sync, met). With periodic as the other
+  table's baseline, periodic drops out (it has no Δ against itself), and semi_sync's
+  paired Δ vs periodic (seed 0 only: 0.80 vs 0.896, −9.6 pts) fails: not met, closest
+  semi_sync, described against periodic."""
+  sections, by_name = _build(root)
+  t = by_name['semisync']
+  per = _gid(t, 'periodic (K=4)')
+  semi = _gid(t, 'semi_sync (K_base=4, K_d optimised)')
+  claim = dict(id='x', tables=['semisync'], require='paired:final_acc >= -0.5',
+               value='reduction:sim_time_s', verdict='>= 0.43')
+  plain = results.judge(claim, by_name)
+  assert plain.row == (t, per)
+  same = results.judge(dict(claim, require_table='same'), dict(by_name, same=t))
+  assert same._replace(claim=plain.claim) == plain
+  other = t._replace(base_gid=per, cache={})
+  assert results.paired(other, semi, 'final_acc')[1] == pytest.approx({0: -9.6})
+  moved = results.judge(dict(claim, require_table='other'), dict(by_name, other=other))
+  assert (moved.row, moved.status) == (None, 'not met')
+  assert moved.ours == ('none (closest: semi_sync (K_base=4, K_d optimised), '
+                        f'{results.prose(other, semi, "paired:final_acc")})')
+  assert '−9.60 pts' in moved.ours
+
+
 @pytest.mark.parametrize('drop, n', [
     ((('periodic', 2),), 2),  # periodic's seed 2: paired on seeds 0, 1
     ((('sync', 1), ('sync', 2)), 1),  # the baseline's seeds 1, 2: periodic paired on seed 0
@@ -932,21 +959,23 @@ def test_page_structure_plots_and_missing_runs(root, tmp_path):
       "### The CO3 paper's setting: synchronous PS over IID shards",
       "### hfl's setting: hierarchical PS, non-IID (Dirichlet α = 0.5) shards, periodic K = 4",
       '## Streaming DiLoCo vs DiLoCo and data parallel (issue 14)',
+      '## The 2025-26 low-communication methods vs DiLoCo and data parallel (issue 53)',
       '## CIFAR-10: the seed comparisons (issue 13)', *CIFAR_HEADS,
       '## Tiny Shakespeare (character LM): the seed comparisons (issue 13)', *LM_HEADS,
       '### DiLoCo check: K = 16 with FedAvg and with the Nesterov outer optimizer vs K = 1 '
       '(issue 13: within 0.05 nats)',
       '## Sources']
-  assert text.count('**Published vs ours**') == 7
-  assert text.count('| source | where in the source | claim | published | ours | verdict |') == 7
+  assert text.count('**Published vs ours**') == 8
+  assert text.count('| source | where in the source | claim | published | ours | verdict |') == 8
   # 102 runs (15 semisync, 30 semisync_budget, 33 compression, 15 co3_iid, 9 co3_paper),
   # 35 finished (7 semisync, 11 compression, 9 co3_iid, 8 co3_paper), 67 missing; rows not
   # finished: 2 semisync, 2 x 5 semisync_budget, 1 + 3 + 3 compression (issue 48's
   # broadcast arms on both LANs), 1 + 1 CO3; and 111 LM and CIFAR-10 runs, none here: 39
   # rows not finished (3 + 2 streaming, 3 + 5 + 3 + 2 x 5 CIFAR-10, 3 + 3 + 3 + 4
-  # Shakespeare); and issue 49's equal-work sweep, none here: 96 runs, 2 x 16 rows.
-  assert 'Incomplete: 35 of 321 runs have finished.' in text
-  assert text.count('| *not finished* |') == 21 + 39 + 32
+  # Shakespeare); issue 49's equal-work sweep, none here: 102 runs, 2 x 17 rows; and issue
+  # 53's low-communication sweep, none here: 15 runs, 5 + 4 rows.
+  assert 'Incomplete: 35 of 342 runs have finished.' in text
+  assert text.count('| *not finished* |') == 21 + 39 + 34 + 9
   assert 'Generated 2025-01-02 03:04 UTC' in text
   assert 'python3 docs/results/make_results.py --root' in text
   for claim in ('up to 66%', 'up to 43%', 'up to 92%', '≈ 95%', '270–600×',
@@ -996,23 +1025,25 @@ def test_archive_rebuilds_the_same_page_without_checkpoints(root, tmp_path):
 def test_empty_root_lists_everything_as_missing(tmp_path):
   written = results.write_results(SPEC, str(tmp_path / 'none'), str(tmp_path / 'out'), now=NOW)
   text = open(written['results.md'], encoding='utf-8').read()
-  assert 'Incomplete: 0 of 321 runs have finished.' in text
-  # Every run is listed once per table it is in: the 6 DiLoCo and streaming runs twice.
-  assert text.count(': not started (`') == 321 + 6
-  # Rows: 5 semisync, 16 + 16 semisync_work, 5 + 5 semisync_budget, 8 + 5 compression
+  assert 'Incomplete: 0 of 342 runs have finished.' in text
+  # Every run is listed once per table it is in: the 6 DiLoCo and streaming runs twice, and
+  # the 12 H = 16 runs of the low-communication sweep.
+  assert text.count(': not started (`') == 342 + 6 + 12
+  # Rows: 5 semisync, 17 + 17 semisync_work, 5 + 5 semisync_budget, 8 + 5 compression
   # (seed groups), 5 + 5 CO3; 3 + 2 streaming, 3 + 5 + 3 + 5 + 5 CIFAR-10, 3 + 3 + 3 + 4
-  # Shakespeare.
-  assert text.count('| *not finished* |') == 46 + 24 + 39
-  assert written['plots'] == [] and text.count('*No plots yet') == 8
-  # 15 + 6 claims of the Fashion-MNIST sections, 4 streaming, 8 CIFAR-10 budget claims.
-  assert text.count('| not measured') == 15 + 6 + 4 + 8
+  # Shakespeare; 5 + 4 low-communication.
+  assert text.count('| *not finished* |') == 48 + 24 + 39 + 9
+  assert written['plots'] == [] and text.count('*No plots yet') == 9
+  # 15 + 6 claims of the Fashion-MNIST sections, 4 streaming, 4 low-communication, 8
+  # CIFAR-10 budget claims.
+  assert text.count('| not measured') == 15 + 6 + 4 + 4 + 8
 
 
 def test_spec_is_consistent():
   """Every claim names existing tables, valid expressions and a known source."""
   tables = {t['name']: t for s in SPEC.SECTIONS for t in s['tables']}
   ids = [c['id'] for s in SPEC.SECTIONS for c in s['claims']]
-  assert len(ids) == len(set(ids)) == 33
+  assert len(ids) == len(set(ids)) == 37
   for s in SPEC.SECTIONS:
     for c in s['claims'] + s.get('readings', []):
       assert set(c['tables']) <= set(tables)
@@ -1039,7 +1070,7 @@ def test_cli_no_run_from_another_directory(tmp_path):
                      cwd=tmp_path, capture_output=True, text=True, timeout=600, check=False)
   assert p.returncode == 0, p.stderr
   assert p.stdout.splitlines()[0] == os.path.join('o', 'results.md')
-  assert '316 runs not finished' in p.stderr
+  assert '337 runs not finished' in p.stderr
   text = (tmp_path / 'o' / 'results.md').read_text(encoding='utf-8')
   assert 'make_results.py --root workdirs --out o' in text
   assert '--workdir=workdirs/semisync/sync.strategy=sync__train.eval_every=40' in text
@@ -1064,15 +1095,16 @@ def test_cli_runs_the_missing_sweeps_first(tmp_path, caplog, monkeypatch):
                                       for n in ('semisync', 'semisync_work', 'semisync_budget',
                                                 'compression',
                                                 'co3_iid', 'co3_paper', 'shakespeare_streaming',
+                                                'shakespeare_lowcomm',
                                                 'cifar10_semisync', 'cifar10_compression',
                                                 'cifar10_co3', 'cifar10_semisync_budget',
                                                 'shakespeare_semisync',
                                                 'shakespeare_compression', 'shakespeare_co3',
                                                 'shakespeare_diloco')]
-  # Said once, before the first launch: 316 runs are missing (seeds 1, 2 of semisync).
+  # Said once, before the first launch: 337 runs are missing (seeds 1, 2 of semisync).
   assert launched[0][1][0].startswith(
-      f'316 runs missing (semisync: 10, semisync_work: 96, semisync_budget: 30, compression: 39, co3_iid: 15, co3_paper: 15, '
-      'shakespeare_streaming: 9, cifar10_semisync: 9, cifar10_compression: 15, cifar10_co3: 9, '
+      f'337 runs missing (semisync: 10, semisync_work: 102, semisync_budget: 30, compression: 39, co3_iid: 15, co3_paper: 15, '
+      'shakespeare_streaming: 9, shakespeare_lowcomm: 15, cifar10_semisync: 9, cifar10_compression: 15, cifar10_co3: 9, '
       'cifar10_semisync_budget: 30, shakespeare_semisync: 9, shakespeare_compression: 9, shakespeare_co3: 9, '
       f'shakespeare_diloco: 12) under {root}: launching')
 

@@ -582,7 +582,11 @@ def judge(claim: dict, by_name: dict, min_seeds: int = MIN_SEEDS) -> Judged:
   passing, provisional = measured, False
   if claim.get('require'):
     rexpr, rop, rthr = _rule(claim['require'])
-    checks = [assess(*r, rexpr, rop, rthr, min_seeds) for r in measured]
+    other = by_name[claim['require_table']] if claim.get('require_table') else None
+    at = lambda r: r if other is None else (other, r[1])  # the same point, other baseline
+    if other is not None:
+      measured = [r for r in measured if r[1] in other.groups and r[1] != other.base_gid]
+    checks = [assess(*at(r), rexpr, rop, rthr, min_seeds) for r in measured]
     passing = [r for r, a in zip(measured, checks) if a.status == 'met']
     if not passing:
       passing = [r for r, a in zip(measured, checks) if a.status == 'provisional'
@@ -596,11 +600,11 @@ def judge(claim: dict, by_name: dict, min_seeds: int = MIN_SEEDS) -> Judged:
   if not cands:  # closest to passing by the same rule: the unfavourable end of mean ± SE
     sign = 1 if rop in ('>=', '>') else -1
     def end(r):
-      st = seed_stat(*r, rexpr)
+      st = seed_stat(*at(r), rexpr)
       return -math.inf if st.mean is None else sign * st.mean - (st.sem or 0.0)
     closest = max(measured, key=end)
     return Judged(claim, None, None, False, f'none (closest: {_row_name(closest, claim)}, '
-                  f'{prose(*closest, rexpr)})', f'not met: no row with {_require_text(claim)} '
+                  f'{prose(*at(closest), rexpr)})', f'not met: no row with {_require_text(claim)} '
                   f'by mean ± standard error over ≥ {min_seeds} seeds', 'not met')
   row = max(cands, key=lambda r: better(pick) * number(*r, pick))  # the best by ``pick``
   x = number(*row, value)
