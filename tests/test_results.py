@@ -978,9 +978,10 @@ def test_page_structure_plots_and_missing_runs(root, tmp_path):
   # rows not finished (3 + 2 streaming, 3 + 5 + 3 + 2 x 5 CIFAR-10, 3 + 3 + 3 + 4
   # Shakespeare); issue 49's equal-work sweep, none here: 102 runs, 2 x 17 rows; and issue
   # 53's low-communication sweep, none here: 15 runs, 5 + 4 rows; issue 49's CIFAR-10 and LM
-  # equal-work sweeps, none here: 15 + 12 runs, 5 + 4 rows.
+  # equal-work sweeps, none here: 15 + 12 runs, 5 + 4 rows; the equal-work semi_sync arms
+  # against plain semi_sync: 2 x 14 rows.
   assert 'Incomplete: 35 of 369 runs have finished.' in text
-  assert text.count('| *not finished* |') == 21 + 39 + 34 + 9 + 9
+  assert text.count('| *not finished* |') == 21 + 39 + 34 + 9 + 9 + 28
   assert 'Generated 2025-01-02 03:04 UTC' in text
   assert 'python3 docs/results/make_results.py --root' in text
   for claim in ('up to 66%', 'up to 43%', 'up to 92%', '≈ 95%', '270–600×',
@@ -1032,23 +1033,25 @@ def test_empty_root_lists_everything_as_missing(tmp_path):
   text = open(written['results.md'], encoding='utf-8').read()
   assert 'Incomplete: 0 of 369 runs have finished.' in text
   # Every run is listed once per table it is in: the 6 DiLoCo and streaming runs twice, and
-  # the 12 H = 16 runs of the low-communication sweep.
-  assert text.count(': not started (`') == 369 + 6 + 12
+  # the 12 H = 16 runs of the low-communication sweep and the 84 semi_sync runs of the
+  # equal-work sweep (against sync and against plain semi_sync).
+  assert text.count(': not started (`') == 369 + 6 + 12 + 84
   # Rows: 5 semisync, 17 + 17 semisync_work, 5 + 5 semisync_budget, 8 + 5 compression
   # (seed groups), 5 + 5 CO3; 3 + 2 streaming, 3 + 5 + 3 + 5 + 5 CIFAR-10, 3 + 3 + 3 + 4
-  # Shakespeare; 5 + 4 low-communication; 5 + 4 CIFAR-10 and LM equal work.
-  assert text.count('| *not finished* |') == 48 + 24 + 39 + 9 + 9
+  # Shakespeare; 5 + 4 low-communication; 5 + 4 CIFAR-10 and LM equal work; 14 + 14
+  # semi_sync arms against plain semi_sync.
+  assert text.count('| *not finished* |') == 48 + 24 + 39 + 9 + 9 + 28
   assert written['plots'] == [] and text.count('*No plots yet') == 9
   # 15 + 6 claims of the Fashion-MNIST sections, 4 streaming, 4 low-communication, 8
-  # CIFAR-10 budget claims, 3 + 3 CIFAR-10 and LM equal-work claims.
-  assert text.count('| not measured') == 15 + 6 + 4 + 4 + 8 + 3 + 3
+  # CIFAR-10 budget claims, 3 + 3 CIFAR-10 and LM equal-work claims, 2 progress-aware.
+  assert text.count('| not measured') == 15 + 6 + 4 + 4 + 8 + 3 + 3 + 2
 
 
 def test_spec_is_consistent():
   """Every claim names existing tables, valid expressions and a known source."""
   tables = {t['name']: t for s in SPEC.SECTIONS for t in s['tables']}
   ids = [c['id'] for s in SPEC.SECTIONS for c in s['claims']]
-  assert len(ids) == len(set(ids)) == 43
+  assert len(ids) == len(set(ids)) == 45
   for s in SPEC.SECTIONS:
     for c in s['claims'] + s.get('readings', []):
       assert set(c['tables']) <= set(tables)
