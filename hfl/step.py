@@ -1186,18 +1186,20 @@ def squared_distance(a, b, part=None) -> jax.Array:
   ``part`` = (index int32[], parts): only this member's share of every leaf
   (hfl.collectives.share); the shares of the ``parts`` members add up to the whole.
   """
-  total = jnp.float32(0)
+  flat = []
   for x, y in zip(jax.tree.leaves(a), jax.tree.leaves(b)):
     d = x.astype(jnp.float32) - y.astype(jnp.float32)
     if part is not None:
       d, ok = collectives.share(d, part[1], part[0])
       d = jnp.where(ok, d, 0)
-    d = d.reshape(-1)
-    # A dot, not jnp.sum(d * d): jaxlib 0.10's XLA:CPU sends such reductions to
-    # YNNPACK, where this one (independent of the rest of the step) stalled the CO3
-    # round step for ~0.9 s (docs/benchmarks.md, "YNNPACK reduce fusions").
-    total = total + jnp.dot(d, d)
-  return total
+    flat.append(d.reshape(-1))
+  if not flat:
+    return jnp.float32(0)
+  d = jnp.concatenate(flat) if len(flat) > 1 else flat[0]
+  # A dot, not jnp.sum(d * d): jaxlib 0.10's XLA:CPU sends such reductions to
+  # YNNPACK, where this one (independent of the rest of the step) stalled the CO3
+  # round step for ~0.9 s (docs/benchmarks.md, "YNNPACK reduce fusions").
+  return jnp.dot(d, d)
 
 
 def _fragment_exchange(setup: Setup, state: TrainState, weights, key, frag):
@@ -1556,12 +1558,49 @@ def _check_scaffold(state_like: TrainState, scaffold, stream) -> None:
                      'Streaming DiLoCo (fragments sync on their own schedule)')
 
 
+# TrainState fields a round program (any truthy ``do_round``) does not donate. It writes
+# the new global model into both; donated, XLA:CPU copies every leaf of both at the
+# program's start to keep the old values readable (24 extra copies in the default CNN's
+# round program, docs/benchmarks.md "Operation counts"). Not donated, the round holds
+# two more copies of the model at its peak; the iteration program donates everything.
+ROUND_HELD = ('params', 'global_params')
+
+
+class _HeldJit(NamedTuple):
+  """A jitted ``f(state, *rest)`` that donates the state except the fields ``held``:
+  called and lowered with the whole state, as ``jax.jit(f, donate_argnums=(0,))``."""
+  jitted: Any  # jax.jit of (state without ``held``, tuple of held fields, *rest)
+  held: tuple
+
+  def _split(self, state, rest):
+    return (state._replace(**{n: None for n in self.held}),
+            tuple(getattr(state, n) for n in self.held), *rest)
+
+  def __call__(self, state, *rest):
+    return self.jitted(*self._split(state, rest))
+
+  def lower(self, state, *rest):
+    return self.jitted.lower(*self._split(state, rest))
+
+
+def _donating_jit(f: Callable, do_round, **kw):
+  """``jax.jit(f, donate_argnums=(0,))`` for an iteration program; for a round program
+  the state is donated except :data:`ROUND_HELD`."""
+  if not do_round:
+    return jax.jit(f, donate_argnums=(0,), **kw)
+  held = ROUND_HELD
+  def g(donated, kept, *rest):
+    return f(donated._replace(**dict(zip(held, kept))), *rest)
+  return _HeldJit(jax.jit(g, donate_argnums=(0,), **kw), held)
+
+
 def _programs(body: Callable, mesh: Mesh, specs, mode: str, shape: tuple,
               state_like: TrainState) -> Callable:
   """``step(state, batch, active, weights, do_round)``: the jitted ``body`` of each
   ``do_round`` (:func:`program_key`; False and True built now, an Event's on first
   use, all in ``step.jitted``), ``shard_map``'d over ``mesh`` or (``mode='vmap'``)
-  under nested vmaps of ``shape`` = (D, W) members; the state donated."""
+  under nested vmaps of ``shape`` = (D, W) members; the state donated (a round
+  program's except :data:`ROUND_HELD`)."""
   def build(do_round):
     if mode == 'vmap':
       return build_vmap(do_round)
@@ -1569,7 +1608,7 @@ def _programs(body: Callable, mesh: Mesh, specs, mode: str, shape: tuple,
         lambda s, x, y, a, w: body(s, x, y, a, w, do_round), mesh=mesh,
         in_specs=(specs, P(DC, WORKER), P(DC, WORKER), P(DC), P()),
         out_specs=(specs, P(DC, WORKER)))
-    return jax.jit(f, donate_argnums=(0,))
+    return _donating_jit(f, do_round)
 
   def build_vmap(do_round):
     def member(s, x, y, a, w):
@@ -1590,7 +1629,7 @@ def _programs(body: Callable, mesh: Mesh, specs, mode: str, shape: tuple,
     if mesh.size == 1:  # outputs stay on the state's (1 x 1 mesh) shardings
       placed['out_shardings'] = (
           state_shardings(mesh, state_like), NamedSharding(mesh, P(DC, WORKER)))
-    return jax.jit(f, donate_argnums=(0,), **placed)
+    return _donating_jit(f, do_round, **placed)
 
   compiled = {False: build(False), True: build(True)}
 
