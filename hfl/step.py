@@ -501,15 +501,23 @@ def _codes(arrays, part, bit: int, dtype) -> list:
   return out
 
 
+def fused_concat(arrays: list) -> jax.Array:
+  """The concatenation of flat arrays of one dtype, written into one buffer for a
+  single reduction: groups of :data:`FLAG_GROUP` arrays (each group and the arrays'
+  producers one fusion on XLA:CPU, which fuses a concatenation only up to 8 operands),
+  then the groups. The barriers keep XLA from splitting a reduction of the result back
+  into one reduction per array (its algebraic simplifier's reduce-of-concatenate rule)
+  and from merging the groups again."""
+  barrier = jax.lax.optimization_barrier
+  groups = [jnp.concatenate(arrays[i:i + FLAG_GROUP])
+            for i in range(0, len(arrays), FLAG_GROUP)]
+  return barrier(jnp.concatenate(barrier(groups)) if len(groups) > 1 else groups[0])
+
+
 def _or_all(codes: list) -> jax.Array:
   """uint32[]: the OR of every entry of ``codes`` (flat arrays of one unsigned dtype),
-  written into one buffer (groups of :data:`FLAG_GROUP` arrays, each group's codes
-  one fusion) and reduced once. The barriers keep XLA from splitting the reduction
-  of a concatenation back into one reduction per array (its algebraic simplifier's
-  reduce-of-concatenate rule) and from merging the groups again."""
-  barrier = jax.lax.optimization_barrier
-  groups = [jnp.concatenate(codes[i:i + FLAG_GROUP]) for i in range(0, len(codes), FLAG_GROUP)]
-  flat = barrier(jnp.concatenate(barrier(groups)) if len(groups) > 1 else groups[0])
+  concatenated by :func:`fused_concat` and reduced once."""
+  flat = fused_concat(codes)
   zero = np.zeros((), flat.dtype)
   return jax.lax.reduce(flat, zero, jax.lax.bitwise_or, (0,)).astype(jnp.uint32)
 
@@ -1195,7 +1203,7 @@ def squared_distance(a, b, part=None) -> jax.Array:
     flat.append(d.reshape(-1))
   if not flat:
     return jnp.float32(0)
-  d = jnp.concatenate(flat) if len(flat) > 1 else flat[0]
+  d = fused_concat(flat)
   # A dot, not jnp.sum(d * d): jaxlib 0.10's XLA:CPU sends such reductions to
   # YNNPACK, where this one (independent of the rest of the step) stalled the CO3
   # round step for ~0.9 s (docs/benchmarks.md, "YNNPACK reduce fusions").
