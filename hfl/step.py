@@ -1568,9 +1568,10 @@ def _check_scaffold(state_like: TrainState, scaffold, stream) -> None:
 
 # TrainState fields a round program (any truthy ``do_round``) does not donate. It writes
 # the new global model into both; donated, XLA:CPU copies every leaf of both at the
-# program's start to keep the old values readable (24 extra copies in the default CNN's
-# round program, docs/benchmarks.md "Operation counts"). Not donated, the round holds
-# two more copies of the model at its peak; the iteration program donates everything.
+# program's start to keep the old values readable (16 extra copies in the default CNN's
+# round program, docs/benchmarks.md "Top-level operations of the step programs"). Not
+# donated, the round holds two more copies of the model at its peak; the iteration
+# program donates everything.
 ROUND_HELD = ('params', 'global_params')
 
 
@@ -1596,10 +1597,9 @@ def _donating_jit(f: Callable, do_round, **kw):
   the state is donated except :data:`ROUND_HELD`."""
   if not do_round:
     return jax.jit(f, donate_argnums=(0,), **kw)
-  held = ROUND_HELD
   def g(donated, kept, *rest):
-    return f(donated._replace(**dict(zip(held, kept))), *rest)
-  return _HeldJit(jax.jit(g, donate_argnums=(0,), **kw), held)
+    return f(donated._replace(**dict(zip(ROUND_HELD, kept))), *rest)
+  return _HeldJit(jax.jit(g, donate_argnums=(0,), **kw), ROUND_HELD)
 
 
 def _programs(body: Callable, mesh: Mesh, specs, mode: str, shape: tuple,
