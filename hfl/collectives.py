@@ -138,6 +138,29 @@ def _bucket_key(x, pack_bytes: bool):
   return ('dtype', str(dtype), _vma(x))
 
 
+# Arrays one concatenation takes: XLA:CPU fuses a concatenation with its elementwise
+# producers only up to 8 operands (measured, jax 0.10); past that it writes every
+# operand out on its own and then copies them all into the result.
+CONCAT_GROUP = 8
+
+
+def grouped_concat(arrays: Sequence[jax.Array]) -> jax.Array:
+  """``jnp.concatenate(arrays)`` (flat arrays of one dtype) built as groups of
+  :data:`CONCAT_GROUP` arrays, then the groups.
+
+  The same values; on XLA:CPU each group is one fusion with its arrays' producers, and
+  an optimization barrier keeps XLA from merging the groups back into one
+  concatenation of every array. Measured with ``bench/op_count.py``
+  (docs/benchmarks.md, issue 52): the round program of a model with more than 8
+  leaves loses about one operation per leaf.
+  """
+  if len(arrays) == 1:
+    return arrays[0]
+  groups = [jnp.concatenate(arrays[i:i + CONCAT_GROUP])
+            for i in range(0, len(arrays), CONCAT_GROUP)]
+  return jnp.concatenate(jax.lax.optimization_barrier(groups)) if len(groups) > 1 else groups[0]
+
+
 def fused_calls(calls: Sequence[Call]) -> list:
   """Results of ``calls``, with one collective per (group, bucket) of leaves.
 
@@ -160,7 +183,7 @@ def fused_calls(calls: Sequence[Call]) -> list:
     fn = calls[members[0][0]].fn
     pieces = [flats[ci][0][li] for ci, li in members]
     flat = [_to_bytes(x) if as_bytes else x.reshape(-1) for x in pieces]
-    out = fn(jnp.concatenate(flat) if len(flat) > 1 else flat[0])
+    out = fn(grouped_concat(flat))
     lead = tuple(out.shape[:-1])
     offset = 0
     for (ci, li), x, f in zip(members, pieces, flat):

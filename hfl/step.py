@@ -477,11 +477,6 @@ def flag_layout(links: Sequence['LinkCharge']) -> tuple:
   return tuple(where for where, _, _ in flag_items(links))
 
 
-# Arrays whose codes one fusion writes: XLA:CPU fuses a concatenation with its
-# elementwise producers only up to 8 operands (measured, jax 0.10).
-FLAG_GROUP = 8
-
-
 def _code_dtype(num_bits: int):
   """The narrowest unsigned dtype holding ``num_bits`` (<= 32) flag bits."""
   return jnp.uint8 if num_bits <= 8 else jnp.uint16 if num_bits <= 16 else jnp.uint32
@@ -503,15 +498,12 @@ def _codes(arrays, part, bit: int, dtype) -> list:
 
 def fused_concat(arrays: list) -> jax.Array:
   """The concatenation of flat arrays of one dtype, written into one buffer for a
-  single reduction: groups of :data:`FLAG_GROUP` arrays (each group and the arrays'
-  producers one fusion on XLA:CPU, which fuses a concatenation only up to 8 operands),
-  then the groups. The barriers keep XLA from splitting a reduction of the result back
-  into one reduction per array (its algebraic simplifier's reduce-of-concatenate rule)
-  and from merging the groups again."""
-  barrier = jax.lax.optimization_barrier
-  groups = [jnp.concatenate(arrays[i:i + FLAG_GROUP])
-            for i in range(0, len(arrays), FLAG_GROUP)]
-  return barrier(jnp.concatenate(barrier(groups)) if len(groups) > 1 else groups[0])
+  single reduction: :func:`hfl.collectives.grouped_concat` (groups of
+  :data:`hfl.collectives.CONCAT_GROUP` arrays, each one fusion with its producers on
+  XLA:CPU), behind an optimization barrier that keeps XLA from splitting a reduction of
+  the result back into one reduction per array (its algebraic simplifier's
+  reduce-of-concatenate rule)."""
+  return jax.lax.optimization_barrier(collectives.grouped_concat(arrays))
 
 
 def _or_all(codes: list) -> jax.Array:
@@ -531,7 +523,7 @@ def fused_flags(links: Sequence['LinkCharge'], num_words: int) -> jax.Array:
   word's bits), and the entries of the 32 items of one word, concatenated, are
   OR-reduced at once (:func:`_or_all`). A few operations per 32
   flag bits instead of several per leaf and link (on XLA:CPU: one per
-  :data:`FLAG_GROUP` arrays, one concatenation, and a chain of about log_32 of its
+  :data:`hfl.collectives.CONCAT_GROUP` arrays, one concatenation, and a chain of about log_32 of its
   length reduce-windows). :func:`host_metrics` unpacks the bits into the per-leaf
   flags :func:`finiteness_flags` gives. Words past the last bit are 0.
 

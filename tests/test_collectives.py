@@ -4,7 +4,9 @@ References are numpy (sums and stacks of the host arrays) and the per-leaf JAX
 collectives; the number of collectives is read from the lowered StableHLO.
 """
 
+import os
 import re
+import sys
 
 import jax
 import jax.numpy as jnp
@@ -14,6 +16,10 @@ from jax.sharding import NamedSharding, PartitionSpec as P
 
 from hfl import collectives
 from hfl import mesh as mesh_lib
+
+sys.path.insert(0, os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(__file__))),
+                                'bench'))
+import hlo_ops  # noqa: E402  pylint: disable=g-import-not-at-top
 
 D, W = 2, 4
 
@@ -99,6 +105,34 @@ def test_fused_psum_equals_numpy_sums_with_one_all_reduce_per_dtype():
   assert _count(f.lower(tree).as_text(), 'all_reduce') == 4
   unfused = _shard_dc(lambda t: jax.tree.map(lambda a: jax.lax.psum(a, 'dc'), t), mesh)
   assert _count(unfused.lower(tree).as_text(), 'all_reduce') == len(tree)
+
+
+@pytest.mark.parametrize('n', [1, collectives.CONCAT_GROUP, 2 * collectives.CONCAT_GROUP + 1])
+def test_grouped_concat_is_the_concatenation(n):
+  rng = np.random.default_rng(n)
+  arrays = [rng.normal(size=(i % 5,)).astype(np.float32) for i in range(n)]  # some empty
+  got = jax.jit(collectives.grouped_concat)([jnp.asarray(a) for a in arrays])
+  np.testing.assert_array_equal(np.asarray(got), np.concatenate(arrays))
+
+
+def test_fused_psum_of_many_leaves_writes_them_in_groups():
+  """More leaves than one XLA:CPU concatenation fusion takes: the same values as one
+  psum per leaf, and the compiled program writes the computed leaves into the
+  collective's buffer a group at a time (about one operation per leaf: its slice of the
+  result), not each leaf out on its own and then one unfused concatenation of them all
+  (about two per leaf; issue 52, bench/op_count.py)."""
+  n = 2 * collectives.CONCAT_GROUP + 1
+  rng = np.random.default_rng(3)
+  tree = [rng.normal(size=(D, 3 + i)).astype(np.float32) for i in range(n)]
+  body = lambda t: collectives.fused_psum([2 * a + 1 for a in t], 'dc')
+  f = _shard_dc(body, _mesh())
+  ref = _shard_dc(lambda t: [jax.lax.psum(2 * a + 1, 'dc') for a in t], _mesh())(tree)
+  for a, b in zip(f(tree), ref):
+    np.testing.assert_array_equal(np.asarray(a), np.asarray(b))
+  ops = hlo_ops.entry_opcodes(f.lower(tree).compile().as_text())
+  assert 'concatenate' not in ops, dict(ops)
+  groups = -(-n // collectives.CONCAT_GROUP)
+  assert hlo_ops.op_count(ops) <= n + groups + 2, dict(ops)  # ungrouped: 2 n + 2
 
 
 def test_fused_all_gather_moves_every_dtype_in_one_byte_buffer():

@@ -329,7 +329,7 @@ def test_fused_flags_name_what_the_per_leaf_flags_name(seed):
   and leaf exactly as finiteness_flags does leaf by leaf: non-finite inputs, payloads
   and residuals injected at random leaves, links and members of a 2 x 3 hierarchy
   (lossless and lossy leaves; the downlink, WAN and correction checked in shares; a
-  leaf with two checks; more than 32 flag bits and more than FLAG_GROUP arrays per
+  leaf with two checks; more than 32 flag bits and more than collectives.CONCAT_GROUP arrays per
   word), and first_nonfinite names the same leaf, link, DC and worker."""
   d, w, n = 2, 3, len(FUSED_SHAPES)
   rng = np.random.default_rng(seed)
