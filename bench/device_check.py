@@ -37,6 +37,16 @@ unchanged), with the data from ``.device/data`` at the paths the configs name
 archive's layout: ``runs/NAME/<run>/{config,summary}.json`` and ``metrics.jsonl``
 (finished runs; copy them into ``docs/results/runs/NAME`` for the page), plus
 ``partial/NAME/<run>/metrics.jsonl`` of runs the budget stopped.
+With ``--step_check`` it runs issue 52's accelerator check instead (the whole budget,
+shares :data:`STEP_SHARES`): the step benchmark as in stage 1 (hierarchical / data
+parallel with a round every iteration and at K = 4, MFU with ``--peak_tflops``), the
+same for ``transformer_large`` at global batch :data:`LARGE_BATCH`, ``bench/trace_step.py``
+(each program's GPU kernels and memsets per step, against the 872 of the hierarchical
+transformer step before issue 52, docs/benchmarks.md), then two hierarchies trained in
+the one-device mode (``mesh.simulate=vmap``): ``configs/default.py``'s 2 DCs x 4
+workers on Fashion-MNIST, and ``configs/cifar10.py`` as semi_sync on 4 DCs x 2 workers
+at speeds 3 : 2 : 1.5 : 1 (configs/sweeps/workloads.py's heterogeneous setting).
+``--prepare`` copies Fashion-MNIST's IDX files too where ``--fmnist_dir`` has them.
 What comes back (in ``--out``, two files): ``device_check.md`` (the host, the
 benchmark table, and per config the iteration of its last evaluation, steps/s, that
 evaluation and whether it finished; rewritten after every stage, so a call cut short
@@ -67,6 +77,9 @@ if REPO not in sys.path:
 from hfl import mesh as mesh_lib, metrics as metrics_lib  # noqa: E402  pylint: disable=g-import-not-at-top
 DEVICE_DIR = os.path.join(REPO, '.device')
 DATA_FILES = {'cifar10': 'cifar10-jpeg.tar.gz', 'shakespeare': 'tinyshakespeare.txt'}
+FMNIST_DIR = 'fashion-mnist'  # under .device/data: the four IDX files of Fashion-MNIST
+FMNIST_FILES = ('train-images-idx3-ubyte.gz', 'train-labels-idx1-ubyte.gz',
+                't10k-images-idx3-ubyte.gz', 't10k-labels-idx1-ubyte.gz')
 WHEELS = ['ml_collections==1.1.0', 'tensorboardX==2.6.5']
 CONFIGS = [('cifar10', 'cifar10'), ('shakespeare', 'shakespeare'),
            ('cifar10_resnet20', 'cifar10')]  # (config, its data file's key)
@@ -75,6 +88,26 @@ BENCH_MODELS = 'cnn,cifar_cnn,resnet20,transformer'
 # CONFIGS' order.
 SHARES = (0.25, 0.06, 0.21, 0.21, 0.27)
 MAX_BUDGET_S = 560.0  # one device command runs for at most 600 s
+# --step_check: shares of --budget_s for the step benchmark, transformer_large's, the
+# trace, and the two one-device hierarchies.
+STEP_SHARES = (0.22, 0.18, 0.14, 0.2, 0.26)
+LARGE_BATCH = 32  # transformer_large's global batch (fits an 80 GB GPU, docs/benchmarks.md)
+
+
+LARGE_MODEL = 'transformer_large'
+TRACE_MODELS = 'transformer,cnn'
+
+
+def hierarchy_runs() -> list[tuple[str, str, str, list[str]]]:
+  """--step_check's one-device trainings: (name, config, its data under .device,
+  main.py flags beyond them), each with ``mesh.simulate=vmap``."""
+  from configs.sweeps import workloads  # pylint: disable=g-import-not-at-top
+  semi = [f'--config.{k}={v}' for k, v in workloads.HETEROGENEOUS.items()]
+  data = os.path.join(DEVICE_DIR, 'data')
+  return [('default_2x4', 'default', os.path.join(data, FMNIST_DIR),
+           ['--config.mesh.simulate=vmap']),
+          ('cifar10_semisync_4x2', 'cifar10', os.path.join(data, DATA_FILES['cifar10']),
+           ['--config.mesh.simulate=vmap', '--config.sync.strategy=semi_sync', *semi])]
 
 
 def check_data_dir(data_dir: str) -> None:
@@ -103,14 +136,22 @@ def check_data_dir(data_dir: str) -> None:
                      'there)')
 
 
-def prepare(data_dir: str, python_version: str) -> None:
-  """Fills ``.device/`` (data and wheels); ValueError from :func:`check_data_dir` for a
-  bad ``data_dir``, before anything is written."""
+def prepare(data_dir: str, python_version: str, fmnist_dir: str | None = None) -> None:
+  """Fills ``.device/`` (data and wheels; Fashion-MNIST's IDX files from ``fmnist_dir``
+  where it holds all four, for ``--step_check``); ValueError from :func:`check_data_dir`
+  for a bad ``data_dir``, before anything is written."""
   check_data_dir(data_dir)
   os.makedirs(os.path.join(DEVICE_DIR, 'data'), exist_ok=True)
-  for name in DATA_FILES.values():
-    src = os.path.join(data_dir, name)
-    dst = os.path.join(DEVICE_DIR, 'data', name)
+  copies = [(os.path.join(data_dir, n), os.path.join(DEVICE_DIR, 'data', n))
+            for n in DATA_FILES.values()]
+  if fmnist_dir and all(os.path.isfile(os.path.join(fmnist_dir, n)) for n in FMNIST_FILES):
+    os.makedirs(os.path.join(DEVICE_DIR, 'data', FMNIST_DIR), exist_ok=True)
+    copies += [(os.path.join(fmnist_dir, n), os.path.join(DEVICE_DIR, 'data', FMNIST_DIR, n))
+               for n in FMNIST_FILES]
+  elif fmnist_dir:
+    print(f'warning: --fmnist_dir={fmnist_dir} lacks Fashion-MNIST\'s IDX files '
+          f'({", ".join(FMNIST_FILES)}); --step_check will need them', file=sys.stderr)
+  for src, dst in copies:
     if os.path.exists(dst):
       os.remove(dst)
     shutil.copyfile(src, dst)
@@ -120,7 +161,8 @@ def prepare(data_dir: str, python_version: str) -> None:
   cmd = [sys.executable, '-m', 'pip', 'download', '-q', '--no-deps', '--only-binary=:all:',
          '--python-version', python_version, '--implementation', 'cp', '-d', whl, *WHEELS]
   subprocess.run(cmd, check=True)
-  size = sum(os.path.getsize(f) for f in glob.glob(os.path.join(DEVICE_DIR, '*', '*')))
+  size = sum(os.path.getsize(f) for f in glob.glob(os.path.join(DEVICE_DIR, '**'),
+                                                    recursive=True) if os.path.isfile(f))
   print(f'{DEVICE_DIR}: {size / 1e6:.1f} MB (data: {", ".join(DATA_FILES.values())}; wheels: '
         f'{", ".join(sorted(os.listdir(whl)))}); carry ".device" to the accelerator host')
 
@@ -161,10 +203,46 @@ def overrides(config: str, d: int, w: int, num_steps: int = 0) -> list[str]:
   flags = [f'--config.mesh.num_dcs={d}', f'--config.mesh.workers_per_dc={w}',
            f'--config.network.dc_speed={(1.0,) * d}',
            f'--config.train.batch_size={max(1, batch // (d * w))}']
-  if num_steps:
-    flags += [f'--config.train.num_steps={num_steps}',
-              f'--config.optimizer.warmup_steps={min(c.optimizer.warmup_steps, num_steps // 10)}']
-  return flags
+  return flags + shorten(c, num_steps)
+
+
+def shorten(c, num_steps: int) -> list[str]:
+  """main.py flags that stop config ``c`` after ``num_steps`` iterations (none for 0),
+  its warm-up then at most a tenth of them."""
+  if not num_steps:
+    return []
+  return [f'--config.train.num_steps={num_steps}',
+          f'--config.optimizer.warmup_steps={min(c.optimizer.warmup_steps, num_steps // 10)}']
+
+
+def _host_line(env) -> str:
+  info = subprocess.run([sys.executable, '-c', 'import jax; print(jax.__version__, '
+                         'jax.default_backend(), jax.device_count(), '
+                         'jax.devices()[0].device_kind)'],
+                        capture_output=True, text=True, env=env, cwd=REPO, timeout=120)
+  return f'jax, backend, devices, kind: `{(info.stdout or info.stderr).strip()}`'
+
+
+def _command_stage(cmd: list, log_path: str, allowed: float, env, keep) -> tuple:
+  """Runs a benchmark command for at most ``allowed`` s: (rc or None, wall s, the
+  report's lines: the command, then the lines of its output that ``keep`` accepts)."""
+  rc, wall = _run(cmd, log_path, allowed, env)
+  lines = [f'`{" ".join(cmd[1:])}` ({"exit " + str(rc) if rc is not None else "stopped"}, '
+           f'{wall:.0f} s):', '']
+  with open(log_path) as f:
+    lines += [l.rstrip() for l in f if keep(l)]
+  return rc, wall, lines
+
+
+def _bench_cmd(models: str, mesh: str, batch: int, steps: int, blocks: int,
+               peak_tflops: float | None) -> list:
+  cmd = [sys.executable, 'bench/step_throughput.py', f'--model={models}', f'--mesh={mesh}',
+         f'--batch={batch}', f'--steps={steps}', f'--blocks={blocks}']
+  return cmd + ([f'--peak_tflops={peak_tflops}'] if peak_tflops else [])
+
+
+def _bench_lines(line: str) -> bool:
+  return line.startswith(('|', 'peak', 'allocator'))
 
 
 def _config_row(name: str, workdir: str, rc, wall_s: float) -> str:
@@ -283,27 +361,16 @@ def check(out: str, mesh: str, budget_s: float, peak_tflops: float | None,
   ok = True
   try:
     env = _env()
-    info = subprocess.run([sys.executable, '-c', 'import jax; print(jax.__version__, '
-                           'jax.default_backend(), jax.device_count(), '
-                           'jax.devices()[0].device_kind)'],
-                          capture_output=True, text=True, env=env, cwd=REPO, timeout=120)
-    lines += [f'jax, backend, devices, kind: `{(info.stdout or info.stderr).strip()}`', '']
+    lines += [_host_line(env), '']
     _save(out, work, lines)
     deadline = time.time() + budget_s
     spare = 0.0  # seconds the stages before left unused
-    bench_log = os.path.join(work, 'bench.out')
-    cmd = [sys.executable, 'bench/step_throughput.py', f'--model={bench_models}',
-           f'--mesh={mesh}', f'--batch={max(1, bench_batch // (d * w))}', '--steps=20',
-           '--blocks=5']
-    if peak_tflops:
-      cmd.append(f'--peak_tflops={peak_tflops}')
+    cmd = _bench_cmd(bench_models, mesh, max(1, bench_batch // (d * w)), 20, 5, peak_tflops)
     allowed = SHARES[0] * budget_s
-    rc, wall = _run(cmd, bench_log, allowed, env)
+    rc, wall, got = _command_stage(cmd, os.path.join(work, 'bench.out'), allowed, env,
+                                   _bench_lines)
     spare, ok = max(0.0, allowed - wall), ok and rc == 0
-    lines += [f'`{" ".join(cmd[1:])}` ({"exit " + str(rc) if rc is not None else "stopped"}, '
-              f'{wall:.0f} s):', '']
-    with open(bench_log) as f:
-      lines += [l.rstrip() for l in f if l.startswith(('|', 'peak', 'allocator'))]
+    lines += got
     cmd = [sys.executable, 'bench/max_pool.py', '--calls=20', '--blocks=3']
     allowed = SHARES[1] * budget_s + spare
     pool_log = os.path.join(work, 'max_pool.out')
@@ -337,6 +404,62 @@ def check(out: str, mesh: str, budget_s: float, peak_tflops: float | None,
   return 0 if ok else 1
 
 
+def check_step(out: str, budget_s: float, peak_tflops: float | None, num_steps: int = 0,
+               bench_models: str = BENCH_MODELS, bench_batch: int = 256) -> int:
+  """Issue 52's accelerator check on one device (module docstring, ``--step_check``):
+  the step benchmark of ``bench_models`` at global batch ``bench_batch`` and of
+  ``transformer_large``, the kernel trace, and :func:`hierarchy_runs` in the one-device
+  mode (``num_steps`` > 0 shortens them). Writes ``out``/device_check.{md,tar.gz} after
+  every stage; returns 0, or 1 when a stage failed or was stopped."""
+  from hfl import config as config_lib  # pylint: disable=g-import-not-at-top
+  os.makedirs(out, exist_ok=True)
+  work = '/tmp/hfl_device_check'
+  shutil.rmtree(work, ignore_errors=True)
+  os.makedirs(work)
+  lines = ['# hfl device check: the accelerator step (issue 52)', '']
+  ok = True
+  try:
+    env = _env()
+    lines += [_host_line(env), '']
+    _save(out, work, lines)
+    deadline = time.time() + budget_s
+    spare = 0.0
+    trace = lambda l: l.strip() and not l.startswith('    ')  # its summary, not its top ops
+    stages = [
+        ('bench', _bench_cmd(bench_models, '1,1', bench_batch, 20, 5, peak_tflops), _bench_lines),
+        ('bench_large', _bench_cmd(LARGE_MODEL, '1,1', LARGE_BATCH, 5, 3, peak_tflops),
+         _bench_lines),
+        ('trace', [sys.executable, 'bench/trace_step.py', f'--model={TRACE_MODELS}',
+                   '--mesh=1,1', f'--batch={bench_batch}', '--steps=10', '--blocks=3',
+                   f'--out={os.path.join(work, "trace")}'], trace)]
+    for (name, cmd, keep), share in zip(stages, STEP_SHARES):
+      allowed = min(share * budget_s + spare, deadline - time.time())
+      rc, wall, got = _command_stage(cmd, os.path.join(work, name + '.out'), allowed, env, keep)
+      spare, ok = max(0.0, allowed - wall), ok and rc == 0
+      lines += (got if name != 'trace' else got[:2] + ['```'] + got[2:] + ['```']) + ['']
+      _save(out, work, lines)
+    lines += ['One-device mode (`mesh.simulate=vmap`): each hierarchy at its own D x W.', '',
+              '| run | state | iteration of the last evaluation | steps/s (incl. compile, '
+              'evals) | last evaluation | wall s |', '|---|---|---:|---:|---|---:|']
+    for (name, config, data, flags), share in zip(hierarchy_runs(), STEP_SHARES[3:]):
+      c = config_lib.load_file(os.path.join(REPO, 'configs', config + '.py'))
+      workdir = os.path.join(work, name)
+      cmd = [sys.executable, 'main.py', f'--config=configs/{config}.py', f'--workdir={workdir}',
+             *flags, *shorten(c, num_steps), f'--config.dataset.data_dir={data}']
+      allowed = min(share * budget_s + spare, deadline - time.time())
+      rc, wall = _run(cmd, os.path.join(work, name + '.out'), allowed, env)
+      spare, ok = max(0.0, allowed - wall), ok and rc == 0
+      lines.append(_config_row(name, workdir, rc, wall))
+      print(lines[-1], flush=True)
+      _save(out, work, lines)
+  except Exception as e:  # pylint: disable=broad-except
+    lines += ['', f'**The check itself failed**: {type(e).__name__}: {e}']
+    ok = False
+  _save(out, work, lines)
+  print('\n'.join(lines))
+  return 0 if ok else 1
+
+
 def main(argv=None) -> int:
   ap = argparse.ArgumentParser(description=__doc__.split('\n')[0])
   ap.add_argument('--prepare', action='store_true', help='fill .device/ (here, not there)')
@@ -357,6 +480,10 @@ def main(argv=None) -> int:
                   help='models of the step benchmark (bench/step_throughput.py --model), e.g. '
                        'transformer_large, the benchmark-only 12 x 768 transformer at sequence '
                        '512 (with --bench_batch=32 it fits an 80 GB GPU)')
+  ap.add_argument('--step_check', action='store_true',
+                  help='issue 52\'s accelerator check instead of the stages (module docstring)')
+  ap.add_argument('--fmnist_dir', default='/usr/share/datasets/fashion-mnist',
+                  help='Fashion-MNIST\'s IDX files, copied by --prepare for --step_check')
   ap.add_argument('--bench_batch', type=int, default=256,
                   help='global batch of the step benchmark (split over the mesh)')
   args = ap.parse_args(argv)
@@ -365,7 +492,7 @@ def main(argv=None) -> int:
       check_data_dir(args.data_dir)
     except ValueError as e:
       ap.error(str(e))
-    prepare(args.data_dir, args.python_version)
+    prepare(args.data_dir, args.python_version, args.fmnist_dir)
     return 0
   try:
     mesh_lib.parse_shape(args.mesh)
@@ -384,6 +511,9 @@ def main(argv=None) -> int:
   missing += [f'whl/{n.split("==")[0]}' for n in WHEELS
               if importlib.util.find_spec(n.split('==')[0]) is None
               and not glob.glob(os.path.join(DEVICE_DIR, 'whl', n.split('==')[0].lower() + '-*'))]
+  if args.step_check and not all(os.path.exists(os.path.join(DEVICE_DIR, 'data', FMNIST_DIR, n))
+                                 for n in FMNIST_FILES):
+    missing.append(f'data/{FMNIST_DIR} (Fashion-MNIST, for --step_check; --fmnist_dir)')
   if missing:
     ap.error(f'{DEVICE_DIR} lacks {", ".join(missing)}: run --prepare first (and carry '
              '.device)')
@@ -392,6 +522,9 @@ def main(argv=None) -> int:
       ap.error(f'--sweep={args.sweep} is not a file (give e.g. '
                'configs/sweeps/cifar10_semisync.py, relative to the repository root)')
     return check_sweep(args.out, args.sweep, args.budget_s)
+  if args.step_check:
+    return check_step(args.out, args.budget_s, args.peak_tflops, args.num_steps,
+                      args.bench_models, args.bench_batch)
   return check(args.out, args.mesh, args.budget_s, args.peak_tflops, args.num_steps,
                args.bench_models, args.bench_batch)
 

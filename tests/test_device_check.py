@@ -158,3 +158,48 @@ def test_sweep_mode_returns_runs_in_the_archive_layout(tmp_path, monkeypatch, fa
         'config.json', 'metrics.jsonl', 'summary.json']
   md = (out / 'device_check.md').read_text()
   assert md.count('| finished |') == 2, md
+
+
+@pytest.mark.parametrize('i', range(len(device_check.hierarchy_runs())))
+def test_step_check_hierarchies_validate_and_run_vmapped(i):
+  """--step_check's one-device trainings: the default 2 x 4 and a 4 x 2 semi_sync."""
+  name, config, data, flags = device_check.hierarchy_runs()[i]
+  base, c = _apply(config, flags)
+  assert c.mesh.simulate == 'vmap' and data.startswith(device_check.DEVICE_DIR)
+  if name.startswith('default'):
+    assert (c.mesh.num_dcs, c.mesh.workers_per_dc) == (base.mesh.num_dcs,
+                                                       base.mesh.workers_per_dc) == (2, 4)
+  else:
+    assert (c.mesh.num_dcs, c.mesh.workers_per_dc, c.sync.strategy) == (4, 2, 'semi_sync')
+    assert len(set(c.network.dc_speed)) == 4
+
+
+def test_step_check_needs_fashion_mnist(tmp_path, monkeypatch, capsys):
+  dev = tmp_path / 'dev'
+  (dev / 'data').mkdir(parents=True)
+  for name in device_check.DATA_FILES.values():
+    (dev / 'data' / name).write_text(name)
+  monkeypatch.setattr(device_check, 'DEVICE_DIR', str(dev))
+  monkeypatch.setattr(device_check, 'WHEELS', [])
+  with pytest.raises(SystemExit):
+    device_check.main(['--step_check', f'--out={tmp_path}'])
+  assert 'fashion-mnist' in capsys.readouterr().err
+
+
+@pytest.mark.slow
+def test_step_check_runs_every_stage_on_cpu(tmp_path, monkeypatch, fake_data):
+  """The whole --step_check on this CPU, scaled down: the benchmarks and the trace of the
+  CNN, and one vmapped hierarchy (configs/smoke.py) on fake data; device_check.md has
+  each stage's table and the run finished."""
+  monkeypatch.setattr(device_check, 'LARGE_MODEL', 'cnn')
+  monkeypatch.setattr(device_check, 'TRACE_MODELS', 'cnn')
+  monkeypatch.setattr(device_check, 'hierarchy_runs', lambda: [
+      ('smoke_vmap', 'smoke', str(fake_data), ['--config.mesh.simulate=vmap'])])
+  out = tmp_path / 'out'
+  rc = device_check.check_step(str(out), budget_s=540, peak_tflops=None, num_steps=8,
+                               bench_models='cnn', bench_batch=8)
+  md = (out / 'device_check.md').read_text()
+  assert rc == 0, md
+  assert md.count('bench/step_throughput.py --model=cnn') == 2, md
+  assert 'bench/trace_step.py --model=cnn' in md and '```' in md, md
+  assert '| smoke_vmap | finished | 8 |' in md, md
