@@ -56,6 +56,9 @@ def get_config(arg: str | None = None) -> ml_collections.ConfigDict:
   c.optimizer.decay_steps = 0        # end of the decay, warm-up included (0 = train.num_steps)
   c.optimizer.final_lr_ratio = 0.0   # learning rate at the end of the decay / peak
   c.optimizer.freeze_second_moment_after = 0  # adam/adamw: v frozen after this step (0 = off)
+  c.optimizer.muon_adam_learning_rate = 0.0  # muon: its AdamW's peak lr (0 = learning_rate)
+  c.optimizer.muon_leaves = 'matrices'       # muon: matrices (2-D leaves) | kernels (weights)
+  c.optimizer.muon_exclude = ''              # muon: regex on leaf paths kept on AdamW
   c.optimizer.shard_state = False    # ZeRO-1: each worker holds 1/W of its DC's optimizer state
 
   c.train = ml_collections.ConfigDict()

@@ -2,6 +2,7 @@
 FedAvg, McMahan et al. 2017, and the inner optimizer of DiLoCo, Douillard et al. 2023) and their learning-rate schedules,
 built with optax."""
 
+import re
 from typing import NamedTuple
 
 import jax
@@ -163,6 +164,13 @@ def make_optimizer(cfg, total_steps: int | None = None) -> optax.GradientTransfo
   every other leaf (biases, norms, convolution kernels), both at the scheduled
   learning rate; ``weight_decay`` applies to both (scaled by the learning rate).
 
+  Muon's options: ``muon_adam_learning_rate`` (> 0: the peak learning rate of the AdamW
+  fallback, on the same schedule; 0: ``learning_rate``), ``muon_leaves`` ('matrices':
+  the 2-D leaves, optax's rule; 'kernels': every weight kernel of 2 or more axes,
+  :func:`muon_dimensions`) and ``muon_exclude`` (a regular expression on leaf paths
+  that take AdamW instead, e.g. the embeddings and the output head); other optimizers
+  refuse them when set.
+
   ``signum``: signSGD with momentum and decoupled weight decay (:func:`_signum`;
   momentum 0: DeMo's update, ``docs/demo.md``).
 
@@ -196,11 +204,24 @@ def make_optimizer(cfg, total_steps: int | None = None) -> optax.GradientTransfo
     opt = optax.chain(scale_by_adam_frozen_variance(freeze), *decay,
                       optax.scale_by_learning_rate(lr))
     return optax.chain(optax.add_decayed_weights(wd), opt) if wd and name == 'adam' else opt
+  adam_lr, leaves, exclude = _muon_fields(cfg)
   if name == 'muon':
     if not mom > 0:
       raise ValueError(f'optimizer.momentum={cfg.momentum} must be in (0, 1) for muon (its '
                        'Nesterov momentum β; 0.95 in the Muon and MuLoCo papers)')
-    return optax.contrib.muon(lr, beta=mom, weight_decay=wd, adam_weight_decay=wd)
+    ratio = adam_lr / float(cfg.learning_rate) if adam_lr else 1.0
+    adam_sched = None if not adam_lr else (
+        (lambda count: lr(count) * ratio) if callable(lr) else lr * ratio)
+    dims = None if leaves == 'matrices' and exclude is None else (
+        lambda params: muon_dimensions(params, leaves, exclude))
+    return optax.contrib.muon(lr, beta=mom, weight_decay=wd, adam_weight_decay=wd,
+                              adam_learning_rate=adam_sched,
+                              muon_weight_dimension_numbers=dims)
+  if adam_lr or leaves != 'matrices' or exclude is not None:
+    raise ValueError(f'optimizer.muon_adam_learning_rate, muon_leaves and muon_exclude are '
+                     f'options of optimizer.name=muon, got {name!r} with '
+                     f'{adam_lr!r}, {leaves!r}, {_field(cfg, "muon_exclude", "")!r} '
+                     "(their defaults: 0.0, 'matrices', '')")
   if name == 'adamw':
     return optax.adamw(lr, weight_decay=wd)
   if name == 'signum':
@@ -214,6 +235,64 @@ def make_optimizer(cfg, total_steps: int | None = None) -> optax.GradientTransfo
   if wd:
     opt = optax.chain(optax.add_decayed_weights(wd), opt)
   return opt
+
+
+MUON_LEAVES = ('matrices', 'kernels')
+_ATTENTION_IN = ('query', 'key', 'value')  # flax attention kernels [in, heads, head_dim]
+
+
+def _muon_fields(cfg) -> tuple:
+  """(muon_adam_learning_rate, muon_leaves, muon_exclude compiled or None), checked;
+  ValueError naming the field."""
+  adam_lr = _field(cfg, 'muon_adam_learning_rate', 0.0)
+  if isinstance(adam_lr, bool) or not isinstance(adam_lr, (int, float)) or not adam_lr >= 0:
+    raise ValueError(f'optimizer.muon_adam_learning_rate={adam_lr!r} must be a number >= 0 '
+                     '(0: optimizer.learning_rate)')
+  leaves = _field(cfg, 'muon_leaves', 'matrices')
+  if leaves not in MUON_LEAVES:
+    raise ValueError(f'optimizer.muon_leaves={leaves!r} is unknown; allowed: '
+                     f'{", ".join(MUON_LEAVES)}')
+  pattern = _field(cfg, 'muon_exclude', '')
+  if not isinstance(pattern, str):
+    raise ValueError(f'optimizer.muon_exclude={pattern!r} must be a string (a regular '
+                     "expression on leaf paths such as \"['Embed_0']['embedding']\"; '' = none)")
+  try:
+    exclude = re.compile(pattern) if pattern else None
+  except re.error as e:
+    raise ValueError(f'optimizer.muon_exclude={pattern!r} is not a valid regular expression '
+                     f'({e})') from e
+  return float(adam_lr), leaves, exclude
+
+
+def muon_dimensions(params, leaves: str, exclude):
+  """Per leaf of ``params``: how Muon sees it as a matrix
+  (``optax.contrib.MuonDimensionNumbers``), or None for the AdamW fallback.
+
+  ``leaves='matrices'``: every 2-D leaf, [fan_in, fan_out] (optax's default rule).
+  ``'kernels'``: every weight kernel (a leaf named ``kernel``, flax's name for the
+  weights of Dense, Conv and attention layers) of 2 or more axes, its last axis the
+  output and the others reduced (a convolution kernel [kh, kw, in, out] as a [kh·kw·in, out] matrix, flax
+  attention's output kernel [heads, head_dim, out] as [heads·head_dim, out]), except
+  flax attention's query, key and value kernels [in, heads, head_dim], whose output
+  is (heads, head_dim): each attention projection orthogonalised whole, as Muon's
+  reference implementation does with the fused matrices (Jordan et al. 2024). Leaves
+  whose path (``jax.tree_util.keystr``) matches ``exclude`` (a compiled regular
+  expression, or None) take AdamW: MuLoCo (Thérien et al. 2025) and Muon keep the
+  embeddings and the output head on AdamW.
+  """
+  def rule(path, x):
+    key = jax.tree_util.keystr(path)
+    if x.ndim < 2 or (exclude is not None and exclude.search(key)):
+      return None
+    if leaves == 'matrices':
+      return optax.contrib.MuonDimensionNumbers(0, 1) if x.ndim == 2 else None
+    names = [getattr(k, 'key', getattr(k, 'name', None)) for k in path]
+    if names[-1] != 'kernel':  # flax's biases, norms' scales, embeddings
+      return None
+    if x.ndim == 3 and len(names) >= 2 and names[-2] in _ATTENTION_IN:
+      return optax.contrib.MuonDimensionNumbers((0,), (1, 2))
+    return optax.contrib.MuonDimensionNumbers(tuple(range(x.ndim - 1)), (x.ndim - 1,))
+  return jax.tree_util.tree_map_with_path(rule, params)
 
 
 def _signum(lr, beta: float, weight_decay: float) -> optax.GradientTransformation:

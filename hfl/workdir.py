@@ -408,6 +408,8 @@ ADDED_SECTIONS = {('compression', 'dgc'): dict(momentum=0.0, clip_norm=0.0, warm
                                                initial_density=0.25, num_stages=4),
                   ('optimizer', 'shard_state'): False,
                   ('optimizer', 'freeze_second_moment_after'): 0,
+                  ('optimizer', 'muon_adam_learning_rate'): 0.0,
+                  ('optimizer', 'muon_leaves'): 'matrices', ('optimizer', 'muon_exclude'): '',
                   ('compression', 'dense_leaves'): '',
                   # Runs before issue 52 ran on a device per DC and worker, which
                   # 'auto' still picks wherever those devices exist (main.py simulates
