@@ -785,7 +785,9 @@ _LOWCOMM = dict(
     '{train.num_steps} iterations, seeds 0, 1, 2: data parallel (every iteration crosses the '
     'WAN), DiLoCo, SparseLoCo (its pseudo-gradients accumulated into an error-feedback buffer '
     'that replaces the outer momentum, sent as chunked top-k with 2-bit values), and MuLoCo '
-    '(Muon as the inner optimizer, optax\'s implementation with AdamW on non-matrix leaves) '
+    '(Muon as the inner optimizer, optax\'s implementation, on the hidden layers\' weight '
+    'kernels, with AdamW at the LM\'s learning rate on the embeddings, the head, biases and '
+    'norms) '
     'with float32 and with 2-bit pseudo-gradients. **Goal (issue 53): the best of them within '
     '1% of data parallel\'s validation loss with ≥ 100× fewer WAN bytes than DiLoCo at the same '
     'H.** Baseline of the first table: **{baseline}**.',
