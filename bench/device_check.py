@@ -262,6 +262,21 @@ def _config_row(name: str, workdir: str, rc, wall_s: float) -> str:
   return (f'| {name} | {state} | {last["step"]} | {rate:.1f} | {metric} | {wall_s:.0f} |')
 
 
+RUN_TABLE = ['| {} | state | iteration of the last evaluation | steps/s (incl. compile, evals) '
+             '| last evaluation | wall s |', '|---|---|---:|---:|---|---:|']
+
+
+def _train(name: str, cmd: list, allowed: float, env, out: str, work: str,
+           lines: list) -> tuple:
+  """Runs main.py command ``cmd`` (its workdir ``work``/``name``) for at most
+  ``allowed`` s, appends its row to ``lines`` and saves the report: (rc or None, s)."""
+  rc, wall = _run(cmd, os.path.join(work, name + '.out'), allowed, env)
+  lines.append(_config_row(name, os.path.join(work, name), rc, wall))
+  print(lines[-1], flush=True)
+  _save(out, work, lines)
+  return rc, wall
+
+
 def _save(out: str, work: str, lines: list) -> None:
   """Writes ``out``/device_check.md and the tarball of what ``work`` holds so far."""
   with open(os.path.join(out, 'device_check.md'), 'w') as f:
@@ -380,20 +395,15 @@ def check(out: str, mesh: str, budget_s: float, peak_tflops: float | None,
               f'{wall:.0f} s):', '']
     with open(pool_log) as f:
       lines += [l.rstrip() for l in f if l.startswith('|')]
-    lines += ['', '| config | state | iteration of the last evaluation | steps/s (incl. '
-              'compile, evals) | last evaluation | wall s |', '|---|---|---:|---:|---|---:|']
+    lines += ['', RUN_TABLE[0].format('config'), RUN_TABLE[1]]
     _save(out, work, lines)
     for (config, data), share in zip(CONFIGS, SHARES[2:]):
-      workdir = os.path.join(work, config)
-      cmd = [sys.executable, 'main.py', f'--config=configs/{config}.py', f'--workdir={workdir}',
-             *overrides(config, d, w, num_steps),
+      cmd = [sys.executable, 'main.py', f'--config=configs/{config}.py',
+             f'--workdir={os.path.join(work, config)}', *overrides(config, d, w, num_steps),
              f'--config.dataset.data_dir={os.path.join(DEVICE_DIR, "data", DATA_FILES[data])}']
       allowed = min(share * budget_s + spare, deadline - time.time())
-      rc, wall = _run(cmd, os.path.join(work, config + '.out'), allowed, env)
+      rc, wall = _train(config, cmd, allowed, env, out, work, lines)
       spare, ok = max(0.0, allowed - wall), ok and rc == 0
-      lines.append(_config_row(config, workdir, rc, wall))
-      print(lines[-1], flush=True)
-      _save(out, work, lines)
   except Exception as e:  # pylint: disable=broad-except
     lines += ['', f'**The check itself failed**: {type(e).__name__}: {e}']
     ok = False
@@ -439,19 +449,15 @@ def check_step(out: str, budget_s: float, peak_tflops: float | None, num_steps: 
       lines += (got if name != 'trace' else got[:2] + ['```'] + got[2:] + ['```']) + ['']
       _save(out, work, lines)
     lines += ['One-device mode (`mesh.simulate=vmap`): each hierarchy at its own D x W.', '',
-              '| run | state | iteration of the last evaluation | steps/s (incl. compile, '
-              'evals) | last evaluation | wall s |', '|---|---|---:|---:|---|---:|']
+              RUN_TABLE[0].format('run'), RUN_TABLE[1]]
     for (name, config, data, flags), share in zip(hierarchy_runs(), STEP_SHARES[3:]):
       c = config_lib.load_file(os.path.join(REPO, 'configs', config + '.py'))
-      workdir = os.path.join(work, name)
-      cmd = [sys.executable, 'main.py', f'--config=configs/{config}.py', f'--workdir={workdir}',
-             *flags, *shorten(c, num_steps), f'--config.dataset.data_dir={data}']
+      cmd = [sys.executable, 'main.py', f'--config=configs/{config}.py',
+             f'--workdir={os.path.join(work, name)}', *flags, *shorten(c, num_steps),
+             f'--config.dataset.data_dir={data}']
       allowed = min(share * budget_s + spare, deadline - time.time())
-      rc, wall = _run(cmd, os.path.join(work, name + '.out'), allowed, env)
+      rc, wall = _train(name, cmd, allowed, env, out, work, lines)
       spare, ok = max(0.0, allowed - wall), ok and rc == 0
-      lines.append(_config_row(name, workdir, rc, wall))
-      print(lines[-1], flush=True)
-      _save(out, work, lines)
   except Exception as e:  # pylint: disable=broad-except
     lines += ['', f'**The check itself failed**: {type(e).__name__}: {e}']
     ok = False
