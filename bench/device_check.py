@@ -88,6 +88,7 @@ BENCH_MODELS = 'cnn,cifar_cnn,resnet20,transformer'
 # CONFIGS' order.
 SHARES = (0.25, 0.06, 0.21, 0.21, 0.27)
 MAX_BUDGET_S = 560.0  # one device command runs for at most 600 s
+WORK_DIR = '/tmp/hfl_device_check'  # the stages' runs and logs (emptied at each start)
 # --step_check: shares of --budget_s for the step benchmark, transformer_large's, the
 # trace, and the two one-device hierarchies.
 STEP_SHARES = (0.22, 0.18, 0.14, 0.2, 0.26)
@@ -215,6 +216,28 @@ def shorten(c, num_steps: int) -> list[str]:
           f'--config.optimizer.warmup_steps={min(c.optimizer.warmup_steps, num_steps // 10)}']
 
 
+def _open_report(out: str, work: str, lines: list) -> dict:
+  """The stages' environment (:func:`_env`); appends the host's line to ``lines`` and
+  saves the report."""
+  env = _env()
+  lines += [_host_line(env), '']
+  _save(out, work, lines)
+  return env
+
+
+def _failed(lines: list, e: Exception) -> bool:
+  """Records in ``lines`` that the check itself raised ``e``; returns False (not ok)."""
+  lines += ['', f'**The check itself failed**: {type(e).__name__}: {e}']
+  return False
+
+
+def _close_report(out: str, work: str, lines: list, ok: bool) -> int:
+  """Saves and prints the report; the exit status: 0 when ``ok``, else 1."""
+  _save(out, work, lines)
+  print('\n'.join(lines))
+  return 0 if ok else 1
+
+
 def _host_line(env) -> str:
   info = subprocess.run([sys.executable, '-c', 'import jax; print(jax.__version__, '
                          'jax.default_backend(), jax.device_count(), '
@@ -266,15 +289,28 @@ RUN_TABLE = ['| {} | state | iteration of the last evaluation | steps/s (incl. c
              '| last evaluation | wall s |', '|---|---|---:|---:|---|---:|']
 
 
-def _train(name: str, cmd: list, allowed: float, env, out: str, work: str,
-           lines: list) -> tuple:
-  """Runs main.py command ``cmd`` (its workdir ``work``/``name``) for at most
-  ``allowed`` s, appends its row to ``lines`` and saves the report: (rc or None, s)."""
+def _train(name: str, config: str, flags: list, data_dir: str, allowed: float, env, out: str,
+           work: str, lines: list) -> tuple:
+  """Trains ``configs/<config>.py`` with main.py ``flags`` on ``data_dir`` in workdir
+  ``work``/``name`` for at most ``allowed`` s, appends its row to ``lines`` and saves
+  the report: (rc or None, s)."""
+  cmd = [sys.executable, 'main.py', f'--config=configs/{config}.py',
+         f'--workdir={os.path.join(work, name)}', *flags, f'--config.dataset.data_dir={data_dir}']
   rc, wall = _run(cmd, os.path.join(work, name + '.out'), allowed, env)
   lines.append(_config_row(name, os.path.join(work, name), rc, wall))
   print(lines[-1], flush=True)
   _save(out, work, lines)
   return rc, wall
+
+
+def _fresh_work(out: str) -> str:
+  """Makes ``out`` and an empty scratch directory for the stages' runs and logs;
+  returns the latter."""
+  os.makedirs(out, exist_ok=True)
+  work = WORK_DIR
+  shutil.rmtree(work, ignore_errors=True)
+  os.makedirs(work)
+  return work
 
 
 def _save(out: str, work: str, lines: list) -> None:
@@ -335,12 +371,9 @@ def check_sweep(out: str, sweep: str, budget_s: float) -> int:
   """Runs sweep file ``sweep`` for at most ``budget_s`` seconds and copies its runs into
   ``out`` (:func:`_copy_runs`); writes ``out``/device_check.md. Returns 0 when every run
   finished, else 1."""
-  os.makedirs(out, exist_ok=True)
   name = os.path.splitext(os.path.basename(sweep))[0]
-  work = '/tmp/hfl_device_check'
+  work = _fresh_work(out)
   root = os.path.join(work, name)
-  shutil.rmtree(work, ignore_errors=True)
-  os.makedirs(work)
   lines = ['# hfl device check: sweep', '']
   try:
     env = _env()
@@ -354,11 +387,8 @@ def check_sweep(out: str, sweep: str, budget_s: float) -> int:
               '| run | state | last evaluation (iteration: metrics) |', '|---|---|---|', *rows]
     ok = rc == 0 and rows and all('| finished |' in r for r in rows)
   except Exception as e:  # pylint: disable=broad-except
-    lines += ['', f'**The check itself failed**: {type(e).__name__}: {e}']
-    ok = False
-  _save(out, work, lines)
-  print('\n'.join(lines))
-  return 0 if ok else 1
+    ok = _failed(lines, e)
+  return _close_report(out, work, lines, ok)
 
 
 def check(out: str, mesh: str, budget_s: float, peak_tflops: float | None,
@@ -367,17 +397,12 @@ def check(out: str, mesh: str, budget_s: float, peak_tflops: float | None,
   """Runs the benchmark (of ``bench_models`` at global batch ``bench_batch``) and the
   configs; writes ``out``/device_check.{md,tar.gz} after every stage. Returns 0, or 1
   when a stage failed or was stopped."""
-  os.makedirs(out, exist_ok=True)
-  work = '/tmp/hfl_device_check'
-  shutil.rmtree(work, ignore_errors=True)
-  os.makedirs(work)
+  work = _fresh_work(out)
   d, w = mesh_lib.parse_shape(mesh)
   lines = ['# hfl device check', '']
   ok = True
   try:
-    env = _env()
-    lines += [_host_line(env), '']
-    _save(out, work, lines)
+    env = _open_report(out, work, lines)
     deadline = time.time() + budget_s
     spare = 0.0  # seconds the stages before left unused
     cmd = _bench_cmd(bench_models, mesh, max(1, bench_batch // (d * w)), 20, 5, peak_tflops)
@@ -398,20 +423,16 @@ def check(out: str, mesh: str, budget_s: float, peak_tflops: float | None,
     lines += ['', RUN_TABLE[0].format('config'), RUN_TABLE[1]]
     _save(out, work, lines)
     for (config, data), share in zip(CONFIGS, SHARES[2:]):
-      cmd = [sys.executable, 'main.py', f'--config=configs/{config}.py',
-             f'--workdir={os.path.join(work, config)}', *overrides(config, d, w, num_steps),
-             f'--config.dataset.data_dir={os.path.join(DEVICE_DIR, "data", DATA_FILES[data])}']
       allowed = min(share * budget_s + spare, deadline - time.time())
-      rc, wall = _train(config, cmd, allowed, env, out, work, lines)
+      rc, wall = _train(config, config, overrides(config, d, w, num_steps),
+                        os.path.join(DEVICE_DIR, 'data', DATA_FILES[data]), allowed, env, out,
+                        work, lines)
       spare, ok = max(0.0, allowed - wall), ok and rc == 0
   except Exception as e:  # pylint: disable=broad-except
-    lines += ['', f'**The check itself failed**: {type(e).__name__}: {e}']
-    ok = False
+    ok = _failed(lines, e)
   lines += ['', f'Mesh {d}x{w}, each config at its own global batch; commands: see '
             'bench/device_check.py.']
-  _save(out, work, lines)
-  print('\n'.join(lines))
-  return 0 if ok else 1
+  return _close_report(out, work, lines, ok)
 
 
 def check_step(out: str, budget_s: float, peak_tflops: float | None, num_steps: int = 0,
@@ -422,16 +443,11 @@ def check_step(out: str, budget_s: float, peak_tflops: float | None, num_steps: 
   mode (``num_steps`` > 0 shortens them). Writes ``out``/device_check.{md,tar.gz} after
   every stage; returns 0, or 1 when a stage failed or was stopped."""
   from hfl import config as config_lib  # pylint: disable=g-import-not-at-top
-  os.makedirs(out, exist_ok=True)
-  work = '/tmp/hfl_device_check'
-  shutil.rmtree(work, ignore_errors=True)
-  os.makedirs(work)
+  work = _fresh_work(out)
   lines = ['# hfl device check: the accelerator step (issue 52)', '']
   ok = True
   try:
-    env = _env()
-    lines += [_host_line(env), '']
-    _save(out, work, lines)
+    env = _open_report(out, work, lines)
     deadline = time.time() + budget_s
     spare = 0.0
     trace = lambda l: l.strip() and not l.startswith('    ')  # its summary, not its top ops
@@ -452,18 +468,13 @@ def check_step(out: str, budget_s: float, peak_tflops: float | None, num_steps: 
               RUN_TABLE[0].format('run'), RUN_TABLE[1]]
     for (name, config, data, flags), share in zip(hierarchy_runs(), STEP_SHARES[3:]):
       c = config_lib.load_file(os.path.join(REPO, 'configs', config + '.py'))
-      cmd = [sys.executable, 'main.py', f'--config=configs/{config}.py',
-             f'--workdir={os.path.join(work, name)}', *flags, *shorten(c, num_steps),
-             f'--config.dataset.data_dir={data}']
       allowed = min(share * budget_s + spare, deadline - time.time())
-      rc, wall = _train(name, cmd, allowed, env, out, work, lines)
+      rc, wall = _train(name, config, [*flags, *shorten(c, num_steps)], data, allowed, env, out,
+                        work, lines)
       spare, ok = max(0.0, allowed - wall), ok and rc == 0
   except Exception as e:  # pylint: disable=broad-except
-    lines += ['', f'**The check itself failed**: {type(e).__name__}: {e}']
-    ok = False
-  _save(out, work, lines)
-  print('\n'.join(lines))
-  return 0 if ok else 1
+    ok = _failed(lines, e)
+  return _close_report(out, work, lines, ok)
 
 
 def main(argv=None) -> int:

@@ -142,6 +142,7 @@ def test_link_data_points_missing_paths_at_the_device_copy(tmp_path, monkeypatch
 def test_sweep_mode_returns_runs_in_the_archive_layout(tmp_path, monkeypatch, fake_data):
   """A 2-run sweep of configs/smoke.py: both runs come back as runs/NAME/<run>/ with the
   three files the results page reads, and device_check.md lists them as finished."""
+  monkeypatch.setattr(device_check, 'WORK_DIR', str(tmp_path / 'work'))
   sweep = tmp_path / 'tiny_sweep.py'
   sweep.write_text(
       'def get_sweep():\n'
@@ -191,6 +192,7 @@ def test_step_check_runs_every_stage_on_cpu(tmp_path, monkeypatch, fake_data):
   """The whole --step_check on this CPU, scaled down: the benchmarks and the trace of the
   CNN, and one vmapped hierarchy (configs/smoke.py) on fake data; device_check.md has
   each stage's table and the run finished."""
+  monkeypatch.setattr(device_check, 'WORK_DIR', str(tmp_path / 'work'))
   monkeypatch.setattr(device_check, 'LARGE_MODEL', 'cnn')
   monkeypatch.setattr(device_check, 'TRACE_MODELS', 'cnn')
   monkeypatch.setattr(device_check, 'hierarchy_runs', lambda: [
