@@ -164,12 +164,7 @@ def make_optimizer(cfg, total_steps: int | None = None) -> optax.GradientTransfo
   every other leaf (biases, norms, convolution kernels), both at the scheduled
   learning rate; ``weight_decay`` applies to both (scaled by the learning rate).
 
-  Muon's options: ``muon_adam_learning_rate`` (> 0: the peak learning rate of the AdamW
-  fallback, on the same schedule; 0: ``learning_rate``), ``muon_leaves`` ('matrices':
-  the 2-D leaves, optax's rule; 'kernels': every weight kernel of 2 or more axes,
-  :func:`muon_dimensions`) and ``muon_exclude`` (a regular expression on leaf paths
-  that take AdamW instead, e.g. the embeddings and the output head); other optimizers
-  refuse them when set.
+  Muon's options (``muon_*``, :func:`_muon`) are refused with other optimizers.
 
   ``signum``: signSGD with momentum and decoupled weight decay (:func:`_signum`;
   momentum 0: DeMo's update, ``docs/demo.md``).
@@ -206,17 +201,7 @@ def make_optimizer(cfg, total_steps: int | None = None) -> optax.GradientTransfo
     return optax.chain(optax.add_decayed_weights(wd), opt) if wd and name == 'adam' else opt
   adam_lr, leaves, exclude = _muon_fields(cfg)
   if name == 'muon':
-    if not mom > 0:
-      raise ValueError(f'optimizer.momentum={cfg.momentum} must be in (0, 1) for muon (its '
-                       'Nesterov momentum β; 0.95 in the Muon and MuLoCo papers)')
-    ratio = adam_lr / float(cfg.learning_rate) if adam_lr else 1.0
-    adam_sched = None if not adam_lr else (
-        (lambda count: lr(count) * ratio) if callable(lr) else lr * ratio)
-    dims = None if leaves == 'matrices' and exclude is None else (
-        lambda params: muon_dimensions(params, leaves, exclude))
-    return optax.contrib.muon(lr, beta=mom, weight_decay=wd, adam_weight_decay=wd,
-                              adam_learning_rate=adam_sched,
-                              muon_weight_dimension_numbers=dims)
+    return _muon(cfg, lr, mom, wd)
   if adam_lr or leaves != 'matrices' or exclude is not None:
     raise ValueError(f'optimizer.muon_adam_learning_rate, muon_leaves and muon_exclude are '
                      f'options of optimizer.name=muon, got {name!r} with '
@@ -239,6 +224,28 @@ def make_optimizer(cfg, total_steps: int | None = None) -> optax.GradientTransfo
 
 MUON_LEAVES = ('matrices', 'kernels')
 _ATTENTION_IN = ('query', 'key', 'value')  # flax attention kernels [in, heads, head_dim]
+
+
+def _muon(cfg, lr, mom: float, wd: float) -> optax.GradientTransformation:
+  """optax's Muon with hfl's options (:func:`make_optimizer`).
+
+  ``muon_adam_learning_rate`` (> 0: the peak learning rate of the AdamW fallback, on
+  ``lr``'s schedule; 0: ``learning_rate``), ``muon_leaves`` ('matrices': the 2-D
+  leaves, optax's rule; 'kernels': every weight kernel of 2 or more axes,
+  :func:`muon_dimensions`) and ``muon_exclude`` (a regular expression on leaf paths
+  that take AdamW instead, e.g. the embeddings and the output head).
+  """
+  if not mom > 0:
+    raise ValueError(f'optimizer.momentum={cfg.momentum} must be in (0, 1) for muon (its '
+                     'Nesterov momentum β; 0.95 in the Muon and MuLoCo papers)')
+  adam_lr, leaves, exclude = _muon_fields(cfg)
+  ratio = adam_lr / float(cfg.learning_rate) if adam_lr else 1.0
+  adam_sched = None if not adam_lr else (
+      (lambda count: lr(count) * ratio) if callable(lr) else lr * ratio)
+  dims = None if leaves == 'matrices' and exclude is None else (
+      lambda params: muon_dimensions(params, leaves, exclude))
+  return optax.contrib.muon(lr, beta=mom, weight_decay=wd, adam_weight_decay=wd,
+                            adam_learning_rate=adam_sched, muon_weight_dimension_numbers=dims)
 
 
 def _muon_fields(cfg) -> tuple:
