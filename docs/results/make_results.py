@@ -1026,29 +1026,37 @@ def section_plots(sec: dict, by_name: dict, plot_dir: str) -> list[str]:
                               panels=panels)
   if spec.get('factor'):
     path = factor_plot(by_name[spec['factor']['table']], spec['factor'],
-                       os.path.join(plot_dir, f'{sec["key"]}_accuracy_vs_ratio.png'))
+                       os.path.join(plot_dir, f'{sec["key"]}_{spec["factor"].get("file", "accuracy_vs_ratio")}.png'))
     written += [path] if path else []
   return written
 
 
 def factor_plot(t: Table, spec: dict, path: str) -> str | None:
-  """Final accuracy and paired Δ against the compression factor of a table's rows."""
+  """The final metric (accuracy, or the LM's loss) and its paired Δ against the
+  compression factor of a table's rows; the bar is ``spec['bar']`` in Δ units (default
+  0.5 pts) or ``spec['bar_relative']`` times the baseline's mean."""
   if t.base_gid is None or not done(t, t.base_gid):
     return None
+  lm = not t.target.higher_is_better
+  m, metric = ('final_loss', factor_plot_lib.LOSS) if lm else ('final_acc',
+                                                               factor_plot_lib.ACCURACY)
   pts = []
   for g in t.groups:
-    acc = metric_stat(t, g, 'final_acc')
+    st = metric_stat(t, g, m)
     x = 1.0 if g == t.base_gid else number(t, g, spec['x'])
-    if acc.mean is None or x is None:
+    if st.mean is None or x is None:
       continue
-    st = paired(t, g, 'final_acc')[0]
+    pd_ = paired(t, g, m)[0]
     name = t.labels[g] if g == t.base_gid else _label(spec['name'], t.flats[g])
-    pts.append(factor_plot_lib.FactorPoint(name, x, acc.mean, acc.std, acc.n, st.mean, st.std, st.n))
+    pts.append(factor_plot_lib.FactorPoint(name, x, st.mean, st.std, st.n, pd_.mean, pd_.std,
+                                           pd_.n))
+  base = metric_stat(t, t.base_gid, m).mean * metric.scale
+  bar = spec['bar_relative'] * base if 'bar_relative' in spec else spec.get('bar', 0.5)
   ctx = dict(lan=_lan(t.flats[t.groups[0]].get('network.lan_bandwidth_gbps')))
   return factor_plot_lib.plot_accuracy_vs_factor(
-      pts, path, text(t, spec['title'], ctx), spec['xlabel'], bar=0.5,
+      pts, path, text(t, spec['title'], ctx), spec['xlabel'], bar=bar,
       shade=tuple(spec['shade']) if spec.get('shade') else None,
-      line=tuple(spec['line']) if spec.get('line') else None)
+      line=tuple(spec['line']) if spec.get('line') else None, metric=metric)
 
 
 def anchor(title: str) -> str:
