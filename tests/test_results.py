@@ -979,11 +979,11 @@ def test_page_structure_plots_and_missing_runs(root, tmp_path):
   # broadcast arms on both LANs), 1 + 1 CO3; and 120 LM and CIFAR-10 runs, none here: 42
   # rows not finished (3 + 2 streaming, 3 + 5 + 3 + 2 x 5 CIFAR-10, 3 + 6 + 3 + 4
   # Shakespeare, the 6 with issue 48's AdamW arms); issue 49's equal-work sweep, none here: 102 runs, 2 x 17 rows; and issue
-  # 53's low-communication sweep, none here: 15 runs, 5 + 4 rows; issue 49's CIFAR-10 and LM
+  # 53's low-communication sweep, none here: 18 runs, 6 + 5 rows; issue 49's CIFAR-10 and LM
   # equal-work sweeps, none here: 15 + 12 runs, 5 + 4 rows; the equal-work semi_sync arms
   # against plain semi_sync: 2 x 14 rows.
-  assert 'Incomplete: 35 of 378 runs have finished.' in text
-  assert text.count('| *not finished* |') == 21 + 42 + 34 + 9 + 9 + 28
+  assert 'Incomplete: 35 of 381 runs have finished.' in text
+  assert text.count('| *not finished* |') == 21 + 42 + 34 + 11 + 9 + 28
   assert 'Generated 2025-01-02 03:04 UTC' in text
   assert 'python3 docs/results/make_results.py --root' in text
   for claim in ('up to 66%', 'up to 43%', 'up to 92%', '≈ 95%', '270–600×',
@@ -1033,16 +1033,16 @@ def test_archive_rebuilds_the_same_page_without_checkpoints(root, tmp_path):
 def test_empty_root_lists_everything_as_missing(tmp_path):
   written = results.write_results(SPEC, str(tmp_path / 'none'), str(tmp_path / 'out'), now=NOW)
   text = open(written['results.md'], encoding='utf-8').read()
-  assert 'Incomplete: 0 of 378 runs have finished.' in text
+  assert 'Incomplete: 0 of 381 runs have finished.' in text
   # Every run is listed once per table it is in: the 6 DiLoCo and streaming runs twice, and
-  # the 12 H = 16 runs of the low-communication sweep and the 84 semi_sync runs of the
+  # the 15 H = 16 runs of the low-communication sweep and the 84 semi_sync runs of the
   # equal-work sweep (against sync and against plain semi_sync).
-  assert text.count(': not started (`') == 378 + 6 + 12 + 84
+  assert text.count(': not started (`') == 381 + 6 + 15 + 84
   # Rows: 5 semisync, 17 + 17 semisync_work, 5 + 5 semisync_budget, 8 + 5 compression
   # (seed groups), 5 + 5 CO3; 3 + 2 streaming, 3 + 5 + 3 + 5 + 5 CIFAR-10, 3 + 6 + 3 + 4
-  # Shakespeare; 5 + 4 low-communication; 5 + 4 CIFAR-10 and LM equal work; 14 + 14
+  # Shakespeare; 6 + 5 low-communication; 5 + 4 CIFAR-10 and LM equal work; 14 + 14
   # semi_sync arms against plain semi_sync.
-  assert text.count('| *not finished* |') == 48 + 24 + 42 + 9 + 9 + 28
+  assert text.count('| *not finished* |') == 48 + 24 + 42 + 11 + 9 + 28
   assert written['plots'] == [] and text.count('*No plots yet') == 9
   # 15 + 6 claims of the Fashion-MNIST sections, 4 streaming, 4 low-communication, 8
   # CIFAR-10 budget claims, 3 + 3 CIFAR-10 and LM equal-work claims, 2 progress-aware, 2
@@ -1081,7 +1081,7 @@ def test_cli_no_run_from_another_directory(tmp_path):
                      cwd=tmp_path, capture_output=True, text=True, timeout=600, check=False)
   assert p.returncode == 0, p.stderr
   assert p.stdout.splitlines()[0] == os.path.join('o', 'results.md')
-  assert '373 runs not finished' in p.stderr
+  assert '376 runs not finished' in p.stderr
   text = (tmp_path / 'o' / 'results.md').read_text(encoding='utf-8')
   assert 'make_results.py --root workdirs --out o' in text
   assert '--workdir=workdirs/semisync/sync.strategy=sync__train.eval_every=40' in text
@@ -1113,10 +1113,10 @@ def test_cli_runs_the_missing_sweeps_first(tmp_path, caplog, monkeypatch):
                                                 'shakespeare_compression', 'shakespeare_co3',
                                                 'shakespeare_semisync_work',
                                                 'shakespeare_diloco')]
-  # Said once, before the first launch: 373 runs are missing (seeds 1, 2 of semisync).
+  # Said once, before the first launch: 376 runs are missing (seeds 1, 2 of semisync).
   assert launched[0][1][0].startswith(
-      f'373 runs missing (semisync: 10, semisync_work: 102, semisync_budget: 30, compression: 39, co3_iid: 15, co3_paper: 15, '
-      'shakespeare_streaming: 9, shakespeare_lowcomm: 15, cifar10_semisync: 9, cifar10_compression: 15, cifar10_co3: 9, '
+      f'376 runs missing (semisync: 10, semisync_work: 102, semisync_budget: 30, compression: 39, co3_iid: 15, co3_paper: 15, '
+      'shakespeare_streaming: 9, shakespeare_lowcomm: 18, cifar10_semisync: 9, cifar10_compression: 15, cifar10_co3: 9, '
       'cifar10_semisync_budget: 30, cifar10_semisync_work: 15, shakespeare_semisync: 9, '
       'shakespeare_compression: 18, shakespeare_co3: 9, shakespeare_semisync_work: 12, '
       f'shakespeare_diloco: 12) under {root}: launching')
@@ -1721,7 +1721,7 @@ def test_lm_sections_render_with_missing_runs(tmp_path):
   assert lm.count('| not measured') == 5  # issue 48's LM and 49's equal-work claims
   for title in ('## The 2025-26 low-communication methods', ):
     body = text.split(title, 1)[1].split('\n## ', 1)[0]
-    assert body.count('| not measured') == 4 and '**Missing runs (15)' in body
+    assert body.count('| not measured') == 4 and '**Missing runs (18)' in body
   assert '**DiLoCo check: K=16 with the Nesterov outer optimizer against K=1**: not measured' in lm
 
 
