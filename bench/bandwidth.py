@@ -29,7 +29,7 @@ LM = 'hfl_lm'
 FAMILY = ('125M', '350M', '760M', '1.3B', '2.7B', '6.7B', '13B')  # hfl.bandwidth.GPT_FAMILY
 MODELS = (LM,) + FAMILY
 STRATEGIES = ('data_parallel', 'data_parallel_topk', 'diloco', 'diloco_topk', 'semi_sync',
-              'streaming', 'sparseloco')  # hfl.bandwidth.STRATEGIES
+              'streaming', 'sparseloco', 'diloco_2bit')  # hfl.bandwidth.STRATEGIES
 TARGETS = (0.5, 0.75, 0.9, 0.95, 0.99)  # hfl.bandwidth.TARGETS
 
 
@@ -178,7 +178,7 @@ def plot(rows, path: str, args) -> None:
           f'MFU {args.mfu:g} x {args.devices_per_dc} devices)')
   fig.suptitle(f'WAN bandwidth per DC for a compute utilisation: {args.dcs} DCs, '
                f'{1e3 * latency:g} ms latency per event (dashed: 0 ms), {step}', fontsize=9)
-  colours = dict(zip(STRATEGIES, ('C0', 'C1', 'C2', 'C3', 'C4', 'C5', 'C6')))
+  colours = dict(zip(STRATEGIES, ('C0', 'C1', 'C2', 'C3', 'C4', 'C5', 'C6', 'C7')))
   for i, u in enumerate((0.9, 0.99)):
     ax = fig.add_subplot(1, 2, i + 1)
     j = TARGETS.index(u)

@@ -71,6 +71,8 @@ STRATEGIES = {
     'semi_sync': 'semi_sync, K_base = H (equal DCs: every K_d = H)',
     'streaming': 'Streaming DiLoCo: H, P fragments, overlap τ, 4-bit E3M0 WAN',
     'sparseloco': 'SparseLoCo: periodic K = H, chunked top-k (chunks of 4096) with 2-bit values',
+    'diloco_2bit': 'periodic K = H, every entry in 2 bits with two bfloat16 scales per chunk '
+                   "of 4096 (MuLoCo's 2-bit pseudo-gradients; the inner optimizer sends nothing)",
 }
 
 
@@ -106,6 +108,9 @@ def strategy_overrides(name: str, h: int, fragments: int, overlap_steps: int,
                           'compression.wan.density': float(topk_density),
                           'compression.wan.chunk_size': 4096, 'compression.wan.value_bits': 2},
                          **k),
+      'diloco_2bit': dict({'sync.strategy': 'periodic', 'compression.wan.name': 'chunked_topk',
+                           'compression.wan.density': 1.0, 'compression.wan.chunk_size': 4096,
+                           'compression.wan.value_bits': 2}, **k),
   }
   if name not in table:
     raise ValueError(f'strategy {name!r} unknown; allowed: {", ".join(STRATEGIES)}')

@@ -126,6 +126,15 @@ def test_13b_payloads_stay_abstract():
     n, k = -(-size // chunk), sparse.num_kept(chunk, 0.02)
     return n * k * (8 if chunk <= 256 else 16) + 2 * 8 * (-(-n * k // 8)) + 32 * n
   assert plans['sparseloco'].dc_bits == sum(sparse_bits(l.shape) for l in jax.tree.leaves(shapes))
+  # MuLoCo's 2-bit pseudo-gradients: every entry of a matrix's chunks (the last one
+  # padded to the chunk) as two bit-planes, no offsets at density 1, and two bf16 scales
+  # per chunk; vectors float32.
+  def two_bit(shape):
+    size = int(np.prod(shape))
+    chunk = min(4096, size)
+    n = -(-size // chunk)
+    return 32 * size if len(shape) < 2 else 2 * 8 * (-(-n * chunk // 8)) + 32 * n
+  assert plans['diloco_2bit'].dc_bits == sum(two_bit(l.shape) for l in jax.tree.leaves(shapes))
 
 
 # ------------------------------------------------------------------------------
