@@ -1924,3 +1924,90 @@ def test_lm_report_pairs_the_loss_and_labels_the_target(tmp_path):
     rows = list(csv.DictReader(f))
   assert {r['target_metric'] for r in rows} == {'test_loss'}
   assert float(rows[0]['final_test_loss_mean']) == pytest.approx(0.275)
+
+
+# ------------------------------------------------------------------------------
+# Re-costing a run's clock for another LAN (hfl.report.runs.lan_recost).
+# ------------------------------------------------------------------------------
+
+U = 2.0**-52  # float64's unit roundoff
+ARCHIVE = os.path.join(REPO, 'docs', 'results', 'runs', 'compression')
+
+
+def _archived_lan_pairs():
+  """Archived Fashion-MNIST compression runs trained at 1 Gbit/s and again at 100 Mbit/s
+  with the same overrides otherwise (configs/sweeps/compression.py), whose evaluations
+  agree exactly: the same training, two clocks."""
+  if not os.path.isdir(ARCHIVE):
+    return []
+  runs = [runs_lib.load_run(d) for d in sorted(glob.glob(os.path.join(ARCHIVE, '*')))]
+  def key(r):
+    flat = runs_lib.flatten(r.config)
+    return tuple(sorted((k, repr(v)) for k, v in flat.items()
+                        if k.startswith(('compression.', 'seed', 'train.num_steps'))))
+  by = {}
+  for r in runs:
+    by.setdefault(key(r), {})[runs_lib.flatten(r.config)['network.lan_bandwidth_gbps']] = r
+  same = lambda a, b: ([m.get('test_accuracy') for m in a.metrics]
+                       == [m.get('test_accuracy') for m in b.metrics])
+  return [(v[1.0], v[0.1]) for v in by.values() if {1.0, 0.1} <= set(v) and same(v[1.0], v[0.1])]
+
+
+PAIRS = _archived_lan_pairs()
+
+
+def test_archive_holds_lan_pairs_to_check():
+  """The check below runs on real pairs (the 9 compressed-broadcast runs at least)."""
+  if not os.path.isdir(ARCHIVE):
+    pytest.skip(f'{ARCHIVE} is not here')
+  assert len(PAIRS) >= 9
+
+
+@pytest.mark.parametrize('pair', PAIRS, ids=lambda p: p[0].name[-40:])
+def test_lan_recost_reproduces_the_run_trained_on_the_other_lan(pair):
+  """A 1 Gbit/s run re-costed to 100 Mbit/s equals the run trained at 100 Mbit/s: every
+  evaluation's sim_time_s, the total, and the time to target. Tolerance: each clock is a
+  float64 sum of about n + r positive terms (n iterations, r rounds), error <= (n + r) u
+  times its value, for both runs, plus a few roundings of the re-costing itself."""
+  fast, slow = pair
+  got = runs_lib.lan_recost(fast, 0.1)
+  n, r = slow.summary['intra_dc_iterations'], slow.summary['inter_dc_rounds']
+  tol = lambda x: (2 * (n + r) + 8) * U * abs(x)
+  assert len(got.metrics) == len(slow.metrics)
+  for a, b in zip(got.metrics, slow.metrics):
+    assert a['step'] == b['step'] and abs(a['sim_time_s'] - b['sim_time_s']) <= tol(b['sim_time_s'])
+  assert abs(got.summary['sim_time_s'] - slow.summary['sim_time_s']) <= tol(slow.summary['sim_time_s'])
+  want = metrics.time_to_target(slow.metrics, slow.summary['target'], 'sim_time_s')
+  if want is None:
+    assert got.summary['time_to_target_s'] is None
+  else:
+    # Linear interpolation between two evaluations: at most the two endpoints' errors
+    # (each <= tol of the total, the largest clock value) and a few roundings more.
+    assert abs(got.summary['time_to_target_s'] - want) <= 3 * tol(slow.summary['sim_time_s'])
+  assert runs_lib.flatten(got.config)['network.lan_bandwidth_gbps'] == 0.1
+  assert got.summary['lan_recost_from_gbps'] == 1.0
+  assert fast.summary['sim_time_s'] != got.summary['sim_time_s']  # the input is unchanged
+
+
+@pytest.mark.parametrize('change, needle', [
+    ({'network': {'dc_speed': [3.0, 1.0]}}, 'different speeds'),
+    ({'sync': {'strategy': 'semi_sync'}}, "sync.strategy='semi_sync'"),
+    ({'sync': {'fragments': 4}}, 'overlap compute'),
+    ({'train': {'sim_time_budget_s': 60.0}}, 'simulated-time budget'),
+    ({'compression': {'uplink': {'name': 'co3'}}}, 'variable-length code'),
+])
+def test_lan_recost_refuses_runs_whose_training_depends_on_the_lan(change, needle):
+  if not PAIRS:
+    pytest.skip(f'no archived pairs under {ARCHIVE}')
+  run = PAIRS[0][0]
+  config = json.loads(json.dumps(run.config))
+  for section, values in change.items():
+    for k, v in values.items():
+      if isinstance(v, dict):
+        config[section][k].update(v)
+      else:
+        config[section][k] = v
+  with pytest.raises(ValueError, match=re.escape(needle)):
+    runs_lib.lan_recost(run._replace(config=config), 0.1)
+  with pytest.raises(ValueError, match='must be > 0'):
+    runs_lib.lan_recost(run, 0.0)

@@ -8,7 +8,8 @@ workers (issue 48, docs/compression_adam.md), each with the compressed broadcast
 - ``DENSE_EMBEDDINGS``: the token and position embeddings left dense (bfloat16);
 - both.
 
-18 runs, 20-25 minutes each on a 2-core CPU.
+18 runs, 20-25 minutes each on a 2-core CPU. The results page also shows them on a
+100 Mbit/s LAN by re-costing their simulated clock (hfl.report.runs.lan_recost).
 
   python -m hfl.sweep --sweep=configs/sweeps/shakespeare_compression.py \\
       --root=workdirs/shakespeare_compression

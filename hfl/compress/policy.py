@@ -268,6 +268,9 @@ def describe(compressors: Sequence[base.Compressor], shapes) -> str:
 
 
 LOSSLESS_NAMES = ('identity', 'float32')  # registry names of hfl.compress.base.identity
+# Registry names whose ``wire_bits`` is the coded length of each payload (hfl.compress.co3),
+# so that DCs sending equal shapes may be charged different bits.
+VARIABLE_LENGTH_NAMES = ('co3',)
 
 
 def lossy_downlink(compression) -> bool:

@@ -208,6 +208,85 @@ def _number(x: Any) -> float | None:
   return float(x) if metrics_lib.finite(x) else None
 
 
+def lan_recost_problem(config: Mapping[str, Any]) -> str:
+  """Why a run's simulated clock cannot be re-costed for another LAN ('' if it can).
+
+  :func:`lan_recost` is exact when the training does not depend on the LAN and every
+  DC is charged the same LAN bits at the same moments: equal DC speeds, a schedule that
+  plans no K from times (``sync`` or ``periodic``), every DC present in every round
+  (no ``sync.faults``), no WAN overlap (Streaming DiLoCo's τ), a stop that is not a
+  simulated-time budget, and no variable-length code on any link.
+  """
+  flat = flatten(config)
+  speeds = flat.get('network.dc_speed') or ()
+  if len({float(v) for v in speeds}) > 1:
+    return f'the DCs run at different speeds ({list(speeds)})'
+  if flat.get('sync.strategy') not in ('sync', 'periodic'):
+    return f'sync.strategy={flat.get("sync.strategy")!r} plans K from times or the loss'
+  if flat.get('sync.faults'):
+    return 'DCs are absent in some rounds (sync.faults)'
+  if flat.get('sync.overlap_steps') or (flat.get('sync.fragments') or 1) > 1:
+    return 'WAN transfers overlap compute (Streaming DiLoCo)'
+  if flat.get('train.sim_time_budget_s'):
+    return 'the run stops at a simulated-time budget, which another LAN moves'
+  # Only here: hfl.compress imports JAX, which the reports otherwise never load.
+  from hfl.compress import policy  # pylint: disable=g-import-not-at-top
+  for link in ('uplink', 'downlink', 'wan'):
+    if flat.get(f'compression.{link}.name') in policy.VARIABLE_LENGTH_NAMES:
+      return f'compression.{link} is a variable-length code (DCs may be charged different bits)'
+  return ''
+
+
+def lan_recost(run: Run, lan_bandwidth_gbps: float) -> Run:
+  """The run as its simulated clock would have charged it with a PS NIC of
+  ``lan_bandwidth_gbps`` instead of its own ``network.lan_bandwidth_gbps``.
+
+  The LAN's time is linear in bits (:func:`hfl.network.iteration_time`: compute +
+  (up + down bits) / lan_bps + latencies per iteration; :func:`hfl.network.lan_time`
+  for the round's fan-out), so when the training itself does not depend on the LAN
+  (:func:`lan_recost_problem`) the clock at any moment moves by
+  8 (intra_up + intra_down bytes so far) / D x (1 / B' - 1 / B) seconds: every DC
+  carries a D-th of the intra-DC bytes, on its own PS NIC, in step. Each evaluation's
+  ``sim_time_s`` and the summary's move so; ``time_to_target_s`` is recomputed from them
+  (:func:`hfl.metrics.time_to_target`), and the config says the new LAN. Accuracy,
+  bytes and rounds are the run's own.
+
+  Args:
+    run: a finished run.
+    lan_bandwidth_gbps: the PS NIC's bandwidth, Gbit/s, > 0.
+
+  Returns:
+    A new :class:`Run` (the input is not changed); ``summary['lan_recost_from_gbps']``
+    names the LAN it was trained with.
+
+  Raises:
+    ValueError: a run :func:`lan_recost_problem` refuses (with its reason), an
+      unfinished run, or a bandwidth <= 0.
+  """
+  if not run.finished:
+    raise ValueError(f'{run.workdir}: not finished (no summary.json): nothing to re-cost')
+  if not lan_bandwidth_gbps > 0:
+    raise ValueError(f'lan_bandwidth_gbps must be > 0, got {lan_bandwidth_gbps!r}')
+  why = lan_recost_problem(run.config)
+  if why:
+    raise ValueError(f'{run.workdir}: its clock cannot be re-costed for another LAN: {why}')
+  net = run.config['network']
+  dcs = int(run.config['mesh']['num_dcs'])
+  per_byte = 8.0 / dcs * (1.0 / (float(lan_bandwidth_gbps) * 1e9)
+                          - 1.0 / (float(net['lan_bandwidth_gbps']) * 1e9))
+  def moved(sim, links):
+    return sim + per_byte * (float(links.get('intra_up', 0)) + float(links.get('intra_down', 0)))
+  metrics = [dict(r, sim_time_s=moved(r['sim_time_s'], r.get('bytes') or {}))
+             if metrics_lib.finite(r.get('sim_time_s')) else dict(r) for r in run.metrics]
+  summary = dict(run.summary, sim_time_s=moved(run.summary['sim_time_s'], run.summary['bytes']),
+                 lan_recost_from_gbps=float(net['lan_bandwidth_gbps']))
+  t = target_of(flatten(run.config))
+  summary['time_to_target_s'] = metrics_lib.time_to_target(metrics, t.value, 'sim_time_s',
+                                                           t.metric, t.higher_is_better)
+  config = dict(run.config, network=dict(net, lan_bandwidth_gbps=float(lan_bandwidth_gbps)))
+  return run._replace(config=config, summary=summary, metrics=metrics)
+
+
 def run_metrics(run: Run, target: float | None = None) -> dict[str, float | None]:
   """The :data:`METRICS` of one run (None where unknown): summary values, else (an
   unfinished run) its last evaluation's; time and rounds to ``target`` (of the run's
