@@ -230,7 +230,7 @@ def lan_recost_problem(config: Mapping[str, Any]) -> str:
   if flat.get('train.sim_time_budget_s'):
     return 'the run stops at a simulated-time budget, which another LAN moves'
   # Only here: hfl.compress imports JAX, which the reports otherwise never load.
-  from hfl.compress import policy  # pylint: disable=g-import-not-at-top
+  from hfl.compress import policy  # lazy: jax  pylint: disable=g-import-not-at-top
   for link in ('uplink', 'downlink', 'wan'):
     if flat.get(f'compression.{link}.name') in policy.VARIABLE_LENGTH_NAMES:
       return f'compression.{link} is a variable-length code (DCs may be charged different bits)'
