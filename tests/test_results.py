@@ -981,10 +981,10 @@ def test_page_structure_plots_and_missing_runs(root, tmp_path):
   # Shakespeare: comparison 2 twice, on its own LAN and re-costed to 100 Mbit/s, the LM's
   # with issue 48's AdamW arms); issue 49's equal-work sweep, none here: 102 runs, 2 x 17 rows; and issue
   # 53's low-communication sweep, none here: 18 runs, 6 + 5 rows; issue 49's CIFAR-10 and LM
-  # equal-work sweeps, none here: 15 + 12 runs, 5 + 4 rows; the equal-work semi_sync arms
+  # equal-work sweeps, none here: 18 + 15 runs, 6 + 5 rows; the equal-work semi_sync arms
   # against plain semi_sync: 2 x 14 rows.
-  assert 'Incomplete: 35 of 381 runs have finished.' in text
-  assert text.count('| *not finished* |') == 21 + 53 + 34 + 11 + 9 + 28
+  assert 'Incomplete: 35 of 387 runs have finished.' in text
+  assert text.count('| *not finished* |') == 21 + 53 + 34 + 11 + 11 + 28
   assert 'Generated 2025-01-02 03:04 UTC' in text
   assert 'python3 docs/results/make_results.py --root' in text
   for claim in ('up to 66%', 'up to 43%', 'up to 92%', '≈ 95%', '270–600×',
@@ -1034,17 +1034,17 @@ def test_archive_rebuilds_the_same_page_without_checkpoints(root, tmp_path):
 def test_empty_root_lists_everything_as_missing(tmp_path):
   written = results.write_results(SPEC, str(tmp_path / 'none'), str(tmp_path / 'out'), now=NOW)
   text = open(written['results.md'], encoding='utf-8').read()
-  assert 'Incomplete: 0 of 381 runs have finished.' in text
+  assert 'Incomplete: 0 of 387 runs have finished.' in text
   # Every run is listed once per table it is in: the 6 DiLoCo and streaming runs twice, and
   # the 15 H = 16 runs of the low-communication sweep and the 84 semi_sync runs of the
   # equal-work sweep (against sync and against plain semi_sync), and the 15 + 18 runs of
   # the CIFAR-10 and LM compression sweeps (on their LAN and re-costed to 100 Mbit/s).
-  assert text.count(': not started (`') == 381 + 6 + 15 + 84 + 15 + 18
+  assert text.count(': not started (`') == 387 + 6 + 15 + 84 + 15 + 18
   # Rows: 5 semisync, 17 + 17 semisync_work, 5 + 5 semisync_budget, 8 + 5 compression
   # (seed groups), 5 + 5 CO3; 3 + 2 streaming, 3 + 5 + 5 + 3 + 5 + 5 CIFAR-10, 3 + 6 + 6 + 3
-  # + 4 Shakespeare (comparison 2 twice: its LAN and re-costed); 6 + 5 low-communication; 5 + 4 CIFAR-10 and LM equal work; 14 + 14
+  # + 4 Shakespeare (comparison 2 twice: its LAN and re-costed); 6 + 5 low-communication; 6 + 5 CIFAR-10 and LM equal work; 14 + 14
   # semi_sync arms against plain semi_sync.
-  assert text.count('| *not finished* |') == 48 + 24 + 53 + 11 + 9 + 28
+  assert text.count('| *not finished* |') == 48 + 24 + 53 + 11 + 11 + 28
   assert written['plots'] == [] and text.count('*No plots yet') == 9
   # 15 + 6 claims of the Fashion-MNIST sections, 4 streaming, 4 low-communication, 8
   # CIFAR-10 budget claims, 3 + 3 CIFAR-10 and LM equal-work claims, 2 progress-aware, 2
@@ -1083,7 +1083,7 @@ def test_cli_no_run_from_another_directory(tmp_path):
                      cwd=tmp_path, capture_output=True, text=True, timeout=600, check=False)
   assert p.returncode == 0, p.stderr
   assert p.stdout.splitlines()[0] == os.path.join('o', 'results.md')
-  assert '376 runs not finished' in p.stderr
+  assert '382 runs not finished' in p.stderr
   text = (tmp_path / 'o' / 'results.md').read_text(encoding='utf-8')
   assert 'make_results.py --root workdirs --out o' in text
   assert '--workdir=workdirs/semisync/sync.strategy=sync__train.eval_every=40' in text
@@ -1115,12 +1115,12 @@ def test_cli_runs_the_missing_sweeps_first(tmp_path, caplog, monkeypatch):
                                                 'shakespeare_compression', 'shakespeare_co3',
                                                 'shakespeare_semisync_work',
                                                 'shakespeare_diloco')]
-  # Said once, before the first launch: 376 runs are missing (seeds 1, 2 of semisync).
+  # Said once, before the first launch: 382 runs are missing (seeds 1, 2 of semisync).
   assert launched[0][1][0].startswith(
-      f'376 runs missing (semisync: 10, semisync_work: 102, semisync_budget: 30, compression: 39, co3_iid: 15, co3_paper: 15, '
+      f'382 runs missing (semisync: 10, semisync_work: 102, semisync_budget: 30, compression: 39, co3_iid: 15, co3_paper: 15, '
       'shakespeare_streaming: 9, shakespeare_lowcomm: 18, cifar10_semisync: 9, cifar10_compression: 15, cifar10_co3: 9, '
-      'cifar10_semisync_budget: 30, cifar10_semisync_work: 15, shakespeare_semisync: 9, '
-      'shakespeare_compression: 18, shakespeare_co3: 9, shakespeare_semisync_work: 12, '
+      'cifar10_semisync_budget: 30, cifar10_semisync_work: 18, shakespeare_semisync: 9, '
+      'shakespeare_compression: 18, shakespeare_co3: 9, shakespeare_semisync_work: 15, '
       f'shakespeare_diloco: 12) under {root}: launching')
 
 

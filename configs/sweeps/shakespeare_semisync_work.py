@@ -12,7 +12,9 @@ cosine over 2,000 steps would end at different points of each DC's training).
 
 Arms: ``sync`` (K = 1, the baseline), ``periodic`` (K = 4), ``semi_sync`` (K_base = 4),
 and ``semi_sync`` with K_base = 2, the arm that kept Fashion-MNIST's accuracy at equal
-work and 3x (docs/semisync.md). 12 runs. Judged on the final validation loss ("within 1%
+work and 3x (docs/semisync.md), and progress-aware K as issue 49 designs it
+(``sync.k_max`` caps only the slowest DC's K, the window-means plateau test over 8
+rounds). 15 runs. Judged on the final validation loss ("within 1%
 of sync's").
 
 Cost, measured on the 2-core CPU: a ``sync`` run of configs/shakespeare.py takes 10-12
@@ -31,6 +33,9 @@ STRATEGIES = [  # train.eval_every counts rounds
     {'sync.strategy': 'periodic', 'train.eval_every': 100},
     {'sync.strategy': 'semi_sync', 'train.eval_every': 40},
     {'sync.strategy': 'semi_sync', 'sync.k': 2, 'train.eval_every': 80},
+    # Issue 49's progress-aware design: the cap on the slowest DC's K only, window-means test.
+    {'sync.strategy': 'semi_sync', 'sync.progress_aware': True, 'sync.k_max_scope': 'k_base',
+     'sync.progress_test': 'window_means', 'sync.progress_window': 8, 'train.eval_every': 10},
 ]
 
 
