@@ -13,9 +13,10 @@ from jax.sharding import NamedSharding, PartitionSpec as P
 from configs import default as default_config
 from hfl import accounting, collectives, mesh as mesh_lib, models, optim, step as step_lib
 from hfl import setup as setup_lib
-from hfl.compress import base, co3, dgc, policy, quantize, registry, sparse
+from hfl.compress import base, chunked, co3, dgc, policy, quantize, registry, sparse
 from tests.helpers import B, D, W, step_batches as _batches, host_metrics as _host
 from tests.helpers import put as _put, run_steps as _run
+from tests.test_chunked import reference as chunked_reference
 
 LR = 0.1
 
@@ -557,6 +558,49 @@ def test_co3_as_wan_compressor_of_the_pseudo_gradient():
                       for a, b in zip(got_r, resid[d])]) > 0.995
   # The memory is non-trivial: fp4 leaves most of the pseudo-gradient behind.
   assert max(np.abs(r).max() for r in resid[0]) > 0
+
+
+def test_sparseloco_round_against_a_hand_computation():
+  """SparseLoCo's outer loop (Sarfi et al., arXiv:2508.15706, Algorithm 1; as
+  configs/sparseloco.py sets it up): each DC forms p_d = Δ_d + β e_d from its
+  pseudo-gradient Δ_d (global − local model), sends the chunked top-k of p_d with 2-bit
+  values, keeps e_d <- p_d − Ĉ(p_d), and the global model takes a plain outer step
+  θ <- θ − α mean_d Ĉ(p_d) (outer SGD, no momentum: the error feedback is the only
+  memory). Two rounds of K = 1 against numpy: the compressor by tests/test_chunked.py's
+  reference, the rest written out here. A near-tie at a chunk's k-th magnitude may be
+  decided the other way under another float summation order, so a small fraction of
+  entries may differ."""
+  beta, alpha, density, chunk = 0.95, 0.7, 0.1, 64
+  make = lambda s: chunked.chunked_topk(s, density=density, chunk_size=chunk, gamma=beta)
+  mesh, params, apply_fn, state, fn = _setup(comp_wan=make, outer=optax.sgd(alpha))
+  weights = np.array([0.5, 0.5], np.float32)
+  xs, ys = _batches(2, seed=5)
+  leaves, treedef = jax.tree.flatten(params)
+  glob = [np.asarray(l, np.float32) for l in leaves]
+  resid = [[np.zeros(l.shape, np.float32) for l in leaves] for _ in range(D)]
+  close = lambda a, b: np.isclose(np.asarray(a), b, atol=1e-5, rtol=1e-4).mean()
+  for t in range(2):
+    state, _ = _run(mesh, fn, state, xs[t:t + 1], ys[t:t + 1], [[True, True]], weights, [True])
+    p_glob = treedef.unflatten([jnp.asarray(g) for g in glob])
+    mean = [np.zeros(l.shape, np.float32) for l in leaves]
+    for d in range(D):
+      gs = [jax.grad(_loss, argnums=1)(apply_fn, p_glob, xs[t, d, w], ys[t, d, w])
+            for w in range(W)]
+      x_d = jax.tree.leaves(jax.tree.map(lambda p, *g: p - LR * sum(g) / W, p_glob, *gs))
+      for i, g in enumerate(glob):
+        p = (g - np.asarray(x_d[i])) + beta * resid[d][i]
+        sent = chunked_reference(p, density, chunk)
+        resid[d][i] = p - sent
+        mean[i] += sent / D
+    glob = [g - alpha * m for g, m in zip(glob, mean)]
+    for i, (a, b) in enumerate(zip(jax.tree.leaves(state.global_params), glob)):
+      assert close(a, b) > 0.99, (t, i, close(a, b))
+    for d in range(D):
+      got = jax.tree.leaves(jax.tree.map(lambda x, d=d: x[d], state.wan.residual))
+      assert np.mean([close(a, b) for a, b in zip(got, resid[d])]) > 0.99, (t, d)
+  # Sparse: most of each DC's accumulated pseudo-gradient is still in its buffer.
+  kept = sum(np.count_nonzero(r) for r in resid[0]) / sum(r.size for r in resid[0])
+  assert kept > 0.8, kept
 
 
 def test_non_finite_gradient_is_flagged_per_link_and_leaf():
