@@ -16,6 +16,7 @@ import re
 import subprocess
 import sys
 
+import numpy as np
 import pytest
 
 from hfl import config as config_lib
@@ -1746,3 +1747,23 @@ def test_steps_notes_flag_unequal_iterations_except_at_equal_time_or_work(monkey
       'compare unequal amounts of training.']
   assert results.steps_notes(table(153600)) == []
   assert results.steps_notes(table(0, equal_time=True)) == []
+
+
+def test_log_slope_is_numpys_least_squares_through_the_origin(tmp_path):
+  """The equal-work figures' fit (factor_plot.log_slope): paired Δ ≈ b ln(factor) with no
+  intercept, against numpy's lstsq on the same points; points without a paired Δ are
+  left out, and the figure with the fit is written."""
+  fp = results.factor_plot_lib
+  pts = [fp.FactorPoint('sync', 1.0, 0.79, 0.01, 3),
+         fp.FactorPoint('a', 2.75, 0.78, 0.01, 3, -1.00, 0.5, 3),
+         fp.FactorPoint('b', 4.0, 0.78, 0.01, 3, -1.17, 0.5, 3),
+         fp.FactorPoint('c', 6.25, 0.77, 0.01, 3, -1.92, 0.5, 3),
+         fp.FactorPoint('d', 27.6, 0.75, 0.01, 3, -3.98, 0.5, 3)]
+  x = np.log([p.factor for p in pts[1:]])[:, None]
+  want = np.linalg.lstsq(x, np.array([p.paired for p in pts[1:]]), rcond=None)[0][0]
+  assert math.isclose(fp.log_slope(pts), want, rel_tol=1e-12)
+  assert fp.log_slope(pts[:2]) is None  # one paired point
+  path = str(tmp_path / 'f.png')
+  assert fp.plot_accuracy_vs_factor(pts, path, 't', 'x', bar=0.5, log_fit=True) == path
+  with open(path, 'rb') as f:
+    assert f.read(8) == PNG_MAGIC

@@ -56,7 +56,18 @@ def _ylim(ax, values, errors, also, pad_min):
   ax.set_ylim(lo - pad, hi + 2 * pad)
 
 
-def _paired_panel(ax, points, bar, is_right, metric):
+def log_slope(points: Sequence[FactorPoint]) -> float | None:
+  """b of the least-squares fit paired Δ ≈ b · ln(factor) through the origin (the
+  baseline: factor 1, Δ 0) over the points with a paired Δ: Σ ln(x) Δ / Σ ln(x)²,
+  in Δ units per e-fold of the factor (× ln 2: per doubling). None below two points
+  or when every factor is 1."""
+  pts = [(math.log(p.factor), p.paired) for p in points
+         if p.paired is not None and math.isfinite(p.factor) and p.factor > 0]
+  den = sum(x * x for x, _ in pts)
+  return sum(x * d for x, d in pts) / den if len(pts) >= 2 and den > 0 else None
+
+
+def _paired_panel(ax, points, bar, is_right, metric, log_fit=False):
   worst = -metric.higher_is_better * bar
   ax.axhline(0.0, color='0.3', linestyle='--', linewidth=1)
   ax.axhline(worst, color='0.5', linestyle='-.', linewidth=1,
@@ -72,6 +83,12 @@ def _paired_panel(ax, points, bar, is_right, metric):
   for p in pts:
     _annotate(ax, p.factor, p.paired, f'{p.paired:+.3g}, n={p.paired_n}'.replace('-', '−'),
               is_right(p.factor))
+  b = log_slope(pts) if log_fit else None
+  if b is not None:
+    grid = [math.exp(i / 50 * math.log(max(xs))) for i in range(51)]
+    ax.plot(grid, [b * math.log(x) for x in grid], color='tab:purple', linestyle='--',
+            linewidth=1, label=f'least squares Δ = b ln x through 0: '
+            f'{b * math.log(2):+.2f} {metric.delta_unit} per doubling of x'.replace('-', '−'))
   _ylim(ax, ys, es, (worst, 0.0), 0.3 if metric is ACCURACY else 0.1 * bar)
 
 
@@ -79,11 +96,12 @@ def plot_accuracy_vs_factor(points: Sequence[FactorPoint], path: str, title: str
                             xlabel: str, bar: float,
                             shade: tuple[float, float, str] | None = None,
                             line: tuple[float, str] | None = None,
-                            metric: Metric = ACCURACY) -> str | None:
+                            metric: Metric = ACCURACY, log_fit: bool = False) -> str | None:
   """Writes the final ``metric`` (top) and its paired Δ (bottom) vs compression factor
   (log x) of the baseline (factor 1) and compressed ``points`` to ``path``, with lines at
   the ``bar`` (the largest allowed loss of quality, Δ units: pts, nats), a ``shade``d
-  published range of factors (low, high, legend) and a published ``line`` (x, legend).
+  published range of factors (low, high, legend), a published ``line`` (x, legend) and,
+  with ``log_fit``, the paired Δs' :func:`log_slope` fit.
   Returns ``path`` (None below two points)."""
   points = sorted((p for p in points if math.isfinite(p.factor)), key=lambda p: p.factor)
   if len(points) < 2:
@@ -115,7 +133,7 @@ def plot_accuracy_vs_factor(points: Sequence[FactorPoint], path: str, title: str
     _annotate(ax, p.factor, y, f'{p.label}, n={p.n}', is_right(p.factor))
   ax.set(xscale='log', xlim=(x_lo, x_hi), ylabel=f'{m.name} ({m.unit.strip()})', title=title)
   _ylim(ax, ys, errs, (base + worst, base), 0.5 if m is ACCURACY else 0.1 * bar)
-  _paired_panel(ax2, points[1:], bar, is_right, m)
+  _paired_panel(ax2, points[1:], bar, is_right, m, log_fit)
   ax2.set(ylabel=f'{m.name.split()[-1]} Δ vs baseline ({m.delta_unit})', xlabel=xlabel)
   for a in (ax, ax2):
     a.grid(True, which='major', alpha=0.3)

@@ -1027,9 +1027,10 @@ def section_plots(sec: dict, by_name: dict, plot_dir: str) -> list[str]:
   written = plots.write_plots([], plot_dir, target.value, prefix=f'{sec["key"]}_',
                               title=spec['title'], y=plots.y_axis(target.metric), axes=axes,
                               panels=panels)
-  if spec.get('factor'):
-    path = factor_plot(by_name[spec['factor']['table']], spec['factor'],
-                       os.path.join(plot_dir, f'{sec["key"]}_{spec["factor"].get("file", "accuracy_vs_ratio")}.png'))
+  factors = spec.get('factor') or []
+  for f in [factors] if isinstance(factors, dict) else factors:  # one spec or a list
+    path = factor_plot(by_name[f['table']], f,
+                       os.path.join(plot_dir, f'{sec["key"]}_{f.get("file", "accuracy_vs_ratio")}.png'))
     written += [path] if path else []
   return written
 
@@ -1037,7 +1038,8 @@ def section_plots(sec: dict, by_name: dict, plot_dir: str) -> list[str]:
 def factor_plot(t: Table, spec: dict, path: str) -> str | None:
   """The final metric (accuracy, or the LM's loss) and its paired Δ against the
   compression factor of a table's rows; the bar is ``spec['bar']`` in Δ units (default
-  0.5 pts) or ``spec['bar_relative']`` times the baseline's mean."""
+  0.5 pts) or ``spec['bar_relative']`` times the baseline's mean. Rows matching one of
+  ``spec['exclude']`` (config values) are left out."""
   if t.base_gid is None or not done(t, t.base_gid):
     return None
   lm = not t.target.higher_is_better
@@ -1045,6 +1047,8 @@ def factor_plot(t: Table, spec: dict, path: str) -> str | None:
                                                                factor_plot_lib.ACCURACY)
   pts = []
   for g in t.groups:
+    if g != t.base_gid and any(_matches(t.flats[g], w) for w in spec.get('exclude', ())):
+      continue
     st = metric_stat(t, g, m)
     x = 1.0 if g == t.base_gid else number(t, g, spec['x'])
     if st.mean is None or x is None:
@@ -1059,7 +1063,8 @@ def factor_plot(t: Table, spec: dict, path: str) -> str | None:
   return factor_plot_lib.plot_accuracy_vs_factor(
       pts, path, text(t, spec['title'], ctx), spec['xlabel'], bar=bar,
       shade=tuple(spec['shade']) if spec.get('shade') else None,
-      line=tuple(spec['line']) if spec.get('line') else None, metric=metric)
+      line=tuple(spec['line']) if spec.get('line') else None, metric=metric,
+      log_fit=bool(spec.get('log_fit')))
 
 
 def anchor(title: str) -> str:
