@@ -1,5 +1,6 @@
 """End-to-end training: outputs, exact resume, and clear errors on bad input."""
 
+import concurrent.futures
 import glob
 import gzip
 import json
@@ -384,6 +385,7 @@ def test_main_cli_runs_and_rejects_bad_flags(fake_data, tmp_path):
   assert 'sync.k=0 must be >= 1' in bad.stderr
   help_line = ('Config fields are listed in the README (config reference) and '
                'configs/default.py.')
+  typos = []
   for flag, expected in [
       ('--config.optimizer.learnin_rate=0.1', "error: unknown config field "
        "'optimizer.learnin_rate'; did you mean 'optimizer.learning_rate'? "),
@@ -398,10 +400,15 @@ def test_main_cli_runs_and_rejects_bad_flags(fake_data, tmp_path):
       ('--config.sync.progress_aware=yes', 'error: flag --config.sync.progress_aware=yes: not '
        'a boolean (a boolean field takes true or false). '),
   ]:
-    typo = subprocess.run(base + [f'--workdir={tmp_path / "typo"}', flag], env=env,
-                          capture_output=True, text=True, timeout=300, cwd=REPO)
-    assert typo.returncode == 2, flag
-    assert typo.stderr == expected + help_line + '\n', flag
+    typos.append((flag, expected))
+  # Independent processes (each refuses its flag before any work): run them side by side.
+  with concurrent.futures.ThreadPoolExecutor(4) as pool:
+    done = pool.map(lambda fe: subprocess.run(
+        base + [f'--workdir={tmp_path / "typo"}', fe[0]], env=env, capture_output=True,
+        text=True, timeout=300, cwd=REPO), typos)
+    for (flag, expected), typo in zip(typos, done):
+      assert typo.returncode == 2, flag
+      assert typo.stderr == expected + help_line + '\n', flag
   assert not os.path.exists(tmp_path / 'typo')
   extra = subprocess.run(base + [f'--workdir={tmp_path / "typo"}', 'extra'], env=env,
                          capture_output=True, text=True, timeout=300, cwd=REPO)
