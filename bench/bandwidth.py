@@ -53,8 +53,8 @@ def parse_args(argv=None) -> argparse.Namespace:
                   help='model FLOPs utilisation')
   ap.add_argument('--devices_per_dc', type=int_at_least(1), default=128, help='devices per DC')
   ap.add_argument('--h', type=int_at_least(1), default=100,
-                  help='H: inner steps per sync of diloco, diloco_topk, semi_sync (K_base) '
-                  'and streaming')
+                  help='H: inner steps per sync of diloco, diloco_topk, semi_sync (K_base), '
+                  'streaming, sparseloco and diloco_2bit')
   ap.add_argument('--fragments', type=int_at_least(1), default=4,
                   help='P, streaming fragments (must divide --h)')
   ap.add_argument('--overlap_steps', type=int_at_least(0), default=1,

@@ -10,9 +10,11 @@ momentum 0). β = ``compression.wan.gamma``. Everything else is configs/shakespe
 
   python main.py --config=configs/sparseloco.py --workdir=workdirs/sparseloco
 
-MuLoCo (Thérien et al., arXiv:2505.23725) is the same outer loop with Muon inside:
-``--config.optimizer.name=muon --config.optimizer.momentum=0.95`` (and a Muon learning
-rate, e.g. ``--config.optimizer.learning_rate=0.02``).
+MuLoCo (Thérien et al., arXiv:2505.23725) is not this outer loop: it is DiLoCo's
+(Nesterov outer step) with Muon as the inner optimizer on the hidden layers' weight
+kernels and AdamW on the rest. Its exact settings are the ``MUON`` and ``DILOCO``
+overrides of configs/sweeps/shakespeare_lowcomm.py (Muon needs them: with optax's
+default leaf rule the LM ends far worse; docs/lowcomm.md).
 """
 
 from configs import shakespeare

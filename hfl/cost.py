@@ -18,6 +18,7 @@ summary (:func:`summary`: bytes per link, simulated time, the WAN fields of
 """
 
 import json
+import os
 from typing import Any, Mapping, NamedTuple
 
 import numpy as np
@@ -444,8 +445,8 @@ def eval_history(records) -> list[dict]:
   return [{k: r.get(k) for k in HISTORY_KEYS} for r in records]
 
 
-def print_results(summary: dict) -> None:
-  """Prints the short results table at the end of a run."""
+def print_results(summary: dict, workdir: str | None = None) -> None:
+  """Prints the short results table at the end of a run, and where its files are."""
   b = summary['bytes']
   fmt = lambda n: metrics_lib.format_bytes(n, digits=1)
   metric_rows, target = tasks.result_rows(summary)
@@ -470,5 +471,9 @@ def print_results(summary: dict) -> None:
     rows.insert(len(metric_rows), ('stopped at', f'sample budget {stop["sample_budget"]} '
                                    f'(train.sample_budget; {summary.get("samples")} '
                                    'processed)'))
+  if workdir is not None:
+    names = [n for n in ('summary.json', 'metrics.jsonl', 'config.json', 'tb')
+             if os.path.exists(os.path.join(workdir, n))]
+    rows.append(('written to', f'{workdir} ({", ".join(names)})'))
   width = max(len(r[0]) for r in rows)
   print('\n'.join(f'{k:<{width}}  {v}' for k, v in rows), flush=True)

@@ -493,7 +493,8 @@ def _resumed(rt: Runtime, ls: cost.LoopState, resume: workdir_lib.Resume) -> dic
   """
   if rt.s.loop.stop.finished(ls.step, ls.clock.now, ls.samples) and resume.has_summary:
     logging.info('%s already finished %d iterations; nothing to do.', rt.workdir, ls.step)
-    return _reported(workdir_lib.reported_summary(rt.workdir, rt.s.task, rt.s.config))
+    return _reported(workdir_lib.reported_summary(rt.workdir, rt.s.task, rt.s.config),
+                     rt.workdir)
   logging.info('Resumed from %s at step %d (round %d).', rt.workdir, ls.step, ls.round)
   if resume.changed:
     logging.info('Continuing with changed %s.', '; '.join(resume.changed))
@@ -501,10 +502,10 @@ def _resumed(rt: Runtime, ls: cost.LoopState, resume: workdir_lib.Resume) -> dic
   return None
 
 
-def _reported(summary: dict) -> dict:
+def _reported(summary: dict, workdir: str) -> dict:
   """``summary``, a finished run's reported again: printed (process 0)."""
   if metrics_lib.is_writer():
-    cost.print_results(summary)
+    cost.print_results(summary, workdir)
   return summary
 
 
@@ -560,7 +561,7 @@ def _train_and_evaluate(config: ml_collections.ConfigDict, workdir: str) -> dict
   state, ls, restored = restore_or_init(rt)
   if not restored and resume.has_summary:
     return _reported(workdir_lib.finished_without_checkpoint(workdir, s.task.metric,
-                                                             s.loop.stop))
+                                                             s.loop.stop), workdir)
   if not restored or not resume.has_config:
     _write_config(rt)  # on resume: restored from summary.json's copy, checked above
   else:
@@ -589,7 +590,7 @@ def _train_and_evaluate(config: ml_collections.ConfigDict, workdir: str) -> dict
   rt.mngr.close()
   if metrics_lib.is_writer():
     metrics_lib.write_json(os.path.join(workdir, 'summary.json'), summary)
-    cost.print_results(summary)
+    cost.print_results(summary, workdir)
   return summary
 
 

@@ -2,10 +2,10 @@
 paired against data parallel (K = 1): DiLoCo (Nesterov outer, H = 16), SparseLoCo
 (configs/sparseloco.py), MuLoCo (Muon inner, DiLoCo outer) with float32 and with 2-bit
 chunked pseudo-gradients, and MuLoCo with SparseLoCo's sparsity on top of the 2-bit values
-(``SPARSE_TWO_BIT``: chunked top-k 1%, the 1-D leaves in bfloat16; the sparsest setting of
-hfl's compressors that sends >= 100x fewer bytes than DiLoCo on this model, 108.6x by
-hfl's accounting, where SparseLoCo's 2% with float32 1-D leaves sends 55.1x fewer). About
-17-25 minutes per run on a 2-core CPU, 18 runs.
+(``SPARSE_TWO_BIT``: chunked top-k 1%, the 1-D leaves in bfloat16; about the densest
+setting of hfl's compressors that sends >= 100x fewer bytes than DiLoCo on this model,
+108.6x by hfl's accounting, where SparseLoCo's 2% with float32 1-D leaves sends 55.1x
+fewer). 18 runs, 17-37 minutes each on a 2-core CPU with two runs sharing it.
 
   python -m hfl.sweep --sweep=configs/sweeps/shakespeare_lowcomm.py \\
       --root=workdirs/shakespeare_lowcomm

@@ -16,8 +16,9 @@ repository's ``docs``, the README's results summary (between its
 verdicts (:func:`summary_block`).
 
 Cost: without ``--no-run`` every missing run of every sweep trains, including
-the CIFAR-10 (4,800 iterations, about 24 minutes per run) and character-LM
-(2,000 iterations, about 12 minutes per run; Streaming DiLoCo 512) sweeps,
+the CIFAR-10 (4,800 iterations, about 24 minutes per run alone, 40 with two runs
+sharing a 2-core CPU) and character-LM (2,000 iterations, 12 to 37 minutes per run;
+Streaming DiLoCo 512) sweeps,
 which take hours each on a 2-core CPU; ``--no-run`` renders their sections
 from whatever runs exist and lists the rest as missing.
 """
@@ -715,6 +716,7 @@ def settings_lines(t: Table, root_display: str) -> list[str]:
   lans = list(dict.fromkeys(f.get('network.lan_bandwidth_gbps') for f in flats))
   sweep_root = f'{root_display.rstrip("/")}/{t.spec["root"]}'
   g = lambda k: c.get(k)
+  v = lambda k, fmt='{}': 'per run' if k in varying else fmt.format(c.get(k))  # as shown
   lines = [
       f'- **Config**: `{t.base}` (sweep file `{t.spec["sweep"]}`); overrides common to all '
       'runs: ' + (', '.join(f'`{k}={sweep_lib.flag_value(v)}`' for k, v in sorted(common.items()))
@@ -736,13 +738,13 @@ def settings_lines(t: Table, root_display: str) -> list[str]:
       f'`{g("dataset.name")}`, partition `{g("dataset.partition")}`'
       + (f' (Dirichlet α = {g("dataset.dirichlet_alpha")})'
          if g('dataset.partition') == 'dirichlet' else '')
-      + f'; model `{g("model.name")}`; optimizer `{g("optimizer.name")}` (lr '
-      f'{g("optimizer.learning_rate")}); '
+      + f'; model {v("model.name", "`{}`")}; optimizer {v("optimizer.name", "`{}`")} (lr '
+      f'{v("optimizer.learning_rate")}); '
       + (f'seeds {", ".join(map(str, seeds))} (per run)' if len(seeds) > 1 else f'seed {seeds[0]}')
       + '; sync ' + ('strategy per run' if 'sync.strategy' in varying
                      else f'`{g("sync.strategy")}`')
-      + f', K = {g("sync.k")}, K_max = {g("sync.k_max")}, aggregation '
-      f'`{g("sync.aggregation")}`, outer `{g("sync.outer.name")}`.',
+      + f', K = {v("sync.k")}, K_max = {v("sync.k_max")}, aggregation '
+      f'{v("sync.aggregation", "`{}`")}, outer {v("sync.outer.name", "`{}`")}.',
       f'- **Network**: compute {g("network.compute_time_s")} s per iteration at speed 1, DC '
       f'speeds {", ".join(f"{float(s):g}" for s in g("network.dc_speed") or ())} (relative); '
       f'LAN (PS NIC) {" / ".join(_lan(x) for x in lans)}, latency {g("network.lan_latency_s")} '
