@@ -95,6 +95,10 @@ def strategy_overrides(name: str, h: int, fragments: int, overlap_steps: int,
   """
   k = {'sync.k': int(h), 'sync.k_max': max(int(h), 64)}
   topk = {'compression.wan.name': 'topk', 'compression.wan.density': float(topk_density)}
+  two_bit = lambda density: {  # chunked top-k, 2-bit values (SparseLoCo's code; 1.0: MuLoCo's)
+      'sync.strategy': 'periodic', 'compression.wan.name': 'chunked_topk',
+      'compression.wan.density': density, 'compression.wan.chunk_size': 4096,
+      'compression.wan.value_bits': 2, **k}
   table = {
       'data_parallel': {'sync.strategy': 'sync'},
       'data_parallel_topk': dict({'sync.strategy': 'sync'}, **topk),
@@ -104,13 +108,8 @@ def strategy_overrides(name: str, h: int, fragments: int, overlap_steps: int,
       'streaming': dict({'sync.strategy': 'periodic', 'sync.fragments': int(fragments),
                          'sync.overlap_steps': int(overlap_steps), 'sync.mixing_alpha': 0.5,
                          'compression.wan.name': 'e3m0'}, **k),
-      'sparseloco': dict({'sync.strategy': 'periodic', 'compression.wan.name': 'chunked_topk',
-                          'compression.wan.density': float(topk_density),
-                          'compression.wan.chunk_size': 4096, 'compression.wan.value_bits': 2},
-                         **k),
-      'diloco_2bit': dict({'sync.strategy': 'periodic', 'compression.wan.name': 'chunked_topk',
-                           'compression.wan.density': 1.0, 'compression.wan.chunk_size': 4096,
-                           'compression.wan.value_bits': 2}, **k),
+      'sparseloco': two_bit(float(topk_density)),
+      'diloco_2bit': two_bit(1.0),
   }
   if name not in table:
     raise ValueError(f'strategy {name!r} unknown; allowed: {", ".join(STRATEGIES)}')

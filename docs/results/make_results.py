@@ -716,7 +716,7 @@ def settings_lines(t: Table, root_display: str) -> list[str]:
   lans = list(dict.fromkeys(f.get('network.lan_bandwidth_gbps') for f in flats))
   sweep_root = f'{root_display.rstrip("/")}/{t.spec["root"]}'
   g = lambda k: c.get(k)
-  v = lambda k, fmt='{}': 'per run' if k in varying else fmt.format(c.get(k))  # as shown
+  shown = lambda k, fmt='{}': 'per run' if k in varying else fmt.format(c.get(k))
   lines = [
       f'- **Config**: `{t.base}` (sweep file `{t.spec["sweep"]}`); overrides common to all '
       'runs: ' + (', '.join(f'`{k}={sweep_lib.flag_value(v)}`' for k, v in sorted(common.items()))
@@ -738,13 +738,13 @@ def settings_lines(t: Table, root_display: str) -> list[str]:
       f'`{g("dataset.name")}`, partition `{g("dataset.partition")}`'
       + (f' (Dirichlet α = {g("dataset.dirichlet_alpha")})'
          if g('dataset.partition') == 'dirichlet' else '')
-      + f'; model {v("model.name", "`{}`")}; optimizer {v("optimizer.name", "`{}`")} (lr '
-      f'{v("optimizer.learning_rate")}); '
+      + f'; model {shown("model.name", "`{}`")}; optimizer {shown("optimizer.name", "`{}`")} (lr '
+      f'{shown("optimizer.learning_rate")}); '
       + (f'seeds {", ".join(map(str, seeds))} (per run)' if len(seeds) > 1 else f'seed {seeds[0]}')
       + '; sync ' + ('strategy per run' if 'sync.strategy' in varying
                      else f'`{g("sync.strategy")}`')
-      + f', K = {v("sync.k")}, K_max = {v("sync.k_max")}, aggregation '
-      f'{v("sync.aggregation", "`{}`")}, outer {v("sync.outer.name", "`{}`")}.',
+      + f', K = {shown("sync.k")}, K_max = {shown("sync.k_max")}, aggregation '
+      f'{shown("sync.aggregation", "`{}`")}, outer {shown("sync.outer.name", "`{}`")}.',
       f'- **Network**: compute {g("network.compute_time_s")} s per iteration at speed 1, DC '
       f'speeds {", ".join(f"{float(s):g}" for s in g("network.dc_speed") or ())} (relative); '
       f'LAN (PS NIC) {" / ".join(_lan(x) for x in lans)}, latency {g("network.lan_latency_s")} '
