@@ -117,6 +117,11 @@ def get_config(arg: str | None = None) -> ml_collections.ConfigDict:
   # compressor with its own error feedback wherever that is lossy (bitwise 'gather'
   # where it is lossless); 'gather': the global model itself (float32 for identity WAN).
   c.compression.broadcast = 'downlink'
+  # What the workers send up (hfl.step.SENDS): 'gradient' (the thesis's design: every
+  # worker applies the optimizer to the PS's aggregate) or 'update' (each worker runs the
+  # optimizer on its own gradient with its own state and sends the update; the PS averages
+  # updates: compression after the optimizer, hfl.step.worker_update).
+  c.compression.send = 'gradient'
   # Deep Gradient Compression options (Lin et al., ICLR 2018; hfl.compress.dgc).
   c.compression.dgc = ml_collections.ConfigDict()
   c.compression.dgc.momentum = 0.0       # momentum correction m (0: off); needs optimizer.name='sgd'

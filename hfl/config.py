@@ -156,6 +156,7 @@ def validate(config: ml_collections.ConfigDict, paths: bool = True
   for link in ('uplink', 'downlink', 'wan'):
     policy.check_spec(config.compression[link], f'compression.{link}')
   validate_broadcast(config)
+  validate_send(config)
   validate_dgc(config)
   validate_shard_state(config)
   validate_heterogeneity_options(config)
@@ -248,6 +249,33 @@ def check_budget_warmup(config: ml_collections.ConfigDict, t_d, c_d, schedule=No
 
 LR_SCALINGS = ('none', 'inverse_k')  # hfl.train.round_lr_scale
 BROADCASTS = ('downlink', 'gather')  # hfl.step.BROADCASTS
+SENDS = ('gradient', 'update')  # hfl.step.SENDS
+
+
+def validate_send(config: ml_collections.ConfigDict) -> None:
+  """Checks ``compression.send`` (absent: 'gradient'; hfl.step.worker_update).
+
+  Raises:
+    ValueError: not one of :data:`SENDS`; or 'update' with ``optimizer.shard_state``
+      (each worker keeps its whole optimizer state) or DGC momentum correction (its
+      velocity would be a second momentum on top of the optimizer's).
+  """
+  send = config.compression.get('send', 'gradient')
+  _choice(send, 'compression.send', SENDS)
+  if send != 'update':
+    return
+  if config.optimizer.get('shard_state', False):
+    raise ValueError(
+        "compression.send='update' cannot be combined with optimizer.shard_state=True: "
+        "each worker runs the optimizer on its own gradient and keeps its whole state; "
+        "set optimizer.shard_state=False or compression.send='gradient'")
+  g = config.compression.get('dgc')
+  m = float(g.get('momentum', 0.0)) if g is not None else 0.0
+  if m > 0:
+    raise ValueError(
+        f"compression.send='update' cannot be combined with compression.dgc.momentum={m}: "
+        "the workers already send their optimizer's update, DGC's velocity would add a "
+        "second momentum; set compression.dgc.momentum=0 or compression.send='gradient'")
 
 
 def validate_broadcast(config: ml_collections.ConfigDict) -> None:

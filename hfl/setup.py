@@ -108,6 +108,7 @@ class Compression(NamedTuple):
   warmup: Warmup
   dgc: dgc.Options
   broadcast: str = 'gather'  # how the round's update reaches the workers (:func:`broadcast`)
+  send: str = 'gradient'  # what the workers send up: compression.send (hfl.step.SENDS)
 
 
 class Sync(NamedTuple):
@@ -304,7 +305,8 @@ def setup(config: ml_collections.ConfigDict) -> Setup:
                optim=Optimizers(optimizer=optimizer, outer=outer,
                                 shard_state=shard_state(config)),
                compress=Compression(comps=comps, warmup=make_warmup(config, params_shape),
-                                    dgc=dgc_options(config), broadcast=broadcast(config)),
+                                    dgc=dgc_options(config), broadcast=broadcast(config),
+                                    send=config.compression.get('send', 'gradient')),
                net=net,
                sync=Sync(schedule=schedule, present_fn=present_fn,
                          stream=streaming.spec_from_config(config.sync, params_shape),

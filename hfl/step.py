@@ -33,6 +33,10 @@ iteration (as MaxText's DiLoCo wraps its inner step)::
      DC (SPMD), so every worker holds the same downlink gradient.
   4. every worker applies the same optax update (:func:`apply_inner`); DCs whose
      ``active`` flag is off (semi-synchronous masking) keep their state. With
+     ``send='update'`` (:class:`WorkerOptState`) each worker instead runs the
+     optimizer on its own gradient before step 2, with its own state, and sends
+     that update; the PS averages the updates and every worker adds the downlink's
+     decoded mean (:func:`worker_update`). With
      ZeRO-1 (:class:`ShardedOptState`) worker w updates only slice w of every
      leaf (flattened, zero-padded to a multiple of W) and an all-gather over
      'worker' rebuilds the parameters; an identity leaf's uplink is then a
@@ -163,6 +167,23 @@ class Compressors(NamedTuple):
   wan: Sequence[base.Compressor]
 
 
+class WorkerOptState(NamedTuple):
+  """Each worker's own inner optimizer state (``send='update'``, :func:`worker_update`).
+
+  ``inner`` is what ``optimizer.init`` returns for the parameters, stacked over DCs
+  and workers: leaves [D, W, ...] (scalars such as step counts [D, W]), sharded
+  P('dc', 'worker'). Every worker starts from the same state; they then differ,
+  each fed by its own gradients.
+  """
+  inner: Any
+
+
+# What the workers send up (``send`` of :func:`init_state`): their gradient, which the
+# PS aggregates and every worker feeds to the same optimizer (the thesis's design), or
+# their own optimizer's update of it (:func:`worker_update`).
+SENDS = ('gradient', 'update')
+
+
 class ShardedOptState(NamedTuple):
   """Inner optimizer state sharded across a DC's workers (ZeRO-1; Rajbhandari et
   al., "ZeRO: Memory Optimizations Toward Training Trillion Parameter Models", SC 2020).
@@ -185,10 +206,16 @@ def is_sharded(state_like: TrainState) -> bool:
   return isinstance(state_like.opt_state, ShardedOptState)
 
 
+def sends_update(state_like: TrainState) -> bool:
+  """Whether ``state_like`` holds each worker's own optimizer state (``send='update'``)."""
+  return isinstance(state_like.opt_state, WorkerOptState)
+
+
 def state_specs(state_like: TrainState) -> TrainState:
   """PartitionSpecs of every TrainState field (a prefix tree of the state)."""
+  per_worker = is_sharded(state_like) or sends_update(state_like)
   return TrainState(
-      params=P(DC), opt_state=P(DC, WORKER) if is_sharded(state_like) else P(DC),
+      params=P(DC), opt_state=P(DC, WORKER) if per_worker else P(DC),
       global_params=P(), outer_state=P(), up=P(DC, WORKER), down=P(DC), wan=P(DC),
       local_steps=P(DC), step=P(), key=P(), dgc_velocity=P(DC, WORKER), eager=P(DC),
       bcast=P(DC), ref=P(DC), scaffold=P(DC), scaffold_c=P())
@@ -286,12 +313,32 @@ def check_links(comps: Compressors, state_like) -> None:
             'point there; build the state with init_state(...) for the same compressors')
 
 
+def _init_opt_state(params, optimizer: optax.GradientTransformation, d: int, w: int,
+                    shard_state: bool, send: str, dgc_momentum: bool):
+  """:func:`init_state`'s inner optimizer state: per DC ([D, ...]), ZeRO-1 sliced
+  (:class:`ShardedOptState`) or per worker (:class:`WorkerOptState`); its Raises."""
+  if send not in SENDS:
+    raise ValueError(f'init_state: send={send!r} must be one of {SENDS}')
+  if send == 'update' and (shard_state or dgc_momentum):
+    raise ValueError("init_state: send='update' keeps a whole optimizer state on each "
+                     'worker, which cannot be combined with shard_state (ZeRO-1) or '
+                     "dgc_momentum (DGC's velocity would be a second momentum)")
+  if shard_state:
+    per_worker = jax.vmap(lambda i: optimizer.init(
+        collectives.split_tree(params, w, i)))(jnp.arange(w))
+    return ShardedOptState(_stack(per_worker, (d,)))
+  if send == 'update':
+    return WorkerOptState(_stack(optimizer.init(params), (d, w)))
+  return _stack(optimizer.init(params), (d,))
+
+
 def init_state(params, optimizer: optax.GradientTransformation,
                outer: optax.GradientTransformation, comps: Compressors,
                num_dcs: int, workers_per_dc: int, key,
                dgc_momentum: bool = False, shard_state: bool = False,
                stream: streaming.Spec | None = None,
-               broadcast: str = 'downlink', scaffold: bool = False) -> TrainState:
+               broadcast: str = 'downlink', scaffold: bool = False,
+               send: str = 'gradient') -> TrainState:
   """Builds the initial state from one set of global parameters (all DCs start equal).
 
   Pure; call under ``jax.jit(..., out_shardings=...)`` to allocate it sharded.
@@ -319,11 +366,16 @@ def init_state(params, optimizer: optax.GradientTransformation,
     scaffold: allocate SCAFFOLD's control variates (hfl.sync.scaffold.init: zeros,
       ``scaffold`` leaves f32[D, ...] and lr_sum f32[D], ``scaffold_c`` f32[...]);
       otherwise both are ().
+    send: what the workers send up (:data:`SENDS`): 'gradient', or 'update', each
+      worker's own optimizer update (``opt_state`` is then a :class:`WorkerOptState`,
+      leaves [D, W, ...]; :func:`worker_update`).
 
   Raises:
-    ValueError: an unknown ``broadcast``; Streaming DiLoCo (``stream``) with a lossy
-      downlink leaf and broadcast='downlink' (a fragment's merge adopts the global
-      fragment as it is: use broadcast='gather').
+    ValueError: an unknown ``broadcast`` or ``send``; Streaming DiLoCo (``stream``)
+      with a lossy downlink leaf and broadcast='downlink' (a fragment's merge adopts
+      the global fragment as it is: use broadcast='gather'); send='update' with
+      ``shard_state`` or ``dgc_momentum`` (each worker's whole state is its own; DGC's
+      velocity would be a second momentum).
   """
   d, w = num_dcs, workers_per_dc
   sent = broadcast_leaves(comps.down, broadcast)
@@ -332,12 +384,7 @@ def init_state(params, optimizer: optax.GradientTransformation,
         "init_state: broadcast='downlink' with a lossy downlink compressor cannot be "
         "combined with Streaming DiLoCo (fragments merge the global model as it is); "
         "use broadcast='gather'")
-  if shard_state:
-    per_worker = jax.vmap(lambda i: optimizer.init(
-        collectives.split_tree(params, w, i)))(jnp.arange(w))
-    opt_state = ShardedOptState(_stack(per_worker, (d,)))
-  else:
-    opt_state = _stack(optimizer.init(params), (d,))
+  opt_state = _init_opt_state(params, optimizer, d, w, shard_state, send, dgc_momentum)
   state = TrainState(
       params=_stack(params, (d,)), opt_state=opt_state, global_params=params,
       outer_state=outer.init(params), up=init_link(comps.up, params, (d, w)),
@@ -722,6 +769,8 @@ class Setup(NamedTuple):
   # The round's weights argument is f32[2, D]: aggregation weights and each DC's
   # adoption of the new global model (partial strategies, :func:`adopt_global`).
   adoption: bool = False
+  # send='update': each worker runs the optimizer and sends its update (worker_update)
+  send_update: bool = False
 
 
 class Keys(NamedTuple):
@@ -885,6 +934,34 @@ def apply_inner(setup: Setup, params, opt_state, grads, lr_scale=None):
   return new_params, ShardedOptState(new_opt), chunk_bits(params, w) if w > 1 else 0
 
 
+def worker_update(setup: Setup, params, opt_state: WorkerOptState, grads, lr_scale=None):
+  """``send='update'``: this worker's optimizer update of its own gradient, what its
+  uplink then sends instead of the gradient.
+
+  Each worker keeps its own inner optimizer state (:class:`WorkerOptState`) and
+  feeds it only its own gradients, so an adaptive optimizer's moments see every
+  iteration's dense gradient; the links' error feedback then acts on the update
+  u_w = optimizer(g_w), the PS averages the decoded updates, and every worker adds
+  the downlink's decoded mean to the DC model (:func:`_inner_step`). For plain SGD
+  this is the thesis's pipeline up to where the learning rate multiplies; for Adam
+  it moves the compression after the optimizer, the remedy that error feedback
+  with a per-coordinate normaliser needs (1-bit Adam compresses after its momentum
+  for the same reason: Tang et al., ICML 2021, sec. 3; DGC's momentum correction,
+  Lin et al., ICLR 2018, sec. 3.2, does it for SGD with momentum).
+
+  Args:
+    params: the DC's parameters (invariant over 'worker'), for weight decay.
+    opt_state: this worker's :class:`WorkerOptState` (leading axes removed).
+    grads: this worker's gradient, a pytree like ``params`` (f32).
+    lr_scale: f32[], this DC's learning-rate multiplier (None: 1).
+
+  Returns:
+    (the update, a pytree like ``params``, f32; the new :class:`WorkerOptState`).
+  """
+  updates, new = setup.optimizer.update(grads, opt_state.inner, params)
+  return _lr_scale(lr_scale)(updates), WorkerOptState(new)
+
+
 def _lr_scale(lr_scale) -> Callable:
   """updates -> updates x ``lr_scale`` (f32[]; None: unchanged)."""
   if lr_scale is None:
@@ -892,9 +969,13 @@ def _lr_scale(lr_scale) -> Callable:
   return lambda u: jax.tree.map(lambda x: x * lr_scale.astype(x.dtype), u)
 
 
-def _inner_step(setup: Setup, state: TrainState, grads, active, lr_scale, lead_params):
+def _inner_step(setup: Setup, state: TrainState, grads, active, lr_scale, lead_params,
+                worker_opt=None):
   """:func:`apply_inner` with the semi-synchronous mask: (params, opt_state, gather
   bits), params and opt_state those of ``state`` where this DC is not ``active``.
+
+  ``worker_opt``: with ``send='update'``, this worker's new :class:`WorkerOptState`
+  (:func:`worker_update`); ``grads`` is then the downlink's mean update, added as it is.
 
   ``lead_params``: None, or this DC's parameters as the program received them, with
   their leading mesh axis ([1, ...]); then (without ZeRO-1) the masked update
@@ -903,12 +984,18 @@ def _inner_step(setup: Setup, state: TrainState, grads, active, lr_scale, lead_p
   copying every updated leaf into them. The same values either way.
   """
   keep = lambda new, old: _keep(active, new, old)
-  if lead_params is None or setup.shard:
+  if worker_opt is not None:
+    updates, opt_state = grads, worker_opt
+    if lead_params is None:
+      return (keep(optax.apply_updates(state.params, updates), state.params),
+              keep(opt_state, state.opt_state), 0)
+  elif lead_params is None or setup.shard:
     params, opt_state, gather = apply_inner(setup, state.params, state.opt_state, grads,
                                             lr_scale)
     return keep(params, state.params), keep(opt_state, state.opt_state), gather
-  updates, opt_state = setup.optimizer.update(grads, state.opt_state, state.params)
-  updates = _lr_scale(lr_scale)(updates)
+  else:
+    updates, opt_state = setup.optimizer.update(grads, state.opt_state, state.params)
+    updates = _lr_scale(lr_scale)(updates)
   params = jax.tree.map(lambda x, u: jnp.where(active, optax.apply_updates(x, u[None]), x)[0],
                         lead_params, updates)
   return params, keep(opt_state, state.opt_state), 0
@@ -924,7 +1011,8 @@ def intra_dc_iteration(setup: Setup, state: TrainState, images, labels, active, 
                        lr_scale=None, lead_params=None):
   """One intra-DC iteration on one device (inside shard_map; per-device view).
 
-  gradient -> uplink over 'worker' -> PS downlink -> inner optimizer.
+  gradient -> uplink over 'worker' -> PS downlink -> inner optimizer (with
+  ``send='update'``: gradient -> the worker's optimizer -> uplink -> PS downlink -> add).
 
   Args:
     setup: :class:`Setup`.
@@ -948,10 +1036,13 @@ def intra_dc_iteration(setup: Setup, state: TrainState, images, labels, active, 
   sc = setup.scaffold
   corr = None if sc is None else scaffold_lib.correction(state.scaffold.c, state.scaffold_c)
   loss, grads = local_gradient(setup, state.params, images, labels, anchor, corr)
+  worker_opt = None
+  if setup.send_update:  # the worker's own optimizer update goes up, not its gradient
+    grads, worker_opt = worker_update(setup, state.params, state.opt_state, grads, lr_scale)
   up, velocity = uplink(setup, grads, state.up, state.dgc_velocity, keys.worker)
   down, down_grads, down_bits = ps_downlink(setup, up.agg, state.down, keys.dc)
   params, opt_state, gather = _inner_step(setup, state, down_grads, active, lr_scale,
-                                          lead_params)
+                                          lead_params, worker_opt)
   keep = lambda new, old: _keep(active, new, old)
   new = state._replace(
       params=params, opt_state=opt_state,
@@ -1390,6 +1481,11 @@ def _check_options(state_like: TrainState, opts: dgc.Options) -> None:
     raise ValueError(
         f'make_step: dgc momentum={momentum} keeps the momentum in per-worker velocities '
         'that cannot be sharded; build the state with init_state(..., shard_state=False)')
+  if sends_update(state_like) and use_velocity:
+    raise ValueError(
+        f"make_step: dgc momentum={momentum} with a state whose workers send their "
+        "optimizer's update (init_state(..., send='update')): the velocity would be a "
+        "second momentum; build the state with send='gradient' or without DGC momentum")
 
 
 # How the step maps the hierarchy onto the backend (make_step's ``mode``): 'mesh', one
@@ -1430,7 +1526,9 @@ def make_step(apply_fn: Callable, optimizer: optax.GradientTransformation,
     mesh: the ('dc', 'worker') mesh.
     state_like: a TrainState (or its eval_shape) to read the tree structure. Its
       optimizer state is sharded across each DC's workers (ZeRO-1) when it is a
-      :class:`ShardedOptState`; ``optimizer`` must then be elementwise.
+      :class:`ShardedOptState`; ``optimizer`` must then be elementwise. When it is a
+      :class:`WorkerOptState` each worker runs ``optimizer`` on its own gradient and
+      sends the update (:func:`worker_update`).
     dgc_options: DGC momentum correction / local clipping (default: off). With
       ``momentum > 0`` the state must hold a velocity (``init_state(...,
       dgc_momentum=True)``) and ``optimizer`` should be plain SGD.
@@ -1467,7 +1565,7 @@ def make_step(apply_fn: Callable, optimizer: optax.GradientTransformation,
 
   Raises:
     ValueError: DGC momentum without a velocity in the state (or the reverse), or
-      with ZeRO-1; a lossy compressor at a leaf where the state holds no residual
+      with ZeRO-1 or a :class:`WorkerOptState`; a lossy compressor at a leaf where the state holds no residual
       (:func:`check_links`); ``scaffold`` and the state disagree (:func:`_check_scaffold`);
       ``adoption`` with a lossy downlink broadcast, ``stream`` or ``scaffold``.
   """
@@ -1477,7 +1575,7 @@ def make_step(apply_fn: Callable, optimizer: optax.GradientTransformation,
   setup = Setup(loss_fn or cross_entropy(apply_fn), optimizer, outer, comps, shape[0],
                 shape[1], is_sharded(state_like), opts, prox_mu=float(prox_mu),
                 stream=stream, bcast=sent if any(sent) else (), scaffold=scaffold,
-                adoption=bool(adoption))
+                adoption=bool(adoption), send_update=sends_update(state_like))
   specs, info = state_specs(state_like), {}
   body = _member_body(setup, specs, jax.tree.structure(state_like.params).num_leaves, info)
   step = _programs(body, mesh, specs, mode, shape, state_like)

@@ -211,7 +211,7 @@ def _init_fn(s: setup_lib.Setup) -> Callable:
                                jax.random.fold_in(key, 1),
                                dgc_momentum=s.compress.dgc.momentum > 0,
                                shard_state=s.optim.shard_state, stream=s.sync.stream,
-                               broadcast=s.compress.broadcast,
+                               broadcast=s.compress.broadcast, send=s.compress.send,
                                scaffold=s.sync.scaffold is not None)
   return init
 

@@ -410,7 +410,7 @@ ADDED_SECTIONS = {('compression', 'dgc'): dict(momentum=0.0, clip_norm=0.0, warm
                   ('optimizer', 'freeze_second_moment_after'): 0,
                   ('optimizer', 'muon_adam_learning_rate'): 0.0,
                   ('optimizer', 'muon_leaves'): 'matrices', ('optimizer', 'muon_exclude'): '',
-                  ('compression', 'dense_leaves'): '',
+                  ('compression', 'dense_leaves'): '', ('compression', 'send'): 'gradient',
                   # Runs before issue 52 ran on a device per DC and worker, which
                   # 'auto' still picks wherever those devices exist (main.py simulates
                   # them on CPU); elsewhere such a run could not resume before.
