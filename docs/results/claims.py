@@ -506,8 +506,16 @@ _ADAM_ARMS = [
     ({'compression.dense_leaves': 'embed'}, 'dense embeddings'),
 ]
 _TOPK_BROADCAST = 'top-k ρ={compression.uplink.density:pct} up/down, bf16 small, compressed broadcast'
+# CO3 fp4 on both intra-DC links and the round's correction (issue 48 on the LM).
+_CO3_BOTH = [({'compression.uplink.name': 'co3', 'compression.small_threshold': 0},
+              'CO3 {compression.uplink.fmt} up/down, bf16 1-D leaves, compressed broadcast',
+              'CO3 {compression.uplink.fmt}, bf16 1-D leaves'),
+             ({'compression.uplink.name': 'co3'},
+              'CO3 {compression.uplink.fmt} up/down, bf16 small, compressed broadcast',
+              'CO3 {compression.uplink.fmt}, bf16 small')]
 _SPARSE_LABELS = [
     ({'compression.uplink.name': 'identity'}, 'uncompressed'),
+    *[(want, label) for want, label, _ in _CO3_BOTH],
     *[(dict(want, **{'compression.broadcast': 'downlink'}), f'{_TOPK_BROADCAST}, {arm}')
       for want, arm in _ADAM_ARMS],
     ({'compression.broadcast': 'downlink'}, _TOPK_BROADCAST),
@@ -516,7 +524,8 @@ _SPARSE_LABELS = [
 
 # A point's short name (paired lists, plot markers): its density, and how the round's
 # model reaches the workers where that is the compressed broadcast (issue 48).
-_SPARSE_NAMES = [*[(dict(want, **{'compression.broadcast': 'downlink'}),
+_SPARSE_NAMES = [*[(want, short) for want, _, short in _CO3_BOTH],
+                 *[(dict(want, **{'compression.broadcast': 'downlink'}),
                     'ρ={compression.uplink.density:pct}, compressed broadcast, ' + arm)
                    for want, arm in _ADAM_ARMS],
                  ({'compression.broadcast': 'downlink'},
@@ -1090,8 +1099,8 @@ _cols = _SHAKESPEARE['tables'][1]['columns']
 _cols.insert([c[1] for c in _cols].index('saved:bytes.intra'),
              ('intra-DC bytes, up + down', 'bytes.intra'))
 _SHAKESPEARE['tables'][1]['heading'] = (
-    '### 2. Bidirectional top-k + bf16 small tensors vs uncompressed ({lan} LAN), and what '
-    'was tried under AdamW (issue 48, docs/compression_adam.md)')
+    '### 2. Bidirectional top-k + bf16 small tensors vs uncompressed ({lan} LAN), what '
+    'was tried under AdamW, and bidirectional CO3 fp4 (issue 48, docs/compression_adam.md)')
 _LM_COMPRESSION_CLAIMS = [
     dict(id='lm_compression_goal', source='issue48', where='Show',
          quantity='intra-DC bytes saved (up + down, broadcast included) vs uncompressed, of '
@@ -1104,7 +1113,7 @@ _LM_COMPRESSION_CLAIMS = [
          quantity='relative change of the final validation loss vs uncompressed, of the '
          'compressed setting closest to it (the trade-off\'s best point)',
          published='≤ +1%', tables=['shakespeare_compression'],
-         rows={'compression.uplink.name': 'topk'}, pick='change:final_loss',
+         pick='change:final_loss',
          value='change:final_loss', verdict='<= 0.01', show=['saved:bytes.intra']),
 ]
 
@@ -1122,11 +1131,12 @@ _SHAKESPEARE['claims_caption'] = (
 _SHAKESPEARE['plots']['tables'] = [t['name'] for t in _SHAKESPEARE['tables']]
 _SHAKESPEARE['plots']['factor'] = dict(
     table='shakespeare_compression', x='factor:bytes.intra', file='loss_vs_ratio',
-    name=[*[(dict(want, **{'compression.broadcast': 'downlink'}), 'broadcast, ' + short)
+    name=[*[(want, short) for want, _, short in _CO3_BOTH],
+          *[(dict(want, **{'compression.broadcast': 'downlink'}), 'broadcast, ' + short)
             for (want, _), short in zip(_ADAM_ARMS, ('dense start + embeddings',
                                                       'dense start', 'dense embeddings'))],
           ({'compression.broadcast': 'downlink'}, 'compressed broadcast'), ({}, 'top-k')],
-    bar_relative=0.01, title='LM: loss vs intra-DC compression, top-k 2% under AdamW',
+    bar_relative=0.01, title='LM: loss vs intra-DC compression under AdamW (top-k 2%, CO3 fp4)',
     xlabel='intra-DC compression factor (uncompressed / ours, up + down bytes; log scale)',
     line=(10.0, 'issue 48: ≥ 90% (10×) within 1%'))
 _SHAKESPEARE['plots']['factor'] = [
