@@ -942,7 +942,8 @@ WORK_HEAD = ('### {}. Sync strategies at equal work (issue 49), DC speeds 3× ap
              '1); learning rate constant after the warm-up')
 CIFAR_HEADS += [WORK_HEAD.format(5)]
 LM_HEADS = COMPARISON_HEADS[:1] + [
-    COMPARISON_HEADS[1] + ', and what was tried under AdamW (issue 48, docs/compression_adam.md)',
+    COMPARISON_HEADS[1] + ', what was tried under AdamW, and bidirectional CO3 fp4 (issue 48, '
+    'docs/compression_adam.md)',
     COMPARISON_HEADS[2].format('adamw', 0.002),
                                    WORK_HEAD.format(4)]
 
@@ -977,15 +978,15 @@ def test_page_structure_plots_and_missing_runs(root, tmp_path):
   # 102 runs (15 semisync, 30 semisync_budget, 33 compression, 15 co3_iid, 9 co3_paper),
   # 35 finished (7 semisync, 11 compression, 9 co3_iid, 8 co3_paper), 67 missing; rows not
   # finished: 2 semisync, 2 x 5 semisync_budget, 1 + 3 + 3 compression (issue 48's
-  # broadcast arms on both LANs), 1 + 1 CO3; and 120 LM and CIFAR-10 runs, none here: 53
-  # rows not finished (3 + 2 streaming, 3 + 5 + 5 + 3 + 2 x 5 CIFAR-10, 3 + 6 + 6 + 3 + 4
+  # broadcast arms on both LANs), 1 + 1 CO3; and 126 LM and CIFAR-10 runs, none here: 57
+  # rows not finished (3 + 2 streaming, 3 + 5 + 5 + 3 + 2 x 5 CIFAR-10, 3 + 8 + 8 + 3 + 4
   # Shakespeare: comparison 2 twice, on its own LAN and re-costed to 100 Mbit/s, the LM's
-  # with issue 48's AdamW arms); issue 49's equal-work sweep, none here: 102 runs, 2 x 17 rows; and issue
+  # with issue 48's AdamW and CO3 arms); issue 49's equal-work sweep, none here: 102 runs, 2 x 17 rows; and issue
   # 53's low-communication sweep, none here: 18 runs, 6 + 5 rows; issue 49's CIFAR-10 and LM
   # equal-work sweeps, none here: 18 + 15 runs, 6 + 5 rows; the equal-work semi_sync arms
   # against plain semi_sync: 2 x 14 rows.
-  assert 'Incomplete: 35 of 387 runs have finished.' in text
-  assert text.count('| *not finished* |') == 21 + 53 + 34 + 11 + 11 + 28
+  assert 'Incomplete: 35 of 393 runs have finished.' in text
+  assert text.count('| *not finished* |') == 21 + 57 + 34 + 11 + 11 + 28
   assert 'Generated 2025-01-02 03:04 UTC' in text
   assert 'python3 docs/results/make_results.py --root' in text
   for claim in ('up to 66%', 'up to 43%', 'up to 92%', '≈ 95%', '270–600×',
@@ -1035,17 +1036,17 @@ def test_archive_rebuilds_the_same_page_without_checkpoints(root, tmp_path):
 def test_empty_root_lists_everything_as_missing(tmp_path):
   written = results.write_results(SPEC, str(tmp_path / 'none'), str(tmp_path / 'out'), now=NOW)
   text = open(written['results.md'], encoding='utf-8').read()
-  assert 'Incomplete: 0 of 387 runs have finished.' in text
+  assert 'Incomplete: 0 of 393 runs have finished.' in text
   # Every run is listed once per table it is in: the 6 DiLoCo and streaming runs twice, and
   # the 15 H = 16 runs of the low-communication sweep and the 84 semi_sync runs of the
   # equal-work sweep (against sync and against plain semi_sync), and the 15 + 18 runs of
-  # the CIFAR-10 and LM compression sweeps (on their LAN and re-costed to 100 Mbit/s).
-  assert text.count(': not started (`') == 387 + 6 + 15 + 84 + 15 + 18
+  # the CIFAR-10 and 24 LM compression sweeps (on their LAN and re-costed to 100 Mbit/s).
+  assert text.count(': not started (`') == 393 + 6 + 15 + 84 + 15 + 24
   # Rows: 5 semisync, 17 + 17 semisync_work, 5 + 5 semisync_budget, 8 + 5 compression
-  # (seed groups), 5 + 5 CO3; 3 + 2 streaming, 3 + 5 + 5 + 3 + 5 + 5 CIFAR-10, 3 + 6 + 6 + 3
-  # + 4 Shakespeare (comparison 2 twice: its LAN and re-costed); 6 + 5 low-communication; 6 + 5 CIFAR-10 and LM equal work; 14 + 14
-  # semi_sync arms against plain semi_sync.
-  assert text.count('| *not finished* |') == 48 + 24 + 53 + 11 + 11 + 28
+  # (seed groups), 5 + 5 CO3; 3 + 2 streaming, 3 + 5 + 5 + 3 + 5 + 5 CIFAR-10, 3 + 8 + 8 + 3
+  # + 4 Shakespeare (comparison 2 twice: its LAN and re-costed); 6 + 5 low-communication;
+  # 6 + 5 CIFAR-10 and LM equal work; 14 + 14 semi_sync arms against plain semi_sync.
+  assert text.count('| *not finished* |') == 48 + 24 + 57 + 11 + 11 + 28
   assert written['plots'] == [] and text.count('*No plots yet') == 9
   # 15 + 6 claims of the Fashion-MNIST sections, 4 streaming, 4 low-communication, 8
   # CIFAR-10 budget claims, 3 + 3 CIFAR-10 and LM equal-work claims, 2 progress-aware, 2
