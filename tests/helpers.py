@@ -6,6 +6,7 @@ import these functions from here, never from each other.
 
 import gzip
 import io
+import json
 import os
 import tarfile
 
@@ -191,3 +192,14 @@ def run_schedule(sched, losses):
     plan, state = sched.next_round(state, loss)
     plans.append(plan)
   return plans, state
+
+
+def pinned_workdir_without(tmp_path, config, section: str, field: str) -> str:
+  """A workdir holding a checkpoint (pinned) whose config.json is ``config`` without
+  ``section.field``, as a run started before the field was added wrote it; its path."""
+  old = json.loads(config.to_json())
+  del old[section][field]
+  with open(os.path.join(tmp_path, 'config.json'), 'w') as f:
+    json.dump(old, f)
+  os.makedirs(os.path.join(tmp_path, 'checkpoints', '4'))
+  return str(tmp_path)

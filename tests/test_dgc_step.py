@@ -16,6 +16,7 @@ from hfl import mesh as mesh_lib, models, step as step_lib, train
 from hfl import setup as setup_lib
 from hfl.compress import base, dgc, policy, sparse
 from hfl import workdir as workdir_lib
+from tests import helpers
 from tests.helpers import smoke_config
 
 D, W, B = 2, 4, 4
@@ -203,12 +204,8 @@ def test_warmup_switches_stages_and_wire_bits_follow_schedule(fake_data, tmp_pat
 
 def test_run_started_before_the_dgc_section_still_resumes(tmp_path):
   c = default.get_config()
-  old = json.loads(c.to_json())
-  del old['compression']['dgc']
-  with open(tmp_path / 'config.json', 'w') as f:
-    json.dump(old, f)
-  (tmp_path / 'checkpoints' / '4').mkdir(parents=True)  # a run with a checkpoint: pinned
-  workdir_lib.check_workdir_config(str(tmp_path), c)  # same config, DGC off: accepted
+  workdir = helpers.pinned_workdir_without(tmp_path, c, 'compression', 'dgc')
+  workdir_lib.check_workdir_config(workdir, c)  # same config, DGC off: accepted
   c.compression.dgc.momentum = 0.9
   with pytest.raises(ValueError, match=r'compression\.dgc\.momentum'):
-    workdir_lib.check_workdir_config(str(tmp_path), c)
+    workdir_lib.check_workdir_config(workdir, c)

@@ -2,8 +2,6 @@
 gradient and sends the update through top-k links with error feedback at both ends,
 against a float64 numpy loop; its config checks; and SGD's closed form."""
 
-import json
-
 import jax
 import jax.numpy as jnp
 import numpy as np
@@ -16,6 +14,7 @@ from hfl import config as config_lib
 from hfl import mesh as mesh_lib, models, step as step_lib
 from hfl import workdir as workdir_lib
 from hfl.compress import base, sparse
+from tests import helpers
 
 D, W, B = 2, 4, 4
 LR = 0.01
@@ -186,12 +185,8 @@ def test_config_validation_names_the_field_before_compiling():
 
 def test_run_started_before_the_field_still_resumes(tmp_path):
   c = default.get_config()
-  old = json.loads(c.to_json())
-  del old['compression']['send']
-  with open(tmp_path / 'config.json', 'w') as f:
-    json.dump(old, f)
-  (tmp_path / 'checkpoints' / '4').mkdir(parents=True)  # a run with a checkpoint: pinned
-  workdir_lib.check_workdir_config(str(tmp_path), c)  # absent = 'gradient': accepted
+  workdir = helpers.pinned_workdir_without(tmp_path, c, 'compression', 'send')
+  workdir_lib.check_workdir_config(workdir, c)  # absent = 'gradient': accepted
   c.compression.send = 'update'
   with pytest.raises(ValueError, match=r'compression\.send'):
-    workdir_lib.check_workdir_config(str(tmp_path), c)
+    workdir_lib.check_workdir_config(workdir, c)

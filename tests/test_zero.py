@@ -6,7 +6,6 @@ elementwise, so updating slices is the same computation), each device must hold
 and bad configs must fail with a clear error.
 """
 
-import json
 import os
 
 import chex
@@ -22,6 +21,7 @@ from hfl import mesh as mesh_lib, models, step as step_lib, train
 from hfl.compress import base, dgc, sparse
 from hfl import workdir as workdir_lib
 from tests.helpers import B, D, W, step_batches as _batches, run_steps as _run
+from tests import helpers
 from tests.helpers import crash_then_resume, final_state, mlp_identity, smoke_config
 
 assert D == 2 and W == 4 and B
@@ -181,15 +181,11 @@ def test_config_errors_name_the_field():
 def test_older_run_without_the_field_resumes(tmp_path):
   """A workdir whose config.json predates optimizer.shard_state counts it as False."""
   c = default.get_config()
-  old = json.loads(c.to_json())
-  del old['optimizer']['shard_state']
-  with open(tmp_path / 'config.json', 'w') as f:
-    json.dump(old, f)
-  (tmp_path / 'checkpoints' / '4').mkdir(parents=True)  # a run with a checkpoint: pinned
-  assert workdir_lib.check_workdir_config(str(tmp_path), c) == []
+  workdir = helpers.pinned_workdir_without(tmp_path, c, 'optimizer', 'shard_state')
+  assert workdir_lib.check_workdir_config(workdir, c) == []
   c.optimizer.shard_state = True
   with pytest.raises(ValueError, match=r'optimizer.shard_state: False -> True'):
-    workdir_lib.check_workdir_config(str(tmp_path), c)
+    workdir_lib.check_workdir_config(workdir, c)
 
 
 @pytest.mark.slow
