@@ -12,6 +12,7 @@ import tarfile
 
 import jax
 import numpy as np
+import optax
 import orbax.checkpoint as ocp
 from jax.sharding import NamedSharding, PartitionSpec as P
 from PIL import Image
@@ -203,3 +204,12 @@ def pinned_workdir_without(tmp_path, config, section: str, field: str) -> str:
     json.dump(old, f)
   os.makedirs(os.path.join(tmp_path, 'checkpoints', '4'))
   return str(tmp_path)
+
+
+def float64_grad(apply_fn, treedef, x, images, labels) -> list:
+  """A numpy reference loop's gradient: the mean softmax cross-entropy of
+  ``apply_fn`` at the float64 leaves ``x`` (evaluated in float32), as float64 leaves."""
+  def loss(p):
+    return optax.softmax_cross_entropy_with_integer_labels(apply_fn(p, images), labels).mean()
+  p32 = jax.tree.unflatten(treedef, [l.astype(np.float32) for l in x])
+  return [np.asarray(a, np.float64) for a in jax.tree.leaves(jax.grad(loss)(p32))]

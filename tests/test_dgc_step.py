@@ -50,8 +50,6 @@ def _dgc_setup(momentum, clip_norm):
 
 def _numpy_dgc(params, apply_fn, xs, ys, momentum, clip_norm):
   """Per DC: W workers with DGC momentum correction, clipping, top-k + masking; SGD."""
-  def loss(p, x, y):
-    return optax.softmax_cross_entropy_with_integer_labels(apply_fn(p, x), y).mean()
   leaves0, treedef = jax.tree.flatten(params)
   out = []
   for d in range(D):
@@ -59,11 +57,9 @@ def _numpy_dgc(params, apply_fn, xs, ys, momentum, clip_norm):
     u = [[np.zeros_like(l) for l in x] for _ in range(W)]
     v = [[np.zeros_like(l) for l in x] for _ in range(W)]
     for t in range(len(xs)):
-      p32 = jax.tree.unflatten(treedef, [l.astype(np.float32) for l in x])
       sent_sum = [np.zeros_like(l) for l in x]
       for w in range(W):
-        g = [np.asarray(a, np.float64)
-             for a in jax.tree.leaves(jax.grad(loss)(p32, xs[t, d, w], ys[t, d, w]))]
+        g = helpers.float64_grad(apply_fn, treedef, x, xs[t, d, w], ys[t, d, w])
         if clip_norm > 0:
           norm = np.sqrt(sum(np.sum(a * a) for a in g))
           g = [a * min(1.0, clip_norm / np.sqrt(W) / norm) for a in g]

@@ -74,8 +74,6 @@ def _numpy_reference(params, apply_fn, xs, ys, b1=0.9, b2=0.999, eps=EPS):
   gradient; uplink p = u + e_w, sent = top-k(p), e_w = p - sent; the PS averages the
   sent updates; downlink q = mean + e_ps, d = top-k(q), e_ps = q - d; x <- x + d.
   Biases: dense (sent whole, no residual)."""
-  def loss(p, x, y):
-    return optax.softmax_cross_entropy_with_integer_labels(apply_fn(p, x), y).mean()
   leaves0, treedef = jax.tree.flatten(params)
   out = []
   for d in range(D):
@@ -84,11 +82,9 @@ def _numpy_reference(params, apply_fn, xs, ys, b1=0.9, b2=0.999, eps=EPS):
     m, v, e = ([zeros() for _ in range(W)] for _ in range(3))
     e_ps = zeros()
     for t in range(STEPS):
-      p32 = jax.tree.unflatten(treedef, [l.astype(np.float32) for l in x])
       total = zeros()
       for w in range(W):
-        g = [np.asarray(a, np.float64)
-             for a in jax.tree.leaves(jax.grad(loss)(p32, xs[t, d, w], ys[t, d, w]))]
+        g = helpers.float64_grad(apply_fn, treedef, x, xs[t, d, w], ys[t, d, w])
         for i, a in enumerate(g):
           m[w][i] = b1 * m[w][i] + (1 - b1) * a
           v[w][i] = b2 * v[w][i] + (1 - b2) * a * a
