@@ -117,6 +117,9 @@ def get_config(arg: str | None = None) -> ml_collections.ConfigDict:
   # compressor with its own error feedback wherever that is lossy (bitwise 'gather'
   # where it is lossless); 'gather': the global model itself (float32 for identity WAN).
   c.compression.broadcast = 'downlink'
+  # The round's correction at its own density (top-k / random-k downlinks; 0: the
+  # downlink's). It carries K iterations of the other DCs' progress in one payload per round.
+  c.compression.broadcast_density = 0.0
   # What the workers send up (hfl.step.SENDS): 'gradient' (the thesis's design: every
   # worker applies the optimizer to the PS's aggregate) or 'update' (each worker runs the
   # optimizer on its own gradient with its own state and sends the update; the PS averages

@@ -170,17 +170,18 @@ def round_down_bits(comps, num_w: int, num_present: int, broadcast: str = 'gathe
   """Planning estimate of ``hfl.step.host_metrics``' ``round_down_bits`` (one DC,
   one round, ``num_present`` DCs present), from payload shapes (nothing runs):
   W x (at the leaves whose update goes through the downlink,
-  ``hfl.step.broadcast_leaves(comps.down, broadcast)``, the downlink payload's bits;
+  ``hfl.step.broadcast_leaves(comps.correction(), broadcast)``, the correction's payload
+  bits: the downlink's, or ``comps.bcast``'s at ``compression.broadcast_density``;
   at the others the all-reduced WAN leaves' bits + num_present x the all-gathered
   ones).
 
   Raises:
     ValueError: ``broadcast`` not one of ``hfl.step.BROADCASTS``.
   """
-  sent = step_lib.broadcast_leaves(comps.down, broadcast)
+  sent = step_lib.broadcast_leaves(comps.correction(), broadcast)
   summed = sum(policy.static_bits(c) for c, s in zip(comps.wan, sent)
                if collectives.reduces(c) and not s)
   gathered = sum(policy.static_bits(c) for c, s in zip(comps.wan, sent)
                  if not collectives.reduces(c) and not s)
-  corrected = sum(policy.static_bits(c) for c, s in zip(comps.down, sent) if s)
+  corrected = sum(policy.static_bits(c) for c, s in zip(comps.correction(), sent) if s)
   return int(num_w * (summed + num_present * gathered + corrected))

@@ -156,6 +156,7 @@ def validate(config: ml_collections.ConfigDict, paths: bool = True
   for link in ('uplink', 'downlink', 'wan'):
     policy.check_spec(config.compression[link], f'compression.{link}')
   validate_broadcast(config)
+  validate_broadcast_density(config)
   validate_send(config)
   validate_dgc(config)
   validate_shard_state(config)
@@ -250,6 +251,27 @@ def check_budget_warmup(config: ml_collections.ConfigDict, t_d, c_d, schedule=No
 LR_SCALINGS = ('none', 'inverse_k')  # hfl.train.round_lr_scale
 BROADCASTS = ('downlink', 'gather')  # hfl.step.BROADCASTS
 SENDS = ('gradient', 'update')  # hfl.step.SENDS
+
+
+def validate_broadcast_density(config: ml_collections.ConfigDict) -> None:
+  """Checks ``compression.broadcast_density`` (absent or 0: the downlink's density).
+
+  Raises:
+    ValueError: not a number in [0, 1]; or > 0 where the round's correction does not go
+      through a top-k / random-k downlink (``compression.broadcast='downlink'``).
+  """
+  c = config.compression
+  rho = _number(c.get('broadcast_density', 0.0), 'compression.broadcast_density')
+  if not 0 <= rho <= 1:
+    raise ValueError(f'compression.broadcast_density={rho} must be in [0, 1] (0: the '
+                     "downlink's density)")
+  if rho > 0 and (c.get('broadcast', 'gather') != 'downlink'
+                  or c.downlink.name not in SPARSIFIERS):
+    raise ValueError(
+        f'compression.broadcast_density={rho} sets the density of the round\'s correction '
+        f"through the downlink, which needs compression.broadcast='downlink' and a "
+        f'{"/".join(SPARSIFIERS)} compression.downlink; got compression.broadcast='
+        f"{c.get('broadcast', 'gather')!r}, compression.downlink.name={c.downlink.name!r}")
 
 
 def validate_send(config: ml_collections.ConfigDict) -> None:

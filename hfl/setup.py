@@ -187,7 +187,8 @@ def build_compressors(config, params_shape, step: int | None = None
     config: the experiment config.
     params_shape: pytree of the model's parameter shapes.
     step: build for this step's DGC warm-up stage (None: the configured
-      densities). Only the top-k/random-k uplink and downlink densities change, so
+      densities). The round's correction (``compression.broadcast_density`` > 0: the
+      downlink's compressor at that density, ``Compressors.bcast``) keeps its density. Only the top-k/random-k uplink and downlink densities change, so
       payload shapes change but no state shape does (dense residuals, stateless
       sparsifiers): one state serves every stage.
 
@@ -203,7 +204,13 @@ def build_compressors(config, params_shape, step: int | None = None
   # The pseudo-gradient is compressed leaf by leaf with the same size policy.
   wan = policy.build(c.wan, params_shape, c.small_threshold, c.small, field='compression.wan',
                      dense_leaves=dense)
-  return step_lib.Compressors(up, down, wan)
+  bcast = None
+  if float(c.get('broadcast_density', 0.0)) > 0:  # the round's correction at its own density
+    spec = ml_collections.ConfigDict(c.downlink.to_dict())
+    spec.density = float(c.broadcast_density)
+    bcast = policy.build(spec, params_shape, c.small_threshold, c.small,
+                         field='compression.broadcast_density', dense_leaves=dense)
+  return step_lib.Compressors(up, down, wan, bcast)
 
 
 def warmup_starts(warmup_steps: int, num_stages: int) -> tuple[int, ...]:

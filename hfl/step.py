@@ -161,10 +161,19 @@ class TrainState(NamedTuple):
 
 
 class Compressors(NamedTuple):
-  """Per-leaf compressors (lists aligned with ``jax.tree.leaves(params)``)."""
+  """Per-leaf compressors (lists aligned with ``jax.tree.leaves(params)``).
+
+  ``bcast``: the compressors of the round's correction through the downlink
+  (:func:`broadcast_correction`); None: the downlink's (``down``). See :meth:`correction`.
+  """
   up: Sequence[base.Compressor]
   down: Sequence[base.Compressor]
   wan: Sequence[base.Compressor]
+  bcast: Sequence[base.Compressor] | None = None
+
+  def correction(self) -> Sequence[base.Compressor]:
+    """The per-leaf compressors of the round's correction: ``bcast``, else ``down``."""
+    return self.down if self.bcast is None else self.bcast
 
 
 class WorkerOptState(NamedTuple):
@@ -278,7 +287,7 @@ def _state_broadcast(comps: Compressors, state_like) -> tuple:
   link state, else none."""
   if isinstance(state_like.bcast, tuple) and state_like.bcast == ():
     return tuple(False for _ in comps.down)
-  return tuple(broadcast_leaves(comps.down, 'downlink'))
+  return tuple(broadcast_leaves(comps.correction(), 'downlink'))
 
 
 def check_links(comps: Compressors, state_like) -> None:
@@ -291,7 +300,7 @@ def check_links(comps: Compressors, state_like) -> None:
   sent = _state_broadcast(comps, state_like) if len(comps.down) == len(paths) else ()
   links = ('up', 'down', 'wan') + (('bcast',) if any(sent) else ())
   for link in links:
-    link_comps = getattr(comps, 'down' if link == 'bcast' else link)
+    link_comps = comps.correction() if link == 'bcast' else getattr(comps, link)
     if len(link_comps) != len(paths):
       raise ValueError(f'make_step: {len(link_comps)} {link} compressors for '
                        f'{len(paths)} parameter leaves')
@@ -378,7 +387,7 @@ def init_state(params, optimizer: optax.GradientTransformation,
       velocity would be a second momentum).
   """
   d, w = num_dcs, workers_per_dc
-  sent = broadcast_leaves(comps.down, broadcast)
+  sent = broadcast_leaves(comps.correction(), broadcast)
   if any(sent) and stream is not None:
     raise ValueError(
         "init_state: broadcast='downlink' with a lossy downlink compressor cannot be "
@@ -396,7 +405,7 @@ def init_state(params, optimizer: optax.GradientTransformation,
   if any(sent):
     leaves, treedef = jax.tree.flatten(params)
     state = state._replace(
-        bcast=init_link(comps.down, params, (d,)),
+        bcast=init_link(comps.correction(), params, (d,)),
         ref=_stack(treedef.unflatten([x if b else None for b, x in zip(sent, leaves)]), (d,)))
   if stream is not None:
     state = state._replace(outer_state=streaming.init_outer(outer, params, stream.fragments))
@@ -1254,7 +1263,7 @@ def broadcast_correction(setup: Setup, state: TrainState, params, global_params,
   cstates = list(state.bcast.compressor_state)
   corr = [(new_g[i] - old_g[i]) + delta[i] for i in idx]
   wk = jax.lax.axis_index(WORKER)
-  out = downlink([setup.comps.down[i] for i in idx], corr,
+  out = downlink([setup.comps.correction()[i] for i in idx], corr,
                  LinkState([res[i] for i in idx], [cstates[i] for i in idx]),
                  jax.random.fold_in(key, BROADCAST_KEY_OFFSET),
                  [(wk, setup.num_workers)] * len(idx))

@@ -411,6 +411,7 @@ ADDED_SECTIONS = {('compression', 'dgc'): dict(momentum=0.0, clip_norm=0.0, warm
                   ('optimizer', 'muon_adam_learning_rate'): 0.0,
                   ('optimizer', 'muon_leaves'): 'matrices', ('optimizer', 'muon_exclude'): '',
                   ('compression', 'dense_leaves'): '', ('compression', 'send'): 'gradient',
+                  ('compression', 'broadcast_density'): 0.0,
                   # Runs before issue 52 ran on a device per DC and worker, which
                   # 'auto' still picks wherever those devices exist (main.py simulates
                   # them on CPU); elsewhere such a run could not resume before.

@@ -120,9 +120,10 @@ def _linear(p, x):
   return x.reshape(x.shape[0], -1) @ p['w'] + p['b']
 
 
-def _linear_setup(down, up=None, wan=None, broadcast='downlink', seed=0):
+def _linear_setup(down, up=None, wan=None, broadcast='downlink', seed=0, bcast=None):
   """2 DCs x 2 workers, a linear softmax classifier on 3x3 inputs (w f32[9, 5],
-  b f32[5]), SGD, outer SGD lr 1 (FedAvg)."""
+  b f32[5]), SGD, outer SGD lr 1 (FedAvg); ``bcast``: the round's correction's own
+  compressors (None: the downlink's)."""
   mesh = mesh_lib.make_mesh(D, W, jax.devices()[:D * W])
   rng = np.random.default_rng(seed)
   params = {'b': (0.1 * rng.normal(size=CLASSES)).astype(np.float32),
@@ -130,7 +131,7 @@ def _linear_setup(down, up=None, wan=None, broadcast='downlink', seed=0):
   shapes = [l.shape for l in jax.tree.leaves(params)]
   make = lambda f: [f(s) for s in shapes] if callable(f) else f
   comps = step_lib.Compressors(make(up or base.identity), make(down),
-                               make(wan or base.identity))
+                               make(wan or base.identity), bcast and make(bcast))
   opt, outer = optax.sgd(LR), optax.sgd(1.0)
   state = step_lib.init_state(params, opt, outer, comps, D, W, jax.random.PRNGKey(1),
                               broadcast=broadcast)
@@ -196,18 +197,23 @@ def _np_grad(p, x, y):
   return {'w': xf.T @ s, 'b': s.sum(axis=0)}
 
 
-def test_lossy_broadcast_matches_a_numpy_loop():
+@pytest.mark.parametrize('bcast_density', [None, 0.5])
+def test_lossy_broadcast_matches_a_numpy_loop(bcast_density):
   """2 DCs x 2 workers, top-k downlink (density 0.2) on w, identity on b (re-gathered),
   2 rounds of K = 2, FedAvg: the step's models match a plain numpy loop in which
   every iteration's PS downlink is top-k with error feedback and every round
   sends each DC the correction c = (x_global' - x_global) + Δ_d through top-k
+  (at the downlink's density, or at ``bcast_density``: compression.broadcast_density)
   with its own residual, Δ_d = x_ref - x_d against the model the workers started
   from (x_ref = x_global for b). The re-gathered path ('gather') does not."""
   density = 0.2
   k = sparse.num_kept(HW * HW * CLASSES, density)
+  k_b = k if bcast_density is None else sparse.num_kept(HW * HW * CLASSES, bcast_density)
   down = lambda s: sparse.topk(s, density) if len(s) == 2 else base.identity(s)
+  bcast = None if bcast_density is None else (
+      lambda s: sparse.topk(s, bcast_density) if len(s) == 2 else base.identity(s))
   xs, ys = _batches(4)
-  mesh, params, state, fn = _linear_setup(down)
+  mesh, params, state, fn = _linear_setup(down, bcast=bcast)
   state, _ = _run(mesh, fn, state, xs, ys, 2)
 
   g = {n: params[n].astype(np.float64) for n in params}
@@ -228,7 +234,7 @@ def test_lossy_broadcast_matches_a_numpy_loop():
       new_g = {n: g[n] - sum(0.5 * delta[d][n] for d in range(D)) for n in g}
       for d in range(D):
         p = (new_g['w'] - g['w']) + delta[d]['w'] + e_b[d]
-        sent = _np_topk(p, k)
+        sent = _np_topk(p, k_b)
         e_b[d] = p - sent
         x[d] = {'w': x[d]['w'] + sent, 'b': new_g['b'].copy()}
         ref[d] = x[d]['w'].copy()
@@ -269,6 +275,14 @@ def test_round_charges_the_correction_payload_and_refuses_streaming():
   assert accounting.round_down_bits(c, W, D, 'downlink') == want
   assert accounting.round_down_bits(c, W, D, 'gather') == W * 32 * (CLASSES + HW * HW * CLASSES)
   assert ms[0]['round_down_bits'].tolist() == [0] * D
+  # The correction at its own density (compression.broadcast_density) is charged as such.
+  bcast = lambda s: sparse.topk(s, 0.6) if len(s) == 2 else base.identity(s)
+  mesh, _, state, fn = _linear_setup(down, bcast=bcast)
+  _, ms = _run(mesh, fn, state, xs, ys, 2)
+  cb = c._replace(bcast=[bcast(s) for s in shapes])
+  want_b = W * (32 * CLASSES + policy.static_bits(cb.bcast[1]))
+  assert want_b > want and ms[1]['round_down_bits'].tolist() == [want_b] * D
+  assert accounting.round_down_bits(cb, W, D, 'downlink') == want_b
   with pytest.raises(ValueError, match='broadcast'):
     step_lib.broadcast_leaves(c.down, 'scatter')
   from hfl.sync import streaming  # pylint: disable=g-import-not-at-top
@@ -334,6 +348,43 @@ def test_config_refuses_an_unknown_broadcast_and_lossy_broadcast_with_streaming(
     config_lib.validate(cfg, paths=False)
   cfg.compression.broadcast = 'gather'
   config_lib.validate(cfg, paths=False)
+
+
+def test_broadcast_density_builds_the_correction_and_is_checked_before_compiling():
+  """compression.broadcast_density > 0 gives the round's correction the downlink's
+  compressor at that density (Compressors.bcast), planned as such; 0 leaves it None
+  (the downlink's); a value outside [0, 1], a non-sparsifier downlink or 'gather' are
+  refused naming the fields."""
+  from hfl import config as config_lib, models  # pylint: disable=g-import-not-at-top
+  cfg = default_config.get_config()
+  cfg.compression.uplink.name = cfg.compression.downlink.name = 'topk'
+  cfg.compression.uplink.density = cfg.compression.downlink.density = 0.02
+  config_lib.validate(cfg, paths=False)
+  net = models.from_config(cfg.model, 10)
+  shapes = jax.eval_shape(lambda: net.init(jax.random.PRNGKey(0),
+                                           jnp.zeros((1, 28, 28, 1)))['params'])
+  assert setup_lib.build_compressors(cfg, shapes).bcast is None
+  base_bits = _intra_bytes_per_round(cfg, 4)
+  cfg.compression.broadcast_density = 0.08
+  config_lib.validate(cfg, paths=False)
+  comps = setup_lib.build_compressors(cfg, shapes)
+  big = [i for i, c in enumerate(comps.down) if c.name.startswith('topk')]
+  assert big and all(comps.bcast[i].name == 'topk(0.08)' for i in big)
+  assert all(comps.bcast[i].name == comps.down[i].name
+             for i in range(len(comps.down)) if i not in big)
+  assert _intra_bytes_per_round(cfg, 4) > base_bits
+  for value, match in ((1.5, r'compression.broadcast_density=1.5 must be in \[0, 1\]'),
+                       (-0.1, r'compression.broadcast_density=-0.1 must be in \[0, 1\]')):
+    cfg.compression.broadcast_density = value
+    with pytest.raises(ValueError, match=match):
+      config_lib.validate(cfg, paths=False)
+  cfg.compression.broadcast_density = 0.08
+  cfg.compression.broadcast = 'gather'
+  with pytest.raises(ValueError, match=r"broadcast_density=0.08.*compression.broadcast='gather'"):
+    config_lib.validate(cfg, paths=False)
+  cfg.compression.broadcast, cfg.compression.downlink.name = 'downlink', 'qsgd'
+  with pytest.raises(ValueError, match=r"compression.downlink.name='qsgd'"):
+    config_lib.validate(cfg, paths=False)
 
 
 def test_an_older_runs_config_ran_with_the_gathered_model():

@@ -84,6 +84,12 @@ TOPK = 'top-k ρ={}% up/down, bf16 small'
 BTOPK = TOPK + ', compressed broadcast'
 BROADCAST_POINTS = [sparse_name(d, s, lan, 'downlink') for lan in (None, 0.1)
                     for d in (0.02, 0.01, 0.003) for s in (None, 1, 2)]
+# Its arms with the round's correction at 4x the iterations' density, 1 Gbit/s.
+BCAST_DENSITY_POINTS = [
+    sweep.run_name(dict(_sparse_overrides(d, s, None, 'downlink'),
+                        **{'compression.broadcast_density': 4 * d}))
+    for d in (0.015, 0.01) for s in (None, 1, 2)]
+BBTOPK = BTOPK + ', at {}%'
 # configs/sweeps/co3_paper.py (SGD) and co3_iid.py (SGD + IID, K = 1).
 SGD_OVERRIDES = dict(FIXED_OVERRIDES, **{'optimizer.name': 'sgd',
                                          'optimizer.learning_rate': 0.01})
@@ -361,14 +367,14 @@ def test_sweep_points_land_in_the_expected_workdirs(root):
       + [sparse_name(0.001, s) for s in (1, 2)]
       + [IDENTITY_SLOW_SEED.format(s=s) for s in (1, 2)]
       + [sparse_name(0.02, s, lan=0.1) for s in (1, 2)]
-      + BROADCAST_POINTS)
+      + BROADCAST_POINTS + BCAST_DENSITY_POINTS)
   assert [p.status for p in comp.all_points] == (
       ['done'] * 4 + ['pending'] + ['done'] * 3 + ['partial', 'done', 'done', 'pending',
-                                                   'pending'] + ['done'] * 2 + ['pending'] * 24)
+                                                   'pending'] + ['done'] * 2 + ['pending'] * 30)
   assert [p.spec.name for p in slow.points] == [IDENTITY_SLOW, sparse_name(0.02, lan=0.1)] + [
       IDENTITY_SLOW_SEED.format(s=s) for s in (1, 2)] + [sparse_name(0.02, s, lan=0.1)
                                                          for s in (1, 2)] + BROADCAST_POINTS[9:]
-  assert len(comp.points) == 24
+  assert len(comp.points) == 30
   semi = by_name['semisync']
   # configs/sweeps/semisync.py: seed 0 of every strategy, then seeds 1, 2 of each.
   assert [p.spec.name for p in semi.points] == list(SEMI.values()) + [
@@ -597,7 +603,8 @@ def test_compression_numbers(root):
   t = by_name['compression']
   assert [t.labels[g] for g in t.groups] == ['uncompressed'] + [
       TOPK.format(d) for d in ('2', '1', '0.3', '0.1')] + [
-          BTOPK.format(d) for d in ('2', '1', '0.3')]
+          BTOPK.format(d) for d in ('2', '1', '0.3')] + [
+              BBTOPK.format(d, b) for d, b in (('1.5', '6'), ('1', '4'))]
   assert _cells(t, 'uncompressed') == [
       'uncompressed', '–', '0, 1, 2', '1.00 GB', '1.00 GB', 'baseline', '90.00 ± 1.00%',
       'baseline', 'baseline', '20.0 s', 'baseline', '60.0 s']
@@ -757,12 +764,14 @@ def test_compression_settings_and_missing_runs(root):
   assert 'seeds 0, 1, 2 (per run)' in md and 'LAN (PS NIC) 1 Gbit/s / 100 Mbit/s' in md
   assert f'- {TOPK.format("2")}, lan_bandwidth_gbps=0.1, seed 0: `python3 main.py' in md
   assert md.index('- **Config**') < md.index('**1 Gbit/s LAN**')
-  missing = md[md.index('**Missing runs (15)**'):md.index('**100 Mbit/s LAN**')]
+  missing = md[md.index('**Missing runs (21)**'):md.index('**100 Mbit/s LAN**')]
   assert [l.split(':')[0] for l in missing.splitlines() if l.startswith('- ')] == [
       f'- {TOPK.format("0.1")}, seed 0', f'- {TOPK.format("2")}, seed 2',
       f'- {TOPK.format("0.3")}, seed 1', f'- {TOPK.format("0.3")}, seed 2',
       f'- {TOPK.format("0.1")}, seed 1', f'- {TOPK.format("0.1")}, seed 2'] + [
-          f'- {BTOPK.format(d)}, seed {s}' for d in ('2', '1', '0.3') for s in (0, 1, 2)]
+          f'- {BTOPK.format(d)}, seed {s}' for d in ('2', '1', '0.3') for s in (0, 1, 2)] + [
+              f'- {BBTOPK.format(d, b)}, seed {s}' for d, b in (('1.5', '6'), ('1', '4'))
+              for s in (0, 1, 2)]
   assert (f'- {TOPK.format("2")}, seed 2: running or interrupted: step 40/600, round 10, '
           'last test accuracy 85.00%') in md
   assert ('- 1 run predates config fields added to hfl later (absent from its '
@@ -978,15 +987,15 @@ def test_page_structure_plots_and_missing_runs(root, tmp_path):
   # 102 runs (15 semisync, 30 semisync_budget, 33 compression, 15 co3_iid, 9 co3_paper),
   # 35 finished (7 semisync, 11 compression, 9 co3_iid, 8 co3_paper), 67 missing; rows not
   # finished: 2 semisync, 2 x 5 semisync_budget, 1 + 3 + 3 compression (issue 48's
-  # broadcast arms on both LANs), 1 + 1 CO3; and 126 LM and CIFAR-10 runs, none here: 57
+  # broadcast arms on both LANs, + 2 at their own broadcast density), 1 + 1 CO3; and 126 LM and CIFAR-10 runs, none here: 57
   # rows not finished (3 + 2 streaming, 3 + 5 + 5 + 3 + 2 x 5 CIFAR-10, 3 + 8 + 8 + 3 + 4
   # Shakespeare: comparison 2 twice, on its own LAN and re-costed to 100 Mbit/s, the LM's
   # with issue 48's AdamW and CO3 arms); issue 49's equal-work sweep, none here: 102 runs, 2 x 17 rows; and issue
   # 53's low-communication sweep, none here: 18 runs, 6 + 5 rows; issue 49's CIFAR-10 and LM
   # equal-work sweeps, none here: 18 + 15 runs, 6 + 5 rows; the equal-work semi_sync arms
   # against plain semi_sync: 2 x 14 rows.
-  assert 'Incomplete: 35 of 393 runs have finished.' in text
-  assert text.count('| *not finished* |') == 21 + 57 + 34 + 11 + 11 + 28
+  assert 'Incomplete: 35 of 399 runs have finished.' in text
+  assert text.count('| *not finished* |') == 23 + 57 + 34 + 11 + 11 + 28
   assert 'Generated 2025-01-02 03:04 UTC' in text
   assert 'python3 docs/results/make_results.py --root' in text
   for claim in ('up to 66%', 'up to 43%', 'up to 92%', '≈ 95%', '270–600×',
@@ -1036,17 +1045,17 @@ def test_archive_rebuilds_the_same_page_without_checkpoints(root, tmp_path):
 def test_empty_root_lists_everything_as_missing(tmp_path):
   written = results.write_results(SPEC, str(tmp_path / 'none'), str(tmp_path / 'out'), now=NOW)
   text = open(written['results.md'], encoding='utf-8').read()
-  assert 'Incomplete: 0 of 393 runs have finished.' in text
+  assert 'Incomplete: 0 of 399 runs have finished.' in text
   # Every run is listed once per table it is in: the 6 DiLoCo and streaming runs twice, and
   # the 15 H = 16 runs of the low-communication sweep and the 84 semi_sync runs of the
   # equal-work sweep (against sync and against plain semi_sync), and the 15 + 18 runs of
   # the CIFAR-10 and 24 LM compression sweeps (on their LAN and re-costed to 100 Mbit/s).
-  assert text.count(': not started (`') == 393 + 6 + 15 + 84 + 15 + 24
-  # Rows: 5 semisync, 17 + 17 semisync_work, 5 + 5 semisync_budget, 8 + 5 compression
+  assert text.count(': not started (`') == 399 + 6 + 15 + 84 + 15 + 24
+  # Rows: 5 semisync, 17 + 17 semisync_work, 5 + 5 semisync_budget, 10 + 5 compression
   # (seed groups), 5 + 5 CO3; 3 + 2 streaming, 3 + 5 + 5 + 3 + 5 + 5 CIFAR-10, 3 + 8 + 8 + 3
   # + 4 Shakespeare (comparison 2 twice: its LAN and re-costed); 6 + 5 low-communication;
   # 6 + 5 CIFAR-10 and LM equal work; 14 + 14 semi_sync arms against plain semi_sync.
-  assert text.count('| *not finished* |') == 48 + 24 + 57 + 11 + 11 + 28
+  assert text.count('| *not finished* |') == 48 + 26 + 57 + 11 + 11 + 28
   assert written['plots'] == [] and text.count('*No plots yet') == 9
   # 15 + 6 claims of the Fashion-MNIST sections, 4 streaming, 4 low-communication, 8
   # CIFAR-10 budget claims, 3 + 3 CIFAR-10 and LM equal-work claims, 2 progress-aware, 2
@@ -1085,7 +1094,7 @@ def test_cli_no_run_from_another_directory(tmp_path):
                      cwd=tmp_path, capture_output=True, text=True, timeout=600, check=False)
   assert p.returncode == 0, p.stderr
   assert p.stdout.splitlines()[0] == os.path.join('o', 'results.md')
-  assert '388 runs not finished' in p.stderr
+  assert '394 runs not finished' in p.stderr
   text = (tmp_path / 'o' / 'results.md').read_text(encoding='utf-8')
   assert 'make_results.py --root workdirs --out o' in text
   assert '--workdir=workdirs/semisync/sync.strategy=sync__train.eval_every=40' in text
@@ -1117,9 +1126,9 @@ def test_cli_runs_the_missing_sweeps_first(tmp_path, caplog, monkeypatch):
                                                 'shakespeare_compression', 'shakespeare_co3',
                                                 'shakespeare_semisync_work',
                                                 'shakespeare_diloco')]
-  # Said once, before the first launch: 388 runs are missing (seeds 1, 2 of semisync).
+  # Said once, before the first launch: 394 runs are missing (seeds 1, 2 of semisync).
   assert launched[0][1][0].startswith(
-      f'388 runs missing (semisync: 10, semisync_work: 102, semisync_budget: 30, compression: 39, co3_iid: 15, co3_paper: 15, '
+      f'394 runs missing (semisync: 10, semisync_work: 102, semisync_budget: 30, compression: 45, co3_iid: 15, co3_paper: 15, '
       'shakespeare_streaming: 9, shakespeare_lowcomm: 18, cifar10_semisync: 9, cifar10_compression: 15, cifar10_co3: 9, '
       'cifar10_semisync_budget: 30, cifar10_semisync_work: 18, shakespeare_semisync: 9, '
       'shakespeare_compression: 24, shakespeare_co3: 9, shakespeare_semisync_work: 15, '

@@ -10,7 +10,9 @@ leaves under 2^14 entries (and every 1-D leaf) sent in bf16. Uncompressed, 2%,
 These top-k points re-gather the round's new global model in float32
 (``compression.broadcast=gather``, how hfl ran before issue 48). The compressed
 broadcast (``compression.broadcast=downlink``: the round's correction through the top-k
-downlink with the PS's error feedback) runs at 2%, 1% and 0.3%, seeds 0-2, on both LANs.
+downlink with the PS's error feedback) runs at 2%, 1% and 0.3%, seeds 0-2, on both LANs;
+and with the correction at 4x the iterations' density (``compression.broadcast_density``)
+at 1.5% / 6% and 1% / 4%, seeds 0-2, 1 Gbit/s.
 
   python -m hfl.sweep --sweep=configs/sweeps/compression.py --root=workdirs/compression
 """
@@ -48,4 +50,13 @@ def get_sweep():
                                           'compression.downlink.density': d,
                                           'network.lan_bandwidth_gbps': lan})
       runs += [point, dict(point, seed=[1, 2])]
+  # Issue 48: the round's correction at K = 4 times the iterations' density
+  # (compression.broadcast_density): it carries K iterations of the other DCs' progress.
+  # At 1.5% / 6% the planned intra-DC bytes equal the 2% broadcast arm's (24x); 1% / 4%
+  # 35x. 1 Gbit/s LAN.
+  for d in (0.015, 0.01):
+    point = dict(FIXED, **broadcast, **{'compression.uplink.density': d,
+                                        'compression.downlink.density': d,
+                                        'compression.broadcast_density': 4 * d})
+    runs += [point, dict(point, seed=[1, 2])]
   return 'configs/default.py', runs

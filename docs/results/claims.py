@@ -513,8 +513,12 @@ _CO3_BOTH = [({'compression.uplink.name': 'co3', 'compression.small_threshold': 
              ({'compression.uplink.name': 'co3'},
               'CO3 {compression.uplink.fmt} up/down, bf16 small, compressed broadcast',
               'CO3 {compression.uplink.fmt}, bf16 small')]
+# The round's correction at its own density (compression.broadcast_density, issue 48).
+_BCAST_DENSITIES = [({'compression.broadcast': 'downlink', 'compression.broadcast_density': b},
+                     ', at {compression.broadcast_density:pct}') for b in (0.06, 0.04)]
 _SPARSE_LABELS = [
     ({'compression.uplink.name': 'identity'}, 'uncompressed'),
+    *[(want, _TOPK_BROADCAST + at) for want, at in _BCAST_DENSITIES],
     *[(want, label) for want, label, _ in _CO3_BOTH],
     *[(dict(want, **{'compression.broadcast': 'downlink'}), f'{_TOPK_BROADCAST}, {arm}')
       for want, arm in _ADAM_ARMS],
@@ -525,6 +529,8 @@ _SPARSE_LABELS = [
 # A point's short name (paired lists, plot markers): its density, and how the round's
 # model reaches the workers where that is the compressed broadcast (issue 48).
 _SPARSE_NAMES = [*[(want, short) for want, _, short in _CO3_BOTH],
+                 *[(want, 'ρ={compression.uplink.density:pct}, compressed broadcast' + at)
+                   for want, at in _BCAST_DENSITIES],
                  *[(dict(want, **{'compression.broadcast': 'downlink'}),
                     'ρ={compression.uplink.density:pct}, compressed broadcast, ' + arm)
                    for want, arm in _ADAM_ARMS],
