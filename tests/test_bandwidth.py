@@ -170,7 +170,7 @@ def _params_shape(config):
 def _not_derivable(config, params_shape) -> str:
   """Why the run's figure cannot be derived from its config exactly ('' if it can)."""
   comps = setup_lib.build_compressors(config, params_shape)
-  if any(c.wire_bits is not base.payload_bits for link in comps for c in link):
+  if any(c.wire_bits is not base.payload_bits for link in comps if link is not None for c in link):
     return ('a variable-length code (CO3): the run charged the coded lengths, '
             'static_bits is the fixed-width payload')
   if config.sync.strategy == 'adacomm' or config.sync.progress_aware:
