@@ -47,7 +47,7 @@ def _registered(name):
 
 def _pair(comp_up=None, comp_wan=None, comp_down=None, optimizer=None, outer=None,
           shard_state=False, dgc_momentum=0.0, broadcast='downlink', stream=None,
-          prox_mu=0.0, adoption=False, control=None):
+          prox_mu=0.0, adoption=False, control=None, send='gradient'):
   """(mesh step, its mesh, its state; vmap step, its 1 x 1 mesh, its state): the same
   initial state placed for each path."""
   net = models.get_model('mlp', 10)
@@ -60,7 +60,8 @@ def _pair(comp_up=None, comp_wan=None, comp_down=None, optimizer=None, outer=Non
   outer = outer or optax.sgd(1.0)
   state = step_lib.init_state(params, optimizer, outer, comps, D, W, jax.random.PRNGKey(1),
                               shard_state=shard_state, dgc_momentum=dgc_momentum > 0,
-                              broadcast=broadcast, stream=stream, scaffold=control is not None)
+                              broadcast=broadcast, stream=stream, scaffold=control is not None,
+                              send=send)
   state = jax.tree.map(np.asarray, state)
   apply_fn = lambda p, x: net.apply({'params': p}, x)
   out = []
@@ -150,6 +151,17 @@ def test_zero1_sharded_adam():
                outer=optax.sgd(0.7, momentum=0.9, nesterov=True))
   a, _ = _compare(pair, 4, atol=1e-5)
   assert isinstance(a.opt_state, step_lib.ShardedOptState)
+
+
+def test_workers_send_their_adam_update_through_top_k():
+  """compression.send='update': per-worker Adam state (leaves [D, W, ...]) under vmap
+  as on the mesh; Adam's rounding magnification as in test_zero1_sharded_adam. Adam's
+  first steps are ±lr wherever |g| >> eps, so top-k would choose among ties by rounding:
+  eps of the gradients' size spreads the magnitudes."""
+  pair = _pair(comp_up=TOPK, comp_down=TOPK, optimizer=optax.adam(1e-2, eps=1e-3),
+               send='update')
+  a, _ = _compare(pair, 4, atol=1e-5)
+  assert isinstance(a.opt_state, step_lib.WorkerOptState)
 
 
 def test_dgc_momentum_with_clipping():
