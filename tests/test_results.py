@@ -988,14 +988,14 @@ def test_page_structure_plots_and_missing_runs(root, tmp_path):
   # 35 finished (7 semisync, 11 compression, 9 co3_iid, 8 co3_paper), 67 missing; rows not
   # finished: 2 semisync, 2 x 5 semisync_budget, 1 + 3 + 3 compression (issue 48's
   # broadcast arms on both LANs, + 2 at their own broadcast density), 1 + 1 CO3; and 126 LM and CIFAR-10 runs, none here: 57
-  # rows not finished (3 + 2 streaming, 3 + 5 + 5 + 3 + 2 x 5 CIFAR-10, 3 + 8 + 8 + 3 + 4
+  # rows not finished (3 + 2 streaming, 3 + 5 + 5 + 3 + 2 x 5 CIFAR-10, 3 + 8 + 6 + 3 + 4
   # Shakespeare: comparison 2 twice, on its own LAN and re-costed to 100 Mbit/s, the LM's
-  # with issue 48's AdamW and CO3 arms); issue 49's equal-work sweep, none here: 102 runs, 2 x 17 rows; and issue
+  # with issue 48's AdamW and CO3 arms, CO3 not re-costed); issue 49's equal-work sweep, none here: 102 runs, 2 x 17 rows; and issue
   # 53's low-communication sweep, none here: 18 runs, 6 + 5 rows; issue 49's CIFAR-10 and LM
   # equal-work sweeps, none here: 18 + 15 runs, 6 + 5 rows; the equal-work semi_sync arms
   # against plain semi_sync: 2 x 14 rows.
   assert 'Incomplete: 35 of 399 runs have finished.' in text
-  assert text.count('| *not finished* |') == 23 + 57 + 34 + 11 + 11 + 28
+  assert text.count('| *not finished* |') == 23 + 55 + 34 + 11 + 11 + 28
   assert 'Generated 2025-01-02 03:04 UTC' in text
   assert 'python3 docs/results/make_results.py --root' in text
   for claim in ('up to 66%', 'up to 43%', 'up to 92%', '≈ 95%', '270–600×',
@@ -1049,13 +1049,14 @@ def test_empty_root_lists_everything_as_missing(tmp_path):
   # Every run is listed once per table it is in: the 6 DiLoCo and streaming runs twice, and
   # the 15 H = 16 runs of the low-communication sweep and the 84 semi_sync runs of the
   # equal-work sweep (against sync and against plain semi_sync), and the 15 + 18 runs of
-  # the CIFAR-10 and 24 LM compression sweeps (on their LAN and re-costed to 100 Mbit/s).
-  assert text.count(': not started (`') == 399 + 6 + 15 + 84 + 15 + 24
+  # the CIFAR-10 and 18 LM compression sweeps (on their LAN and re-costed to 100 Mbit/s; the
+  # LM's 6 CO3 runs only on their LAN).
+  assert text.count(': not started (`') == 399 + 6 + 15 + 84 + 15 + 18
   # Rows: 5 semisync, 17 + 17 semisync_work, 5 + 5 semisync_budget, 10 + 5 compression
-  # (seed groups), 5 + 5 CO3; 3 + 2 streaming, 3 + 5 + 5 + 3 + 5 + 5 CIFAR-10, 3 + 8 + 8 + 3
+  # (seed groups), 5 + 5 CO3; 3 + 2 streaming, 3 + 5 + 5 + 3 + 5 + 5 CIFAR-10, 3 + 8 + 6 + 3
   # + 4 Shakespeare (comparison 2 twice: its LAN and re-costed); 6 + 5 low-communication;
   # 6 + 5 CIFAR-10 and LM equal work; 14 + 14 semi_sync arms against plain semi_sync.
-  assert text.count('| *not finished* |') == 48 + 26 + 57 + 11 + 11 + 28
+  assert text.count('| *not finished* |') == 48 + 26 + 55 + 11 + 11 + 28
   assert written['plots'] == [] and text.count('*No plots yet') == 9
   # 15 + 6 claims of the Fashion-MNIST sections, 4 streaming, 4 low-communication, 8
   # CIFAR-10 budget claims, 3 + 3 CIFAR-10 and LM equal-work claims, 2 progress-aware, 2

@@ -211,7 +211,10 @@ def load_table(spec: dict, root: str) -> Table:
   """Loads one table of the spec from ``ROOT/<spec['root']>``."""
   sweep_root = os.path.join(root, spec['root'])
   all_points, base_cfg, config_arg = _points(os.path.join(REPO, spec['sweep']), sweep_root)
-  if spec.get('lan_recost'):  # the same runs on another LAN's clock (runs_lib.lan_recost)
+  if spec.get('lan_recost'):  # the same runs on another LAN's clock (runs_lib.lan_recost),
+    # less those whose clock another LAN changes in more than its bits' cost (e.g. CO3's
+    # per-DC code lengths: runs_lib.lan_recost_problem)
+    all_points = [p for p in all_points if not runs_lib.lan_recost_problem(p.config)]
     all_points = [p._replace(run=runs_lib.lan_recost(p.run, spec['lan_recost']))
                   if p.status == 'done' else p for p in all_points]
   known = {p.spec.name for p in all_points}
