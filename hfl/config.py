@@ -274,6 +274,12 @@ def validate_broadcast_density(config: ml_collections.ConfigDict) -> None:
         f"{c.get('broadcast', 'gather')!r}, compression.downlink.name={c.downlink.name!r}")
 
 
+def _dgc_momentum(config: ml_collections.ConfigDict) -> float:
+  """``compression.dgc.momentum`` (0.0 when the section or the field is absent)."""
+  g = config.compression.get('dgc')
+  return float(g.get('momentum', 0.0)) if g is not None else 0.0
+
+
 def validate_send(config: ml_collections.ConfigDict) -> None:
   """Checks ``compression.send`` (absent: 'gradient'; hfl.step.worker_update).
 
@@ -291,8 +297,7 @@ def validate_send(config: ml_collections.ConfigDict) -> None:
         "compression.send='update' cannot be combined with optimizer.shard_state=True: "
         "each worker runs the optimizer on its own gradient and keeps its whole state; "
         "set optimizer.shard_state=False or compression.send='gradient'")
-  g = config.compression.get('dgc')
-  m = float(g.get('momentum', 0.0)) if g is not None else 0.0
+  m = _dgc_momentum(config)
   if m > 0:
     raise ValueError(
         f"compression.send='update' cannot be combined with compression.dgc.momentum={m}: "
@@ -548,8 +553,7 @@ def validate_shard_state(config: ml_collections.ConfigDict) -> None:
         f'optimizer.shard_state=True cannot be combined with optimizer.name='
         f'{config.optimizer.name!r}: its update of a matrix depends on the whole matrix, so '
         f'its state cannot be sliced across the workers; allowed: {", ".join(optim.ELEMENTWISE)}')
-  g = config.compression.get('dgc')
-  m = float(g.get('momentum', 0.0)) if g is not None else 0.0
+  m = _dgc_momentum(config)
   if shard and m > 0:
     raise ValueError(
         f'optimizer.shard_state=True cannot be combined with compression.dgc.momentum={m}: '

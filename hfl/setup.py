@@ -187,10 +187,11 @@ def build_compressors(config, params_shape, step: int | None = None
     config: the experiment config.
     params_shape: pytree of the model's parameter shapes.
     step: build for this step's DGC warm-up stage (None: the configured
-      densities). The round's correction (``compression.broadcast_density`` > 0: the
-      downlink's compressor at that density, ``Compressors.bcast``) keeps its density. Only the top-k/random-k uplink and downlink densities change, so
+      densities). Only the top-k/random-k uplink and downlink densities change, so
       payload shapes change but no state shape does (dense residuals, stateless
-      sparsifiers): one state serves every stage.
+      sparsifiers): one state serves every stage. The round's correction
+      (``compression.broadcast_density`` > 0: the downlink's compressor at that
+      density, ``Compressors.bcast``) keeps its density.
 
   Raises:
     ValueError: what :func:`hfl.compress.policy.build` refuses, naming the field.
