@@ -366,27 +366,19 @@ def test_a_metrics_log_that_lost_evaluations_is_refused_not_summarized(fake_data
 
 @pytest.mark.slow
 def test_main_cli_runs_and_rejects_bad_flags(fake_data, tmp_path):
+  """main.py trains with a warning for an unused flag, and refuses each bad flag or
+  --config with exit status 2 and one line, writing nothing. The processes are
+  independent, so they run side by side."""
   env = dict(os.environ, JAX_PLATFORMS='cpu')
-  base = [sys.executable, os.path.join(REPO, 'main.py'),
-          f'--config={os.path.join(REPO, "configs/smoke.py")}',
-          f'--config.dataset.data_dir={fake_data}', '--config.train.num_steps=4']
-  # A density for the identity compressor is unused: the run warns and goes on.
-  ok = subprocess.run(base + [f'--workdir={tmp_path / "cli"}',
-                              '--config.compression.uplink.density=0.02'],
-                      env=env, capture_output=True, text=True, timeout=300, cwd=REPO)
-  assert ok.returncode == 0, ok.stderr[-3000:]
-  assert os.path.exists(tmp_path / 'cli' / 'summary.json')
-  assert ("--config.compression.uplink.density is ignored: compression.uplink.name='identity' "
-          'takes no hyper-parameters') in ok.stderr
-  assert 'final test accuracy' in ok.stdout
-  bad = subprocess.run(base + [f'--workdir={tmp_path / "bad"}', '--config.sync.k=0'], env=env,
-                       capture_output=True, text=True, timeout=300, cwd=REPO)
-  assert bad.returncode == 2
-  assert 'sync.k=0 must be >= 1' in bad.stderr
+  main = [sys.executable, os.path.join(REPO, 'main.py')]
+  base = main + [f'--config={os.path.join(REPO, "configs/smoke.py")}',
+                 f'--config.dataset.data_dir={fake_data}', '--config.train.num_steps=4']
+  typo_dir = f'--workdir={tmp_path / "typo"}'
+  (tmp_path / 'noget.py').write_text('x = 1\n')
+  (tmp_path / 'syntax.py').write_text('x = 1\ndef get_config(:\n  pass\n')
   help_line = ('Config fields are listed in the README (config reference) and '
                'configs/default.py.')
-  typos = []
-  for flag, expected in [
+  typos = [
       ('--config.optimizer.learnin_rate=0.1', "error: unknown config field "
        "'optimizer.learnin_rate'; did you mean 'optimizer.learning_rate'? "),
       ('--config.optimiser.learning_rate=0.1', "error: unknown config field "
@@ -399,48 +391,56 @@ def test_main_cli_runs_and_rejects_bad_flags(fake_data, tmp_path):
        "with base 10: 'four' (an integer field). "),
       ('--config.sync.progress_aware=yes', 'error: flag --config.sync.progress_aware=yes: not '
        'a boolean (a boolean field takes true or false). '),
-  ]:
-    typos.append((flag, expected))
-  # Independent processes (each refuses its flag before any work): run them side by side.
+  ]
+  unloadable = [
+      ('configs/nope.py', [], f'configs/nope.py not found from {tmp_path}'),
+      ('configs/nope.py', ['--config.seed=1'], f'configs/nope.py not found from {tmp_path}'),
+      ('noget.py', ['--config.seed=1'], 'noget.py defines no get_config()')]
+  # (command, cwd) per process; the first trains, the others are refused.
+  cmds = {
+      'ok': (base + [f'--workdir={tmp_path / "cli"}',
+                     '--config.compression.uplink.density=0.02'], REPO),
+      'bad': (base + [f'--workdir={tmp_path / "bad"}', '--config.sync.k=0'], REPO),
+      'extra': (base + [typo_dir, 'extra'], REPO),
+      'arg': (main + [f'--config={os.path.join(REPO, "configs/smoke.py")}:foo', typo_dir], REPO),
+      'syntax': (main + ['--config=syntax.py', typo_dir], tmp_path),
+      **{f'typo{i}': (base + [typo_dir, flag], REPO) for i, (flag, _) in enumerate(typos)},
+      **{f'nope{i}': (main + [f'--config={config}', typo_dir] + override, tmp_path)
+         for i, (config, override, _) in enumerate(unloadable)},
+  }
   with concurrent.futures.ThreadPoolExecutor(4) as pool:
-    done = pool.map(lambda fe: subprocess.run(
-        base + [f'--workdir={tmp_path / "typo"}', fe[0]], env=env, capture_output=True,
-        text=True, timeout=300, cwd=REPO), typos)
-    for (flag, expected), typo in zip(typos, done):
-      assert typo.returncode == 2, flag
-      assert typo.stderr == expected + help_line + '\n', flag
-  assert not os.path.exists(tmp_path / 'typo')
-  extra = subprocess.run(base + [f'--workdir={tmp_path / "typo"}', 'extra'], env=env,
-                         capture_output=True, text=True, timeout=300, cwd=REPO)
+    futures = {k: pool.submit(subprocess.run, cmd, env=env, capture_output=True, text=True,
+                              timeout=300, cwd=cwd) for k, (cmd, cwd) in cmds.items()}
+    out = {k: f.result() for k, f in futures.items()}
+  ok = out['ok']
+  assert ok.returncode == 0, ok.stderr[-3000:]
+  assert os.path.exists(tmp_path / 'cli' / 'summary.json')
+  # A density for the identity compressor is unused: the run warns and goes on.
+  assert ("--config.compression.uplink.density is ignored: compression.uplink.name='identity' "
+          'takes no hyper-parameters') in ok.stderr
+  assert 'final test accuracy' in ok.stdout
+  assert out['bad'].returncode == 2
+  assert 'sync.k=0 must be >= 1' in out['bad'].stderr
+  for i, (flag, expected) in enumerate(typos):
+    assert out[f'typo{i}'].returncode == 2, flag
+    assert out[f'typo{i}'].stderr == expected + help_line + '\n', flag
+  extra = out['extra']
   assert extra.returncode == 2  # a stray word: one line, not absl's full help
   assert extra.stderr.startswith("error: unexpected arguments ['extra']; main.py takes only flags")
-  arg = subprocess.run([sys.executable, os.path.join(REPO, 'main.py'),
-                        f'--config={os.path.join(REPO, "configs/smoke.py")}:foo',
-                        f'--workdir={tmp_path / "typo"}'],
-                       env=env, capture_output=True, text=True, timeout=300, cwd=REPO)
+  arg = out['arg']
   assert arg.returncode == 2  # shipped configs take no ARG in --config=FILE:ARG
   assert "this config takes no argument after ':' (got 'foo')" in arg.stderr
   assert 'Traceback' not in arg.stderr
-  (tmp_path / 'noget.py').write_text('x = 1\n')
-  for config, override, detail in [
-      ('configs/nope.py', [], f'configs/nope.py not found from {tmp_path}'),
-      ('configs/nope.py', ['--config.seed=1'], f'configs/nope.py not found from {tmp_path}'),
-      ('noget.py', ['--config.seed=1'], 'noget.py defines no get_config()')]:
-    nope = subprocess.run([sys.executable, os.path.join(REPO, 'main.py'), f'--config={config}',
-                           f'--workdir={tmp_path / "typo"}'] + override, env=env,
-                          capture_output=True, text=True, timeout=300, cwd=tmp_path)
+  for i, (config, override, detail) in enumerate(unloadable):
+    nope = out[f'nope{i}']
     assert nope.returncode == 2, (config, override)
     assert nope.stderr == (f'error: could not load --config ({detail}); pass a config file '
                            'such as configs/default.py.\n'), (config, override)
-  (tmp_path / 'syntax.py').write_text('x = 1\ndef get_config(:\n  pass\n')
-  bad = subprocess.run([sys.executable, os.path.join(REPO, 'main.py'), '--config=syntax.py',
-                        f'--workdir={tmp_path / "typo"}'], env=env, capture_output=True,
-                       text=True, timeout=300, cwd=tmp_path)
+  bad = out['syntax']
   assert bad.returncode == 2
   assert bad.stderr.startswith('error: could not load --config (SyntaxError in '), bad.stderr
   assert 'syntax.py, line 2: ' in bad.stderr and bad.stderr.count('\n') == 1, bad.stderr
   assert not os.path.exists(tmp_path / 'typo')
-
 
 
 @pytest.mark.parametrize('kind', ['file', 'under_file', 'empty'])
