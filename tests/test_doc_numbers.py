@@ -20,7 +20,7 @@ REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 DOCS = os.path.join(REPO, 'docs')
 ARCHIVE = os.path.join(DOCS, 'results', 'runs')
 HAND_WRITTEN = ['README.md', 'docs/co3.md', 'docs/dgc.md', 'docs/semisync.md',
-                'docs/streaming.md', 'docs/bandwidth.md']
+                'docs/streaming.md', 'docs/bandwidth.md', 'docs/broadcast.md']
 
 
 def _read(rel):
@@ -201,6 +201,87 @@ def test_dgc_table_is_the_archived_compression_runs():
     assert verdict == ('met' if met else 'not met'), what
     _check(factor.rstrip('×'), np.mean([base_both[c.get('seed', 0)] / both(s) for c, s in sel]),
            what + ', fewer intra-DC bytes')
+
+
+# --- docs/broadcast.md ------------------------------------------------------------------
+
+
+def _broadcast_arm(runs, rho, mode='downlink', correction=0.0):
+  return [(c, s) for c, s in runs if c['compression.uplink.name'] == 'topk'
+          and c.get('compression.broadcast', 'gather') == mode
+          and abs(c['compression.uplink.density'] - rho) < 1e-12
+          and abs(c.get('compression.broadcast_density', 0.0) - correction) < 1e-12]
+
+
+def test_broadcast_density_table_is_the_archived_compression_runs():
+  runs = [(c, s) for c, s in _runs('compression') if c['network.lan_bandwidth_gbps'] == 1.0]
+  base = [(c, s) for c, s in runs if c['compression.uplink.name'] == 'identity']
+  both = lambda s: s['bytes']['intra_up'] + s['bytes']['intra_down']
+  base_both = {c.get('seed', 0): both(s) for c, s in base}
+  rows = _table_after(_read('docs/broadcast.md'), '| uplink / downlink density |')
+  assert len(rows) == 4
+  for density, correction, saved, delta in rows:
+    rho = _num(density.rstrip('%'))[0] / 100
+    own = 0.0 if 'the downlink' in correction else _num(correction.rstrip('%'))[0] / 100
+    arm = _broadcast_arm(runs, rho, correction=own)
+    what = f'broadcast.md, {density} / {correction}'
+    assert len(arm) == 3, what
+    ratios = [base_both[c.get('seed', 0)] / both(s) for c, s in arm]
+    m = re.fullmatch(r'([\d.]+)% \(([\d.]+)×\)', saved)
+    _check(m.group(1), 100 * np.mean([1 - 1 / r for r in ratios]), what + ', bytes saved')
+    _check(m.group(2), np.mean(ratios), what + ', factor')
+    _, _, mean, sd, _ = _paired(arm, base, _acc)
+    m = re.fullmatch(r'([−+\d.]+) ± ([\d.]+) pts', delta)
+    _check(m.group(1), mean, what + ', paired Δ')
+    _check(m.group(2), sd, what + ', paired Δ std')
+
+
+def _curves(sweep):
+  """seed -> (config, [(step, accuracy)]) of each archived run, by run directory."""
+  out = []
+  for path in sorted(glob.glob(os.path.join(ARCHIVE, sweep, '*', 'summary.json'))):
+    with open(path, encoding='utf-8') as f:
+      config = _flat(json.load(f)['config'])
+    with open(os.path.join(os.path.dirname(path), 'metrics.jsonl'), encoding='utf-8') as f:
+      recs = [json.loads(l) for l in f if 'test_accuracy' in l]
+    out.append((config, [(r['step'], r['test_accuracy']) for r in recs]))
+  return out
+
+
+def test_broadcast_delay_table_is_the_archived_curves():
+  """docs/broadcast.md's delay table, recomputed here with plain numpy: the paired Δ at
+  the middle and the last evaluation, and where uncompressed's 3-evaluation trailing mean
+  first reaches the compressed run's final one."""
+  rows = _table_after(_read('docs/broadcast.md'), '| workload (schedule, iterations) |')
+  assert len(rows) == 7
+  workload = None
+  for name, point, mid, final, reached in rows:
+    workload = name or workload
+    sweep = 'compression' if workload.startswith('Fashion') else 'cifar10_compression'
+    curves = [(c, v) for c, v in _curves(sweep)
+              if c.get('network.lan_bandwidth_gbps', 1.0) == 1.0]
+    m = re.fullmatch(r'top-k ([\d.]+)%, (re-gathered model|compressed broadcast)', point)
+    rho, mode = float(m.group(1)) / 100, 'gather' if m.group(2).startswith('re') else 'downlink'
+    arm = sorted(_broadcast_arm(curves, rho, mode), key=lambda r: r[0].get('seed', 0))
+    base = {c.get('seed', 0): v for c, v in curves if c['compression.uplink.name'] == 'identity'}
+    what = f'broadcast.md, {workload}, {point}'
+    assert len(arm) == 3, what
+    mids, finals, fractions = [], [], []
+    for c, v in arm:
+      b = base[c.get('seed', 0)]
+      acc, b_acc = np.array([a for _, a in v]), np.array([a for _, a in b])
+      mids.append(acc[len(acc) // 2] - b_acc[len(acc) // 2])
+      finals.append(acc[-1] - b_acc[-1])
+      smooth = lambda x: np.array([x[max(0, i - 2):i + 1].mean() for i in range(len(x))])
+      hit = np.nonzero(smooth(b_acc) >= smooth(acc)[-1])[0]
+      fractions.append(b[hit[0]][0] / b[-1][0] if len(hit) else None)
+    _check(mid, 100 * np.mean(mids), what + ', Δ at mid-run')
+    _check(final, 100 * np.mean(finals), what + ', final Δ')
+    for shown, f in zip(reached.split(', '), fractions):
+      if shown == '–':
+        assert f is None, what
+      else:
+        _check(shown, f, what + ', where uncompressed reaches it')
 
 
 # --- docs/semisync.md: the equal-time tables (seed 0) ------------------------------------
