@@ -994,9 +994,10 @@ def test_page_structure_plots_and_missing_runs(root, tmp_path):
   # 53's low-communication sweep, none here: 18 runs, 6 + 5 rows; issue 49's CIFAR-10 and LM
   # equal-work sweeps, none here: 18 + 15 runs, 6 + 5 rows; the equal-work semi_sync arms
   # against plain semi_sync: 2 x 14 rows; issue 48's converged Fashion-MNIST comparison
-  # (configs/sweeps/compression_long.py), none here: 9 runs, 3 rows.
+  # (configs/sweeps/compression_long.py), none here: 9 runs, 3 rows on its LAN and 3
+  # re-costed to 100 Mbit/s.
   assert 'Incomplete: 35 of 408 runs have finished.' in text
-  assert text.count('| *not finished* |') == 23 + 55 + 34 + 11 + 11 + 28 + 3
+  assert text.count('| *not finished* |') == 23 + 55 + 34 + 11 + 11 + 28 + 3 + 3
   assert 'Generated 2025-01-02 03:04 UTC' in text
   assert 'python3 docs/results/make_results.py --root' in text
   for claim in ('up to 66%', 'up to 43%', 'up to 92%', '≈ 95%', '270–600×',
@@ -1051,14 +1052,15 @@ def test_empty_root_lists_everything_as_missing(tmp_path):
   # the 15 H = 16 runs of the low-communication sweep and the 84 semi_sync runs of the
   # equal-work sweep (against sync and against plain semi_sync), and the 15 + 18 runs of
   # the CIFAR-10 and 18 LM compression sweeps (on their LAN and re-costed to 100 Mbit/s; the
-  # LM's 6 CO3 runs only on their LAN).
-  assert text.count(': not started (`') == 408 + 6 + 15 + 84 + 15 + 18
+  # LM's 6 CO3 runs only on their LAN), and the 9 converged Fashion-MNIST runs (on their
+  # LAN and re-costed).
+  assert text.count(': not started (`') == 408 + 6 + 15 + 84 + 15 + 18 + 9
   # Rows: 5 semisync, 17 + 17 semisync_work, 5 + 5 semisync_budget, 10 + 5 compression
   # (seed groups), 5 + 5 CO3; 3 + 2 streaming, 3 + 5 + 5 + 3 + 5 + 5 CIFAR-10, 3 + 8 + 6 + 3
   # + 4 Shakespeare (comparison 2 twice: its LAN and re-costed); 6 + 5 low-communication;
-  # 6 + 5 CIFAR-10 and LM equal work; 14 + 14 semi_sync arms against plain semi_sync; 3
-  # converged compression.
-  assert text.count('| *not finished* |') == 48 + 26 + 55 + 11 + 11 + 28 + 3
+  # 6 + 5 CIFAR-10 and LM equal work; 14 + 14 semi_sync arms against plain semi_sync; 3 + 3
+  # converged compression (its LAN and re-costed).
+  assert text.count('| *not finished* |') == 48 + 26 + 55 + 11 + 11 + 28 + 3 + 3
   assert written['plots'] == [] and text.count('*No plots yet') == 9
   # 15 + 6 claims of the Fashion-MNIST sections, 4 streaming, 4 low-communication, 8
   # CIFAR-10 budget claims, 3 + 3 CIFAR-10 and LM equal-work claims, 2 progress-aware, 2
