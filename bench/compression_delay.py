@@ -32,7 +32,7 @@ _SAME_TRAINING = ('train.num_steps', 'optimizer.schedule', 'network.lan_bandwidt
 # What tells the compressed points apart, with the value a run that predates the field ran.
 _POINT = {'compression.uplink.name': None, 'compression.uplink.density': None,
           'compression.downlink.density': None, 'compression.broadcast': 'gather',
-          'compression.broadcast_density': None}
+          'compression.broadcast_density': 0.0}
 
 
 def trailing_mean(x: np.ndarray, window: int = 3) -> np.ndarray:
@@ -84,7 +84,7 @@ def analyse(root: str, metric: str) -> list[tuple]:
                                    trailing_mean(vals)[-1], higher))
     if mid:
       label = ', '.join(f'{k.removeprefix("compression.")}={v}' for k, v in point
-                        if v is not None and k != 'compression.uplink.name')
+                        if v and k != 'compression.uplink.name')
       rows.append((label, training, len(mid), np.mean(mid), np.mean(final), delays))
   return rows
 
