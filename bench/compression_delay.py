@@ -23,6 +23,7 @@ import os
 import sys
 
 import numpy as np
+import pandas as pd
 
 sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 from hfl.report import runs as runs_lib  # noqa: E402  pylint: disable=g-import-not-at-top
@@ -36,10 +37,8 @@ _POINT = {'compression.uplink.name': None, 'compression.uplink.density': None,
 
 
 def trailing_mean(x: np.ndarray, window: int = 3) -> np.ndarray:
-  """[n] -> [n]: entry i is the mean of x[max(0, i - window + 1) : i + 1]."""
-  c = np.cumsum(np.insert(x.astype(float), 0, 0.0))
-  lo = np.maximum(np.arange(len(x)) - window + 1, 0)
-  return (c[1:] - c[lo]) / (np.arange(len(x)) + 1 - lo)
+  """[n] -> [n] float64: entry i is the mean of x[max(0, i - window + 1) : i + 1]."""
+  return pd.Series(x, dtype=float).rolling(window, min_periods=1).mean().to_numpy()
 
 
 def delay_fraction(steps: np.ndarray, base: np.ndarray, final: float, higher: bool) -> float:

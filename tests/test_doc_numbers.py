@@ -177,33 +177,15 @@ def test_co3_tables_are_the_archived_runs(sweep):
 # --- docs/dgc.md -------------------------------------------------------------------------
 
 
-def test_dgc_table_is_the_archived_compression_runs():
+def _compression_1gbit():
+  """The compression sweep's 1 Gbit/s runs, its uncompressed ones, and a function giving
+  each run's factor (uncompressed / its intra-DC up + down bytes, same seed)."""
   runs = [(c, s) for c, s in _runs('compression') if c['network.lan_bandwidth_gbps'] == 1.0]
   base = [(c, s) for c, s in runs if c['compression.uplink.name'] == 'identity']
   both = lambda s: s['bytes']['intra_up'] + s['bytes']['intra_down']
   base_both = {c.get('seed', 0): both(s) for c, s in base}
-  rows = _table_after(_read('docs/dgc.md'), '| arm | density |')
-  assert len(rows) >= 3
-  for arm, density, seeds, delta, se, verdict, factor in rows:
-    mode = re.search(r'`(gather|downlink)`', arm).group(1)
-    rho = _num(density.rstrip('%'))[0] / 100
-    sel = [(c, s) for c, s in runs if c['compression.uplink.name'] == 'topk'
-           and c.get('compression.broadcast', 'gather') == mode
-           and abs(c['compression.uplink.density'] - rho) < 1e-12]
-    what = f'dgc.md, {mode} {density}'
-    assert _seeds(seeds) == sorted(c.get('seed', 0) for c, _ in sel), what
-    _, _, mean, sd, se_v = _paired(sel, base, _acc)
-    m = re.fullmatch(r'([−+\d.]+) ± ([\d.]+) pts', delta)
-    _check(m.group(1), mean, what + ', paired Δ')
-    _check(m.group(2), sd, what + ', paired Δ std')
-    _check(se, se_v, what + ', standard error')
-    met = len(sel) >= 3 and mean - se_v >= -0.5
-    assert verdict == ('met' if met else 'not met'), what
-    _check(factor.rstrip('×'), np.mean([base_both[c.get('seed', 0)] / both(s) for c, s in sel]),
-           what + ', fewer intra-DC bytes')
-
-
-# --- docs/broadcast.md ------------------------------------------------------------------
+  factors = lambda arm: [base_both[c.get('seed', 0)] / both(s) for c, s in arm]
+  return runs, base, factors
 
 
 def _broadcast_arm(runs, rho, mode='downlink', correction=0.0):
@@ -213,11 +195,31 @@ def _broadcast_arm(runs, rho, mode='downlink', correction=0.0):
           and abs(c.get('compression.broadcast_density', 0.0) - correction) < 1e-12]
 
 
+def test_dgc_table_is_the_archived_compression_runs():
+  runs, base, factors = _compression_1gbit()
+  rows = _table_after(_read('docs/dgc.md'), '| arm | density |')
+  assert len(rows) >= 3
+  for arm, density, seeds, delta, se, verdict, factor in rows:
+    mode = re.search(r'`(gather|downlink)`', arm).group(1)
+    rho = _num(density.rstrip('%'))[0] / 100
+    sel = _broadcast_arm(runs, rho, mode)
+    what = f'dgc.md, {mode} {density}'
+    assert _seeds(seeds) == sorted(c.get('seed', 0) for c, _ in sel), what
+    _, _, mean, sd, se_v = _paired(sel, base, _acc)
+    m = re.fullmatch(r'([−+\d.]+) ± ([\d.]+) pts', delta)
+    _check(m.group(1), mean, what + ', paired Δ')
+    _check(m.group(2), sd, what + ', paired Δ std')
+    _check(se, se_v, what + ', standard error')
+    met = len(sel) >= 3 and mean - se_v >= -0.5
+    assert verdict == ('met' if met else 'not met'), what
+    _check(factor.rstrip('×'), np.mean(factors(sel)), what + ', fewer intra-DC bytes')
+
+
+# --- docs/broadcast.md ------------------------------------------------------------------
+
+
 def test_broadcast_density_table_is_the_archived_compression_runs():
-  runs = [(c, s) for c, s in _runs('compression') if c['network.lan_bandwidth_gbps'] == 1.0]
-  base = [(c, s) for c, s in runs if c['compression.uplink.name'] == 'identity']
-  both = lambda s: s['bytes']['intra_up'] + s['bytes']['intra_down']
-  base_both = {c.get('seed', 0): both(s) for c, s in base}
+  runs, base, factors = _compression_1gbit()
   rows = _table_after(_read('docs/broadcast.md'), '| uplink / downlink density |')
   assert len(rows) == 4
   for density, correction, saved, delta in rows:
@@ -226,7 +228,7 @@ def test_broadcast_density_table_is_the_archived_compression_runs():
     arm = _broadcast_arm(runs, rho, correction=own)
     what = f'broadcast.md, {density} / {correction}'
     assert len(arm) == 3, what
-    ratios = [base_both[c.get('seed', 0)] / both(s) for c, s in arm]
+    ratios = factors(arm)
     m = re.fullmatch(r'([\d.]+)% \(([\d.]+)×\)', saved)
     _check(m.group(1), 100 * np.mean([1 - 1 / r for r in ratios]), what + ', bytes saved')
     _check(m.group(2), np.mean(ratios), what + ', factor')
@@ -237,7 +239,7 @@ def test_broadcast_density_table_is_the_archived_compression_runs():
 
 
 def _curves(sweep):
-  """seed -> (config, [(step, accuracy)]) of each archived run, by run directory."""
+  """[(flat config, [(step, test accuracy)])] of every finished run of an archived sweep."""
   out = []
   for path in sorted(glob.glob(os.path.join(ARCHIVE, sweep, '*', 'summary.json'))):
     with open(path, encoding='utf-8') as f:
