@@ -33,7 +33,7 @@ _SAME_TRAINING = ('train.num_steps', 'optimizer.schedule', 'network.lan_bandwidt
 # What tells the compressed points apart, with the value a run that predates the field ran.
 _POINT = {'compression.uplink.name': None, 'compression.uplink.density': None,
           'compression.downlink.density': None, 'compression.broadcast': 'gather',
-          'compression.broadcast_density': 0.0}
+          'compression.broadcast_density': 0.0, 'compression.correction.name': ''}
 
 
 def trailing_mean(x: np.ndarray, window: int = 3) -> np.ndarray:

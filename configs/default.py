@@ -120,6 +120,10 @@ def get_config(arg: str | None = None) -> ml_collections.ConfigDict:
   # The round's correction at its own density (top-k / random-k downlinks; 0: the
   # downlink's). It carries K iterations of the other DCs' progress in one payload per round.
   c.compression.broadcast_density = 0.0
+  # The round's correction through its own compressor ('' name: the downlink's, at
+  # broadcast_density if set), e.g. name='e3m0': a 4-bit low-bit float correction after
+  # top-k iterations (the thesis's mixed precision on the one dense payload per round).
+  c.compression.correction = _compressor('')
   # What the workers send up (hfl.step.SENDS): 'gradient' (the thesis's design: every
   # worker applies the optimizer to the PS's aggregate) or 'update' (each worker runs the
   # optimizer on its own gradient with its own state and sends the update; the PS averages

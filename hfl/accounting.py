@@ -171,7 +171,8 @@ def round_down_bits(comps, num_w: int, num_present: int, broadcast: str = 'gathe
   one round, ``num_present`` DCs present), from payload shapes (nothing runs):
   W x (at the leaves whose update goes through the downlink,
   ``hfl.step.broadcast_leaves(comps.correction(), broadcast)``, the correction's payload
-  bits: the downlink's, or ``comps.bcast``'s at ``compression.broadcast_density``;
+  bits: the downlink's, or ``comps.bcast``'s (``compression.correction``, or the downlink's
+  compressor at ``compression.broadcast_density``);
   at the others the all-reduced WAN leaves' bits + num_present x the all-gathered
   ones).
 

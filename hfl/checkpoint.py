@@ -370,7 +370,7 @@ def _move_aside(mngr: ocp.CheckpointManager, skipped: list) -> None:
 
 
 # Backwards compatibility, in this one place: checkpoints written before the
-# per-link hfl.step.LinkState kept each link's residual and compressor states as
+# per-link hfl.links.LinkState kept each link's residual and compressor states as
 # two TrainState fields. Old field -> (new field, LinkState attribute).
 LEGACY_LINK_FIELDS = {
     'up_residual': ('up', 'residual'), 'up_state': ('up', 'compressor_state'),

@@ -26,7 +26,7 @@ mixed, so the results keep their types. The results are exactly those of
 applying the collective to every leaf separately (the same elements meet in the
 same reduction; bitcasts are exact).
 
-Several independent callers (one per leaf, e.g. ``hfl.step.exchange``) fuse
+Several independent callers (one per leaf, e.g. ``hfl.links.exchange``) fuse
 their collectives through generators: each caller is written as a generator
 that yields one :class:`Call` and receives its result; :func:`run` drives one
 generator with its collective applied directly, :func:`run_fused` drives many,

@@ -157,6 +157,7 @@ def validate(config: ml_collections.ConfigDict, paths: bool = True
     policy.check_spec(config.compression[link], f'compression.{link}')
   validate_broadcast(config)
   validate_broadcast_density(config)
+  validate_correction(config)
   validate_send(config)
   validate_dgc(config)
   validate_shard_state(config)
@@ -274,6 +275,34 @@ def validate_broadcast_density(config: ml_collections.ConfigDict) -> None:
         f"{c.get('broadcast', 'gather')!r}, compression.downlink.name={c.downlink.name!r}")
 
 
+def validate_correction(config: ml_collections.ConfigDict) -> None:
+  """Checks ``compression.correction`` (absent, or name '': the round's correction goes
+  through the downlink's compressor; hfl.setup.build_compressors).
+
+  Raises:
+    ValueError: an unknown name or an out-of-range hyper-parameter
+      (hfl.compress.policy.check_spec, naming ``compression.correction``); a name set
+      while ``compression.broadcast`` is not 'downlink' (nothing would use it) or while
+      ``compression.broadcast_density`` > 0 (two settings of the same compressor).
+  """
+  c = config.compression
+  name = policy.correction_name(c)
+  if not name:
+    return
+  policy.check_spec(c.correction, 'compression.correction')
+  if c.get('broadcast', 'gather') != 'downlink':
+    raise ValueError(
+        f'compression.correction.name={name!r} sets the compressor of the round\'s '
+        "correction through the downlink, which needs compression.broadcast='downlink'; "
+        f"got compression.broadcast={c.get('broadcast', 'gather')!r}")
+  rho = float(c.get('broadcast_density', 0.0))
+  if rho > 0:
+    raise ValueError(
+        f'compression.correction.name={name!r} and compression.broadcast_density={rho} '
+        "both set the round's correction's compressor: set the density as "
+        'compression.correction.density and compression.broadcast_density=0')
+
+
 def _dgc_momentum(config: ml_collections.ConfigDict) -> float:
   """``compression.dgc.momentum`` (0.0 when the section or the field is absent)."""
   g = config.compression.get('dgc')
@@ -310,8 +339,9 @@ def validate_broadcast(config: ml_collections.ConfigDict) -> None:
   hfl.step.broadcast_leaves).
 
   Raises:
-    ValueError: not one of :data:`BROADCASTS`; or 'downlink' with a downlink that may
-      be lossy (``compression.downlink.name`` not identity/float32, or
+    ValueError: not one of :data:`BROADCASTS`; or 'downlink' with a correction that may
+      be lossy (hfl.compress.policy.lossy_correction: ``compression.downlink.name``, or
+      ``compression.correction.name`` where set, not identity/float32, or
       ``compression.small`` not float32) under Streaming DiLoCo
       (hfl.sync.streaming.enabled): a fragment's merge adopts the global fragment as
       it is, so the round's update would have to be re-gathered there.
@@ -319,17 +349,19 @@ def validate_broadcast(config: ml_collections.ConfigDict) -> None:
   c = config.compression
   mode = c.get('broadcast', 'gather')
   _choice(mode, 'compression.broadcast', BROADCASTS)
-  if mode == 'downlink' and policy.lossy_downlink(c) and streaming.enabled(config.sync):
+  if mode == 'downlink' and policy.lossy_correction(c) and streaming.enabled(config.sync):
     s = config.sync
     raise ValueError(
         f"compression.broadcast='downlink' sends the round's update through the lossy "
-        f'downlink (compression.downlink.name={c.downlink.name!r}, compression.small='
+        f'downlink (compression.downlink.name={c.downlink.name!r}, '
+        f'compression.correction.name={policy.correction_name(c)!r}, compression.small='
         f'{c.small!r}), which Streaming DiLoCo (sync.fragments={s.get("fragments", 1)}, '
         f'sync.overlap_steps={s.get("overlap_steps", 0)}, sync.mixing_alpha='
         f'{s.get("mixing_alpha", 0.0)}, sync.eager={s.get("eager", False)}) does not '
         "support: its fragments merge the global model as it is. Set "
         "compression.broadcast='gather', or a lossless downlink (compression.downlink.name="
-        "'identity' and compression.small='float32'), or turn streaming off")
+        "'identity', compression.correction.name='' and compression.small='float32'), or "
+        "turn streaming off")
 
 
 def validate_heterogeneity_options(config: ml_collections.ConfigDict) -> None:

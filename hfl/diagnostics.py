@@ -4,7 +4,7 @@ diverging run stops.
 :func:`log_progress` writes the progress line (step, round, K, loss, the last
 evaluation, simulated time, bytes per link, steps/s, ETA); :func:`check_finite`
 stops a run whose iteration has a non-finite train loss, gradient, payload or
-error-feedback residual (:func:`hfl.step.first_nonfinite` names the leaf, link,
+error-feedback residual (:func:`hfl.links.first_nonfinite` names the leaf, link,
 DC and worker), and :func:`diverged` builds the error with
 :func:`divergence_advice`. ``rt`` is the loop's hfl.train.Runtime.
 """
@@ -16,7 +16,7 @@ from absl import logging
 
 from hfl import cost
 from hfl import metrics as metrics_lib
-from hfl import step as step_lib
+from hfl import links as link_lib
 from hfl import tasks
 from hfl.compress import policy
 from hfl.sync import schedule as schedule_lib
@@ -55,7 +55,7 @@ def diverged(rt, step: int, rnd: int, what: str) -> FloatingPointError:
 def check_finite(rt, m, at: int, step: int, rnd: int) -> None:
   """Stops the run on a non-finite train loss, gradient, payload or residual of
   iteration ``at`` (round ``rnd``, numbered from 1, ends at ``step``)."""
-  where = step_lib.first_nonfinite(m['flags'], rt.leaf_names)
+  where = link_lib.first_nonfinite(m['flags'], rt.leaf_names)
   where = f'the first non-finite value is the {where}' if where else ''
   if not np.all(np.isfinite(m['loss'])):
     raise diverged(rt, step, rnd, f'the train loss is {m["loss"].tolist()} (per DC) at '

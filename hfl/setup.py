@@ -190,8 +190,9 @@ def build_compressors(config, params_shape, step: int | None = None
       densities). Only the top-k/random-k uplink and downlink densities change, so
       payload shapes change but no state shape does (dense residuals, stateless
       sparsifiers): one state serves every stage. The round's correction
-      (``compression.broadcast_density`` > 0: the downlink's compressor at that
-      density, ``Compressors.bcast``) keeps its density.
+      (``Compressors.bcast``: ``compression.correction`` where its name is set, else
+      the downlink's compressor at ``compression.broadcast_density`` > 0) keeps its
+      density.
 
   Raises:
     ValueError: what :func:`hfl.compress.policy.build` refuses, naming the field.
@@ -206,7 +207,10 @@ def build_compressors(config, params_shape, step: int | None = None
   wan = policy.build(c.wan, params_shape, c.small_threshold, c.small, field='compression.wan',
                      dense_leaves=dense)
   bcast = None
-  if float(c.get('broadcast_density', 0.0)) > 0:  # the round's correction at its own density
+  if policy.correction_name(c):  # the round's correction through its own compressor
+    bcast = policy.build(c.correction, params_shape, c.small_threshold, c.small,
+                         field='compression.correction', dense_leaves=dense)
+  elif float(c.get('broadcast_density', 0.0)) > 0:  # ... or the downlink's at its own density
     spec = ml_collections.ConfigDict(c.downlink.to_dict())
     spec.density = float(c.broadcast_density)
     bcast = policy.build(spec, params_shape, c.small_threshold, c.small,

@@ -22,13 +22,13 @@ iteration (as MaxText's DiLoCo wraps its inner step)::
      options (hfl.compress.dgc): local gradient clipping g <- clip(g, c / sqrt(W))
      (Lin et al. Sec. 3.3); momentum correction u <- m u + g (eq. 7), and u (not
      g) is what the uplink sends.
-  2. uplink with error feedback (:func:`exchange` over 'worker'): p = x + e_up;
+  2. uplink with error feedback (:func:`hfl.links.exchange` over 'worker'): p = x + e_up;
      payload = C_up(p); e_up <- p - D(payload). With DGC momentum the residual is
      DGC's accumulated velocity v, and momentum factor masking zeroes u where a
      sparse payload sent coordinates (Lin et al. Sec. 3.2). Float32 identity
      payloads are all-reduced; every other payload, casts included, is
      all-gathered in its wire dtype, each one decoded, then averaged in float32.
-  3. PS downlink with its own error feedback (:func:`downlink`): q = agg + e_ps;
+  3. PS downlink with its own error feedback (:func:`hfl.links.downlink`): q = agg + e_ps;
      d = C_down(q); e_ps <- q - D(d). The PS runs replicated on every worker of the
      DC (SPMD), so every worker holds the same downlink gradient.
   4. every worker applies the same optax update (:func:`apply_inner`); DCs whose
@@ -78,10 +78,10 @@ W x the correction's payload instead, which, like the PS downlink, crosses no
 collective of the simulation). A dense (linear) downlink reaches each worker
 as its slice only with ZeRO-1 (hfl.accounting.static_bits). Non-finite
 gradients, payloads and residuals are flagged per link and leaf: every link
-returns its leaves' checks (:class:`Check`), and the program reduces all of them
-at once, a few operations per 32 flag bits (:func:`fused_flags`), instead of
+returns its leaves' checks (:class:`hfl.links.Check`), and the program reduces all of them
+at once, a few operations per 32 flag bits (:func:`hfl.links.fused_flags`), instead of
 several per leaf and link; the host unpacks the bits into the per-leaf flags of
-:func:`finiteness_flags` (:func:`host_metrics`), so a non-finite value is named by
+:func:`hfl.links.finiteness_flags` (:func:`host_metrics`), so a non-finite value is named by
 its leaf, link, DC and worker as before.
 """
 
@@ -94,33 +94,17 @@ import optax
 from jax.sharding import Mesh, NamedSharding, PartitionSpec as P
 
 from hfl import collectives
+from hfl import links as link_lib
 from hfl import mesh as mesh_lib
 from hfl.collectives import chunk_bits, reduce_scatters, reduces
 from hfl.compress import base
 from hfl.compress import dgc
-from hfl.compress import ef
 from hfl.sync import outer as outer_lib
 from hfl.sync import scaffold as scaffold_lib
 from hfl.sync import streaming
 
 DC, WORKER = mesh_lib.DC, mesh_lib.WORKER
 WAN_KEY_OFFSET = 1000  # WAN leaf i draws from fold_in(dc key, 1000 + i).
-
-
-class LinkState(NamedTuple):
-  """One link's error-feedback state (uplink, PS downlink or WAN).
-
-  Attributes:
-    residual: error-feedback memory e, a pytree like the parameters (f32 leaves),
-      with the link's leading axes ([D, W] uplink, [D] downlink and WAN); None at
-      a leaf whose compressor is lossless (identity), which never leaves a residual
-      (hfl.compress.ef.ef_step): such a link holds no parameter-sized copy, and
-      its step takes and returns no array for that leaf.
-    compressor_state: list with one compressor state per parameter leaf (leading
-      axes likewise).
-  """
-  residual: Any
-  compressor_state: Any
 
 
 class TrainState(NamedTuple):
@@ -131,9 +115,9 @@ class TrainState(NamedTuple):
   opt_state: Any
   global_params: Any  # x_global after the last round, leaves f32[...], replicated
   outer_state: Any    # outer optax state, replicated
-  up: LinkState       # worker uplink EF, leaves [D, W, ...], P('dc', 'worker')
-  down: LinkState     # PS downlink EF, leaves [D, ...], P('dc')
-  wan: LinkState      # pseudo-gradient EF on the WAN, leaves [D, ...], P('dc')
+  up: link_lib.LinkState       # worker uplink EF, leaves [D, W, ...], P('dc', 'worker')
+  down: link_lib.LinkState     # PS downlink EF, leaves [D, ...], P('dc')
+  wan: link_lib.LinkState      # pseudo-gradient EF on the WAN, leaves [D, ...], P('dc')
   local_steps: jax.Array  # int32[D], local steps since the last round
   step: jax.Array     # int32[], iterations done
   key: jax.Array      # uint32[2], PRNG key for stochastic compressors
@@ -237,25 +221,6 @@ def state_shardings(mesh: Mesh, state_like: TrainState) -> TrainState:
       state_specs(state_like), state_like, is_leaf=lambda x: isinstance(x, P))
 
 
-def _stack(tree, lead):
-  return jax.tree.map(lambda x: jnp.broadcast_to(x, tuple(lead) + x.shape), tree)
-
-
-def init_link(comps: Sequence[base.Compressor], params, lead) -> LinkState:
-  """A link's initial state: zero residuals (None for a lossless compressor's leaf),
-  fresh compressor states, each with leading axes ``lead`` (e.g. (D, W)).
-
-  Raises:
-    ValueError: not one compressor per leaf of ``params``.
-  """
-  leaves, treedef = jax.tree.flatten(params)
-  if len(comps) != len(leaves):
-    raise ValueError(f'init_link: {len(comps)} compressors for {len(leaves)} parameter leaves')
-  residual = treedef.unflatten([None if c.lossless else jnp.zeros_like(x)
-                                for c, x in zip(comps, leaves)])
-  return LinkState(_stack(residual, lead), _stack([c.init() for c in comps], lead))
-
-
 # How the round's new global model reaches a DC's workers (``compression.broadcast``).
 BROADCASTS = ('downlink', 'gather')
 # The round's correction of its j-th leaf draws fold_in(fold_in(dc key, 2000), j).
@@ -335,10 +300,10 @@ def _init_opt_state(params, optimizer: optax.GradientTransformation, d: int, w: 
   if shard_state:
     per_worker = jax.vmap(lambda i: optimizer.init(
         collectives.split_tree(params, w, i)))(jnp.arange(w))
-    return ShardedOptState(_stack(per_worker, (d,)))
+    return ShardedOptState(link_lib.with_lead(per_worker, (d,)))
   if send == 'update':
-    return WorkerOptState(_stack(optimizer.init(params), (d, w)))
-  return _stack(optimizer.init(params), (d,))
+    return WorkerOptState(link_lib.with_lead(optimizer.init(params), (d, w)))
+  return link_lib.with_lead(optimizer.init(params), (d,))
 
 
 def init_state(params, optimizer: optax.GradientTransformation,
@@ -395,365 +360,24 @@ def init_state(params, optimizer: optax.GradientTransformation,
         "use broadcast='gather'")
   opt_state = _init_opt_state(params, optimizer, d, w, shard_state, send, dgc_momentum)
   state = TrainState(
-      params=_stack(params, (d,)), opt_state=opt_state, global_params=params,
-      outer_state=outer.init(params), up=init_link(comps.up, params, (d, w)),
-      down=init_link(comps.down, params, (d,)), wan=init_link(comps.wan, params, (d,)),
+      params=link_lib.with_lead(params, (d,)), opt_state=opt_state, global_params=params,
+      outer_state=outer.init(params), up=link_lib.init_link(comps.up, params, (d, w)),
+      down=link_lib.init_link(comps.down, params, (d,)), wan=link_lib.init_link(comps.wan, params, (d,)),
       local_steps=jnp.zeros((d,), jnp.int32), step=jnp.zeros((), jnp.int32), key=key,
-      dgc_velocity=_stack(jax.tree.map(jnp.zeros_like, params), (d, w)) if dgc_momentum
+      dgc_velocity=link_lib.with_lead(jax.tree.map(jnp.zeros_like, params), (d, w)) if dgc_momentum
       else (),
-      eager=_stack(params, (d,)) if stream is not None and stream.eager else ())
+      eager=link_lib.with_lead(params, (d,)) if stream is not None and stream.eager else ())
   if any(sent):
     leaves, treedef = jax.tree.flatten(params)
     state = state._replace(
-        bcast=init_link(comps.correction(), params, (d,)),
-        ref=_stack(treedef.unflatten([x if b else None for b, x in zip(sent, leaves)]), (d,)))
+        bcast=link_lib.init_link(comps.correction(), params, (d,)),
+        ref=link_lib.with_lead(treedef.unflatten([x if b else None for b, x in zip(sent, leaves)]), (d,)))
   if stream is not None:
     state = state._replace(outer_state=streaming.init_outer(outer, params, stream.fragments))
   if scaffold:
     per_dc, c = scaffold_lib.init(params, d)
     state = state._replace(scaffold=per_dc, scaffold_c=c)
   return state
-
-
-# --------------------------------------------------------------------------------
-# One link: error feedback, encode, collective, decode, for every leaf of a pytree.
-# --------------------------------------------------------------------------------
-
-# Bit flags of one leaf's finiteness check on one link (hfl.train names them).
-BAD_INPUT, BAD_PAYLOAD, BAD_RESIDUAL = 1, 2, 4
-FLAG_NAMES = {BAD_INPUT: 'input', BAD_PAYLOAD: 'payload', BAD_RESIDUAL: 'residual'}
-
-
-def _all_finite(*trees, part=None) -> jax.Array:
-  """bool[]: every inexact (float) array in ``trees`` is finite.
-
-  ``part`` = (index int32[], parts): only member ``index``'s share of every array
-  (hfl.collectives.share: slice ``index`` of ``parts`` of the flattened array).
-
-  An all-reduction of isfinite, not max |a|: XLA:CPU's vectorised max reduction
-  drops NaN on arrays of a few thousand entries and more (measured on jax 0.10).
-  """
-  arrays = [a for t in trees for a in jax.tree.leaves(t)
-            if jnp.issubdtype(jnp.result_type(a), jnp.inexact)]
-  if not arrays:
-    return jnp.bool_(True)
-  if part is None:
-    return jnp.all(jnp.stack([jnp.all(jnp.isfinite(a)) for a in arrays]))
-  shares = [collectives.share(a, part[1], part[0]) for a in arrays]
-  return jnp.all(jnp.stack([jnp.all(jnp.isfinite(v) | ~ok) for v, ok in shares]))
-
-
-def finiteness_flags(x, payload, decoded, residual, lossless: bool = False,
-                     part=None) -> jax.Array:
-  """int32[] bit flags of one leaf on one link: BAD_INPUT where ``x`` (the gradient,
-  aggregate or pseudo-gradient sent) has a non-finite entry, BAD_PAYLOAD where the
-  payload or its decoded value does, BAD_RESIDUAL where the new residual does.
-
-  ``lossless``: the leaf's compressor is lossless (its payload decodes to ``x``
-  exactly and the residual is passed through unchanged, hfl.compress.ef.ef_step),
-  so BAD_PAYLOAD is BAD_INPUT and only ``x`` is read.
-
-  ``part`` = (index int32[], parts): the four values are identical on ``parts``
-  members (a DC's workers hold the same PS and WAN link), so this member checks
-  only its share ``index`` of each (hfl.collectives.share) and the flags of the whole leaf are the OR over the members
-  (:func:`host_metrics` reports them per member, :func:`first_nonfinite` per DC).
-  Each value is then read once per DC instead of once per worker.
-  """
-  ok = lambda *t: _all_finite(*t, part=part)
-  if lossless:
-    return jnp.where(ok(x), 0, BAD_INPUT | BAD_PAYLOAD).astype(jnp.int32)
-  return (jnp.where(ok(x), 0, BAD_INPUT)
-          | jnp.where(ok(payload, decoded), 0, BAD_PAYLOAD)
-          | jnp.where(ok(residual), 0, BAD_RESIDUAL)).astype(jnp.int32)
-
-
-class Check(NamedTuple):
-  """One leaf's finiteness check on one link, not yet reduced: the arguments of
-  :func:`finiteness_flags`. The step reduces every check of a program together
-  (:func:`fused_flags`); :func:`check_flags` reduces one alone.
-
-  Attributes:
-    x: f32 array, the value sent (gradient, aggregate, pseudo-gradient, correction).
-    payload: its payload (dict of arrays; the float ones are read).
-    decoded: f32 array, the payload decoded.
-    residual: f32 array, the new residual (None: no residual, lossless).
-    lossless: the leaf's compressor is lossless (only ``x`` is read).
-    part: None, or (index int32[], parts): this member checks its share only.
-  """
-  x: Any
-  payload: Any
-  decoded: Any
-  residual: Any
-  lossless: bool
-  part: Any = None
-
-
-def check_flags(check: Check) -> jax.Array:
-  """int32[] :func:`finiteness_flags` of one :class:`Check` (its own reductions)."""
-  return finiteness_flags(*check)
-
-
-def _floats(*trees) -> list:
-  """The inexact (float) arrays of ``trees``, in order."""
-  return [a for t in trees for a in jax.tree.leaves(t)
-          if jnp.issubdtype(jnp.result_type(a), jnp.inexact)]
-
-
-def _check_items(check: Check) -> list:
-  """[(flag mask, arrays)] of one check: what each of its flag bits reads (items
-  without a float array, which can never fire, left out)."""
-  if check.lossless:
-    items = [(BAD_INPUT | BAD_PAYLOAD, _floats(check.x))]
-  else:
-    items = [(BAD_INPUT, _floats(check.x)),
-             (BAD_PAYLOAD, _floats(check.payload, check.decoded)),
-             (BAD_RESIDUAL, _floats(check.residual))]
-  return [(mask, arrays) for mask, arrays in items if any(a.size for a in arrays)]
-
-
-def _leaf_checks(check) -> tuple:
-  """A leaf's entry in :attr:`LinkCharge.checks` as a tuple of :class:`Check`: None
-  is (), a Check is (check,), a tuple of Checks stays (their flags are OR'ed)."""
-  if check is None:
-    return ()
-  return (check,) if isinstance(check, Check) else tuple(check)
-
-
-def flag_items(links: Sequence['LinkCharge']) -> list:
-  """Every flag bit of a program, in order: [((link, leaf, mask), arrays, part)] over
-  the links (in the order of :data:`LINK_NAMES`) and their leaves' checks."""
-  return [((k, i, mask), arrays, check.part)
-          for k, link in enumerate(links) for i, entry in enumerate(link.checks)
-          for check in _leaf_checks(entry) for mask, arrays in _check_items(check)]
-
-
-def flag_layout(links: Sequence['LinkCharge']) -> tuple:
-  """Static: ((link, leaf, mask), ...), what bit j of :func:`fused_flags`' words
-  (word j // 32, bit j % 32) stands for: ``mask`` (BAD_*) of ``leaf`` on ``link``."""
-  return tuple(where for where, _, _ in flag_items(links))
-
-
-def _code_dtype(num_bits: int):
-  """The narrowest unsigned dtype holding ``num_bits`` (<= 32) flag bits."""
-  return jnp.uint8 if num_bits <= 8 else jnp.uint16 if num_bits <= 16 else jnp.uint32
-
-
-def _codes(arrays, part, bit: int, dtype) -> list:
-  """``dtype`` per entry of each array, flattened: 0 where finite (or outside this
-  member's share), ``1 << bit`` where not."""
-  out = []
-  for a in arrays:
-    if part is None:
-      ok = jnp.isfinite(a).reshape(-1)
-    else:
-      v, valid = collectives.share(a, part[1], part[0])
-      ok = jnp.isfinite(v) | ~valid
-    out.append(jnp.where(ok, dtype(0), dtype(1 << bit)))
-  return out
-
-
-def fused_concat(arrays: list) -> jax.Array:
-  """The concatenation of flat arrays of one dtype, written into one buffer for a
-  single reduction: :func:`hfl.collectives.grouped_concat` (groups of
-  :data:`hfl.collectives.CONCAT_GROUP` arrays, each one fusion with its producers on
-  XLA:CPU), behind an optimization barrier that keeps XLA from splitting a reduction of
-  the result back into one reduction per array (its algebraic simplifier's
-  reduce-of-concatenate rule)."""
-  return jax.lax.optimization_barrier(collectives.grouped_concat(arrays))
-
-
-def _or_all(codes: list) -> jax.Array:
-  """uint32[]: the OR of every entry of ``codes`` (flat arrays of one unsigned dtype),
-  concatenated by :func:`fused_concat` and reduced once."""
-  flat = fused_concat(codes)
-  zero = np.zeros((), flat.dtype)
-  return jax.lax.reduce(flat, zero, jax.lax.bitwise_or, (0,)).astype(jnp.uint32)
-
-
-def fused_flags(links: Sequence['LinkCharge'], num_words: int) -> jax.Array:
-  """uint32[num_words]: every finiteness check of a program in a few reductions.
-
-  Bit j (:func:`flag_layout`) is set where an array of its item has a non-finite
-  entry (within the member's share, with ``part``): each entry becomes 0 or
-  ``1 << (j % 32)`` (in the narrowest of uint8, uint16 and uint32 holding the
-  word's bits), and the entries of the 32 items of one word, concatenated, are
-  OR-reduced at once (:func:`_or_all`). A few operations per 32
-  flag bits instead of several per leaf and link (on XLA:CPU: one per
-  :data:`hfl.collectives.CONCAT_GROUP` arrays, one concatenation, and a chain of about log_32 of its
-  length reduce-windows). :func:`host_metrics` unpacks the bits into the per-leaf
-  flags :func:`finiteness_flags` gives. Words past the last bit are 0.
-
-  Raises:
-    ValueError: the checks need more than ``num_words`` words.
-  """
-  items = flag_items(links)
-  if -(-len(items) // 32) > num_words:
-    raise ValueError(f'fused_flags: {len(items)} flag bits need more than {num_words} words')
-  words = []
-  for start in range(0, len(items), 32):
-    word = items[start:start + 32]
-    dtype = _code_dtype(len(word))  # 1, 2 or 4 bytes per checked entry
-    words.append(_or_all([c for j, (_, arrays, part) in enumerate(word)
-                          for c in _codes(arrays, part, j, dtype)]))
-  words += [jnp.uint32(0)] * (num_words - len(words))
-  return jnp.stack(words) if words else jnp.zeros((0,), jnp.uint32)
-
-
-class Exchanged(NamedTuple):
-  """One member's side of a pytree crossing one link (:func:`exchange`, :func:`downlink`).
-
-  Attributes:
-    agg: pytree like the input, f32: the aggregate, identical on every member (a
-      leaf's slice f32[ceil(size / W)] where it was reduce-scattered).
-    link: the member's new :class:`LinkState`.
-    bits: list per leaf, wire bits of the member's payload: Python int (static)
-      or int32[] (variable-length codes).
-    checks: list per leaf, its :class:`Check` (reduced with the program's others,
-      :func:`fused_flags`).
-    payloads: list per leaf, the member's payload (dict of arrays).
-  """
-  agg: Any
-  link: LinkState
-  bits: list
-  checks: list
-  payloads: list
-
-  @property
-  def flags(self) -> list:
-    """list per leaf, int32[] finiteness flags (BAD_INPUT | BAD_PAYLOAD |
-    BAD_RESIDUAL), each leaf reduced on its own (:func:`check_flags`)."""
-    return [check_flags(c) for c in self.checks]
-
-
-def _collect(c: base.Compressor, sent, payload, axis: str, axis_size: int, weights,
-             split_axis: str | None, split_size: int, scatter: bool):
-  """Generator: yields one leaf's collective (a ``collectives.Call``), returns its
-  f32 aggregate; a reduce-scatter returns at once (it is never fused).
-
-  ``sent`` = D(payload), f32 like the leaf: identity payloads (float32) are
-  all-reduced as ``sent / axis_size`` (or ``sent * weights[member]``); every
-  other payload is all-gathered in its wire dtype and each one decoded before the
-  float32 sum (hfl.compress.ef.aggregate).
-  """
-  if reduces(c):
-    # The plain mean divides the sum (one pass fewer than dividing every member's
-    # value first); weights multiply each member's value before the sum.
-    mine = sent if weights is None else sent * weights[jax.lax.axis_index(axis)]
-    mean = (lambda a: a / axis_size) if weights is None else (lambda a: a)
-    if scatter:
-      return mean(collectives.psum_scatter_split(mine, axis, axis_size))
-    if split_axis is None:
-      return mean((yield collectives.Call(lambda a: jax.lax.psum(a, axis), mine,
-                                          ('psum', axis))))
-    return mean((yield collectives.Call(
-        lambda a: collectives.psum_split(a, axis, split_axis, split_size), mine,
-        ('psum_split', axis, split_axis, split_size))))
-  if split_axis is None:
-    gathered = yield collectives.Call(
-        lambda a: collectives.all_gather(a, axis), payload,
-        ('all_gather', axis), pack_bytes=True)
-  else:
-    gathered = yield collectives.Call(
-        lambda a: collectives.all_gather_split(a, axis, split_axis, split_size), payload,
-        ('all_gather_split', axis, split_axis, split_size), pack_bytes=True)
-  return ef.aggregate(c, gathered, axis_size, weights)
-
-
-def exchange(comps: Sequence[base.Compressor], xs, link: LinkState, key, axis: str,
-             axis_size: int, *, weights=None, split_axis: str | None = None,
-             split_size: int = 1, scatter: Sequence[bool] | None = None,
-             key_offset: int = 0, fuse: bool = False) -> Exchanged:
-  """Error-feedback-compresses every leaf of ``xs``, sends it over ``axis``, aggregates.
-
-  Every member sends the encoding of its own unscaled p = x + γ e
-  (hfl.compress.ef.tree_ef_step; γ from the compressor state's ``ef_gamma``, CO3's
-  decaying memory, else 1; no residual for lossless compressors), keeps
-  e <- p - D(payload), and the receiver adds exactly D(payload) of each member in
-  float32 with the member's weight applied in float32: Σ_m w_m (received_m + e_m)
-  = Σ_m w_m p_m up to float32 rounding, for every compressor, link, W and weights
-  (error feedback: Seide et al. 2014; Stich et al. 2018). Identity payloads are
-  summed by an all-reduce; every other payload is all-gathered in its wire dtype
-  and each one decoded before the sum (:func:`hfl.collectives.reduces`).
-
-  Args:
-    comps: one compressor per leaf of ``xs``.
-    xs: pytree of f32 leaves, this member's values.
-    link: this member's :class:`LinkState` (residual like ``xs``).
-    key: PRNG key; leaf i encodes with ``fold_in(key, key_offset + i)``.
-    axis: mesh axis name; axis_size: members on it.
-    weights: f32[axis_size] aggregation weights; None for the plain mean.
-    split_axis: a mesh axis over which ``xs`` is identical; its members then each
-      send 1/split_size of every payload and re-gather the rest over it
-      (hfl.collectives.all_gather_split / psum_split). split_size: its members.
-    scatter: per leaf, reduce-scatter instead of all-reduce (ZeRO-1; the leaf's
-      compressor must be lossless and linear): that leaf's aggregate is this
-      member's slice f32[ceil(size / axis_size)] and its bits those of the padded
-      payload handed to the reduce-scatter.
-    fuse: run all leaves' collectives fused (hfl.collectives.run_fused), one per
-      kind and dtype; otherwise one per leaf.
-
-  Returns:
-    :class:`Exchanged`.
-
-  Raises:
-    ValueError: a scattered leaf whose compressor is not lossless and linear, or
-      ``scatter`` with ``split_axis``/``weights``.
-  """
-  leaves, treedef = jax.tree.flatten(xs)
-  scatter = list(scatter) if scatter is not None else [False] * len(leaves)
-  for c, sc in zip(comps, scatter):
-    if sc and not (reduces(c) and split_axis is None and weights is None):
-      raise ValueError(f'exchange: scatter needs a lossless linear compressor (got {c.name}) '
-                       'and no split_axis/weights')
-  xs32 = [x.astype(jnp.float32) for x in leaves]
-  payloads, residual, states = ef.tree_ef_step(
-      comps, treedef.unflatten(xs32), link.residual, link.compressor_state, key,
-      key_offset=key_offset)
-  sent = [c.decode(p) for c, p in zip(comps, payloads)]  # what every receiver gets
-  gens = [_collect(c, s, p, axis, axis_size, weights, split_axis, split_size, sc)
-          for c, s, p, sc in zip(comps, sent, payloads, scatter)]
-  aggs = collectives.run_fused(gens) if fuse else [collectives.run(g) for g in gens]
-  bits = [axis_size * chunk_bits(p, axis_size) if sc else c.wire_bits(p)
-          for c, p, sc in zip(comps, payloads, scatter)]
-  # With split_axis every value here is identical over it: each member checks 1/split_size.
-  part = None if split_axis is None else (jax.lax.axis_index(split_axis), split_size)
-  checks = [Check(x, p, s, r, c.lossless, part) for c, x, p, s, r in
-            zip(comps, xs32, payloads, sent, treedef.flatten_up_to(residual))]
-  return Exchanged(treedef.unflatten(aggs), LinkState(residual, states), bits, checks,
-                   payloads)
-
-
-def downlink(comps: Sequence[base.Compressor], qs, link: LinkState, key,
-             parts: Sequence | None = None) -> Exchanged:
-  """The PS's downlink: error-feedback-compresses every leaf of the aggregate ``qs``.
-
-  p = q + γ e; payload = C(p); e <- p - D(payload) (no residual for lossless
-  compressors; DoubleSqueeze-style error feedback at the PS, Tang et al. 2019);
-  every worker of the DC receives D(payload). The PS is replicated on the DC's
-  workers (SPMD), so nothing crosses a collective here: each worker decodes the
-  same payload.
-
-  Args:
-    comps: one downlink compressor per leaf.
-    qs: pytree of f32 leaves (or slices, for an elementwise lossless compressor),
-      the aggregate.
-    link: the PS's :class:`LinkState` (residual like ``qs``).
-    key: PRNG key; leaf i encodes with ``fold_in(key, i)``.
-    parts: per leaf, None or :func:`finiteness_flags`' ``part`` (the leaf's values
-      are identical on the DC's workers, each checks its share); default: None.
-
-  Returns:
-    :class:`Exchanged` whose ``agg`` is D(payload), what every worker receives.
-  """
-  leaves, treedef = jax.tree.flatten(qs)
-  parts = [None] * len(leaves) if parts is None else list(parts)
-  payloads, residual, states = ef.tree_ef_step(comps, qs, link.residual,
-                                               link.compressor_state, key)
-  received = [c.decode(p) for c, p in zip(comps, payloads)]
-  checks = [Check(q, p, r, e, c.lossless, pt) for c, q, p, r, e, pt in
-            zip(comps, leaves, payloads, received, treedef.flatten_up_to(residual), parts)]
-  return Exchanged(treedef.unflatten(received), LinkState(residual, states),
-                   [c.wire_bits(p) for c, p in zip(comps, payloads)], checks, payloads)
 
 
 # --------------------------------------------------------------------------------
@@ -792,39 +416,6 @@ def step_keys(key, step, num_dcs: int) -> Keys:
   """This device's :class:`Keys` for iteration ``step`` (inside shard_map)."""
   dc_key = jax.random.fold_in(jax.random.fold_in(key, step), jax.lax.axis_index(DC))
   return Keys(dc_key, jax.random.fold_in(dc_key, num_dcs + jax.lax.axis_index(WORKER)))
-
-
-class LinkCharge(NamedTuple):
-  """One link's accounting of one program on one device.
-
-  Attributes:
-    static: Python int, bits whose size is fixed at trace time.
-    dynamic: list per leaf, int32[] bits of variable-length codes (0 otherwise).
-    checks: list per leaf, its :class:`Check`; a tuple of Checks, whose flags are
-      OR'ed (e.g. a second payload of the same leaf); or None where the link sent
-      nothing.
-  """
-  static: int
-  dynamic: list
-  checks: list
-
-
-def _is_static(bits) -> bool:
-  return isinstance(bits, (int, np.integer))
-
-
-def link_charge(bits: Sequence, checks: Sequence, extra: int = 0) -> LinkCharge:
-  """Splits per-leaf ``bits`` into a static total (plus ``extra``) and per-leaf
-  int32 dynamic counts; ``checks``: per leaf, a :class:`Check` or None."""
-  return LinkCharge(
-      int(extra) + sum(int(b) for b in bits if _is_static(b)),
-      [jnp.int32(0) if _is_static(b) else jnp.int32(0) + b.astype(jnp.int32) for b in bits],
-      list(checks))
-
-
-def no_charge(num_leaves: int) -> LinkCharge:
-  """A link that moves nothing in this program (the WAN without a round)."""
-  return LinkCharge(0, [jnp.int32(0)] * num_leaves, [None] * num_leaves)
 
 
 def _keep(active, new, old):
@@ -867,11 +458,11 @@ def local_gradient(setup: Setup, params, images, labels, global_params=None,
   return loss, grads
 
 
-def uplink(setup: Setup, grads, link: LinkState, velocity, key):
+def uplink(setup: Setup, grads, link: link_lib.LinkState, velocity, key):
   """The worker -> PS exchange over 'worker' (with DGC momentum correction).
 
   Returns:
-    (:class:`Exchanged`, new DGC velocity: masked where a sparse payload sent
+    (:class:`hfl.links.Exchanged`, new DGC velocity: masked where a sparse payload sent
     coordinates, Lin et al. 2018 Sec. 3.2; () without DGC momentum).
   """
   momentum = float(setup.dgc.momentum)
@@ -881,7 +472,7 @@ def uplink(setup: Setup, grads, link: LinkState, velocity, key):
     # lossless leaf).
     grads = jax.tree.map(lambda u, g: dgc.accumulate(
         dgc.DGCState(u=u, v=jnp.zeros_like(u)), g, momentum).u, velocity, grads)
-  up = exchange(setup.comps.up, grads, link, key, WORKER, setup.num_workers,
+  up = link_lib.exchange(setup.comps.up, grads, link, key, WORKER, setup.num_workers,
                 scatter=_scatters(setup))
   if momentum > 0:
     leaves, treedef = jax.tree.flatten(grads)
@@ -890,18 +481,18 @@ def uplink(setup: Setup, grads, link: LinkState, velocity, key):
   return up, velocity
 
 
-def ps_downlink(setup: Setup, agg, link: LinkState, key):
+def ps_downlink(setup: Setup, agg, link: link_lib.LinkState, key):
   """The PS's downlink of the uplink aggregate ``agg``; what this worker keeps of it.
 
   Returns:
-    (:class:`Exchanged`, this worker's downlink gradient — a pytree like the
+    (:class:`hfl.links.Exchanged`, this worker's downlink gradient — a pytree like the
     parameters, or with ZeRO-1 of slices [ceil(size / W)] —, per-leaf bits charged).
     With ZeRO-1 a dense (linear) payload reaches each worker as its slice; any
     other payload whole, and each worker decodes it and keeps its slice.
   """
   w, wk = setup.num_workers, jax.lax.axis_index(WORKER)
   # A reduce-scattered leaf's aggregate is this worker's own slice: checked whole.
-  down = downlink(setup.comps.down, agg, link, key,
+  down = link_lib.downlink(setup.comps.down, agg, link, key,
                   [None if sc else (wk, w) for sc in _scatters(setup)])
   grads, bits = [], []
   for c, g, b, p, scattered in zip(setup.comps.down, jax.tree.leaves(down.agg), down.bits,
@@ -1012,8 +603,8 @@ def _inner_step(setup: Setup, state: TrainState, grads, active, lr_scale, lead_p
 
 class IterationCharge(NamedTuple):
   """Accounting of one intra-DC iteration on one device."""
-  up: LinkCharge
-  down: LinkCharge
+  up: link_lib.LinkCharge
+  down: link_lib.LinkCharge
 
 
 def intra_dc_iteration(setup: Setup, state: TrainState, images, labels, active, keys: Keys,
@@ -1063,14 +654,14 @@ def intra_dc_iteration(setup: Setup, state: TrainState, images, labels, active, 
     eta = scaffold_lib.step_lr(sc.learning_rate, cv.count, lr_scale, sc.gain)
     new = new._replace(scaffold=keep(cv._replace(lr_sum=cv.lr_sum + eta,
                                                  count=cv.count + 1), cv))
-  charge = IterationCharge(link_charge(up.bits, up.checks, gather),
-                           link_charge(down_bits, down.checks, (setup.num_workers - 1) * gather))
+  charge = IterationCharge(link_lib.link_charge(up.bits, up.checks, gather),
+                           link_lib.link_charge(down_bits, down.checks, (setup.num_workers - 1) * gather))
   return new, loss, charge
 
 
 class RoundCharge(NamedTuple):
   """Accounting of one inter-DC round on one device."""
-  wan: LinkCharge  # static: all WAN bits of the DC's payload (wan_sum + wan_gather)
+  wan: link_lib.LinkCharge  # static: all WAN bits of the DC's payload (wan_sum + wan_gather)
   wan_sum: int     # static bits of the all-reduced WAN leaves
   wan_gather: int  # static bits of the all-gathered WAN leaves
   # f32[2], this worker's share (hfl.collectives.share) of this DC's
@@ -1084,7 +675,7 @@ class RoundCharge(NamedTuple):
   # each of the W workers receives; dynamic and flags per leaf, 0 at a re-gathered
   # leaf), and the re-gathered leaves' WAN payload bits, all-reduced / all-gathered
   # (static; the dynamic ones are the WAN's at the leaves of ``regathered``).
-  bcast: LinkCharge | None = None
+  bcast: link_lib.LinkCharge | None = None
   regather_sum: int = 0
   regather_gather: int = 0
   regathered: tuple = ()  # per leaf, re-gathered (True) or through the downlink
@@ -1114,7 +705,7 @@ def inter_dc_round(setup: Setup, state: TrainState, weights, key):
   present = weights[jax.lax.axis_index(DC)] > 0
   start = round_reference(setup, state)
   pseudo = jax.tree.map(lambda x0, x: x0 - x, start, state.params)
-  wan = exchange(setup.comps.wan, pseudo, state.wan, key, DC, setup.num_dcs, weights=weights,
+  wan = link_lib.exchange(setup.comps.wan, pseudo, state.wan, key, DC, setup.num_dcs, weights=weights,
                  split_axis=WORKER, split_size=setup.num_workers,
                  key_offset=WAN_KEY_OFFSET, fuse=True)
   global_params, outer_state = outer_lib.apply_outer(setup.outer, state.global_params,
@@ -1129,14 +720,14 @@ def inter_dc_round(setup: Setup, state: TrainState, weights, key):
   if adopt is not None:
     new = adopt_global(new, state, adopt[jax.lax.axis_index(DC)])
   sent = setup.bcast or (False,) * len(setup.comps.wan)
-  static = [(int(b), reduces(c)) for c, b in zip(setup.comps.wan, wan.bits) if _is_static(b)]
+  static = [(int(b), reduces(c)) for c, b in zip(setup.comps.wan, wan.bits) if link_lib.is_static(b)]
   again = [(int(b), reduces(c)) for c, b, s in zip(setup.comps.wan, wan.bits, sent)
-           if _is_static(b) and not s]
+           if link_lib.is_static(b) and not s]
   checks, extra = wan.checks, 0  # SCAFFOLD's c_d deltas: a second, float32 WAN payload
   if setup.scaffold is not None:  # a leaf's two checks: its flag is their OR
     new, extra, cv_checks = scaffold_round(setup, new, state, pseudo, present, key)
     checks = [(c, g) for c, g in zip(checks, cv_checks)]
-  return new, RoundCharge(link_charge(wan.bits, checks, extra),
+  return new, RoundCharge(link_lib.link_charge(wan.bits, checks, extra),
                           sum(b for b, r in static if r) + extra,
                           sum(b for b, r in static if not r), drift, bcast,
                           sum(b for b, r in again if r) + extra,
@@ -1195,8 +786,8 @@ def scaffold_round(setup: Setup, new: TrainState, state: TrainState, pseudo, pre
   delta = jax.tree.map(lambda a, b: a - b, c_plus, cv.c)
   leaves, treedef = jax.tree.flatten(delta)
   comps = [base.identity(x.shape) for x in leaves]
-  link = LinkState(treedef.unflatten([None] * len(leaves)), [k.init() for k in comps])
-  ex = exchange(comps, delta, link, key, DC, setup.num_dcs,
+  link = link_lib.LinkState(treedef.unflatten([None] * len(leaves)), [k.init() for k in comps])
+  ex = link_lib.exchange(comps, delta, link, key, DC, setup.num_dcs,
                 weights=jnp.asarray(setup.scaffold.weights, jnp.float32),
                 split_axis=WORKER, split_size=setup.num_workers,
                 key_offset=SCAFFOLD_KEY_OFFSET, fuse=True)
@@ -1229,7 +820,7 @@ def broadcast_correction(setup: Setup, state: TrainState, params, global_params,
 
   what the workers must add to the model they hold (x_ref - Δ_d) to reach
   x_global' had they started the round from x_global, through the leaf's downlink
-  compressor with its own error feedback (:func:`downlink`, hfl.compress.ef):
+  compressor with its own error feedback (:func:`hfl.links.downlink`, hfl.compress.ef):
   p = c + γ e, payload = C_down(p), e <- p - D(payload); every worker adds
   x_d <- x_d + D(payload), which becomes the next round's reference point x_ref.
   With γ = 1 the workers' model is then x_global' - e exactly up to float32
@@ -1254,7 +845,7 @@ def broadcast_correction(setup: Setup, state: TrainState, params, global_params,
   """
   n = len(setup.comps.down)
   if not any(setup.bcast):
-    return state, no_charge(n)
+    return state, link_lib.no_charge(n)
   idx = [i for i, b in enumerate(setup.bcast) if b]
   leaves = lambda tree: jax.tree.leaves(tree)
   new_g, treedef = jax.tree.flatten(state.global_params)
@@ -1263,8 +854,8 @@ def broadcast_correction(setup: Setup, state: TrainState, params, global_params,
   cstates = list(state.bcast.compressor_state)
   corr = [(new_g[i] - old_g[i]) + delta[i] for i in idx]
   wk = jax.lax.axis_index(WORKER)
-  out = downlink([setup.comps.correction()[i] for i in idx], corr,
-                 LinkState([res[i] for i in idx], [cstates[i] for i in idx]),
+  out = link_lib.downlink([setup.comps.correction()[i] for i in idx], corr,
+                 link_lib.LinkState([res[i] for i in idx], [cstates[i] for i in idx]),
                  jax.random.fold_in(key, BROADCAST_KEY_OFFSET),
                  [(wk, setup.num_workers)] * len(idx))
   new_x, new_ref = list(new_g), treedef.flatten_up_to(state.ref)
@@ -1275,8 +866,8 @@ def broadcast_correction(setup: Setup, state: TrainState, params, global_params,
     res[i], cstates[i] = out.link.residual[j], out.link.compressor_state[j]
     bits[i], checks[i] = out.bits[j], out.checks[j]
   state = state._replace(params=treedef.unflatten(new_x), ref=treedef.unflatten(new_ref),
-                         bcast=LinkState(treedef.unflatten(res), cstates))
-  return state, link_charge(bits, checks)
+                         bcast=link_lib.LinkState(treedef.unflatten(res), cstates))
+  return state, link_lib.link_charge(bits, checks)
 
 
 def squared_distance(a, b, part=None) -> jax.Array:
@@ -1295,7 +886,7 @@ def squared_distance(a, b, part=None) -> jax.Array:
     flat.append(d.reshape(-1))
   if not flat:
     return jnp.float32(0)
-  d = fused_concat(flat)
+  d = link_lib.fused_concat(flat)
   # A dot, not jnp.sum(d * d): jaxlib 0.10's XLA:CPU sends such reductions to
   # YNNPACK, where this one (independent of the rest of the step) stalled the CO3
   # round step for ~0.9 s (docs/benchmarks.md, "YNNPACK reduce fusions").
@@ -1308,9 +899,9 @@ def _fragment_exchange(setup: Setup, state: TrainState, weights, key, frag):
   fold_in(key, 1000 + j)). Returns (x_global leaves, Δ leaves, Exchanged)."""
   x0 = streaming.select(state.global_params, frag)
   pseudo = [a - b for a, b in zip(x0, streaming.select(state.params, frag))]
-  link = LinkState(streaming.select(state.wan.residual, frag),
+  link = link_lib.LinkState(streaming.select(state.wan.residual, frag),
                    [state.wan.compressor_state[i] for i in frag])
-  wan = exchange([setup.comps.wan[i] for i in frag], pseudo, link, key, DC, setup.num_dcs,
+  wan = link_lib.exchange([setup.comps.wan[i] for i in frag], pseudo, link, key, DC, setup.num_dcs,
                  weights=weights, split_axis=WORKER, split_size=setup.num_workers,
                  key_offset=WAN_KEY_OFFSET, fuse=True)
   return x0, pseudo, wan
@@ -1361,7 +952,7 @@ def stream_event(setup: Setup, state: TrainState, weights, key, event: streaming
     cstates = list(state.wan.compressor_state)
     for j, i in enumerate(frag):
       cstates[i], bits[i], checks[i] = wan.link.compressor_state[j], wan.bits[j], wan.checks[j]
-    link = LinkState(streaming.replace(state.wan.residual, frag, wan.link.residual), cstates)
+    link = link_lib.LinkState(streaming.replace(state.wan.residual, frag, wan.link.residual), cstates)
     present = weights[jax.lax.axis_index(DC)] > 0
     state = state._replace(
         global_params=streaming.replace(state.global_params, frag, g_new),
@@ -1373,11 +964,11 @@ def stream_event(setup: Setup, state: TrainState, weights, key, event: streaming
                              eager=streaming.replace(state.eager, frag, stand_in))
   if event.merge >= 0:
     state = state._replace(params=merge_fragment(spec, state, spec.fragments[event.merge]))
-  static = [(int(b), reduces(c)) for c, b in zip(setup.comps.wan, bits) if _is_static(b)]
+  static = [(int(b), reduces(c)) for c, b in zip(setup.comps.wan, bits) if link_lib.is_static(b)]
   wan_sum, wan_gather = sum(b for b, r in static if r), sum(b for b, r in static if not r)
   # Every fragment leaf is re-gathered (Streaming DiLoCo refuses the downlink path).
-  return state, RoundCharge(link_charge(bits, checks), wan_sum, wan_gather, None,
-                            no_charge(n), wan_sum, wan_gather, (True,) * n)
+  return state, RoundCharge(link_lib.link_charge(bits, checks), wan_sum, wan_gather, None,
+                            link_lib.no_charge(n), wan_sum, wan_gather, (True,) * n)
 
 
 class ProgramInfo(NamedTuple):
@@ -1401,63 +992,30 @@ class ProgramInfo(NamedTuple):
   regather_sum: int = 0
   regather_gather: int = 0
   regathered: tuple = ()
-  # :func:`flag_layout` of the program's checks: ((link, leaf, mask), ...) per bit of
+  # :func:`hfl.links.flag_layout` of the program's checks: ((link, leaf, mask), ...) per bit of
   # the metrics' flag words.
   flag_bits: tuple = ()
 
 
-NUM_LINKS = 4  # uplink, downlink, WAN, the round's correction (LINK_NAMES)
-
-
-FLAG_BITS_PER_LEAF = 4  # room per leaf and link: a lossy check's 3, or several checks'
-
-
-def flag_words(num_leaves: int) -> int:
-  """uint32 words of finiteness flags in the metrics: room for
-  :data:`FLAG_BITS_PER_LEAF` flag bits per leaf and link (a lossy check takes three,
-  a lossless one one), so every program of a step, whatever its compressors'
-  lossless-ness, packs its metrics to the same length."""
-  return -(-FLAG_BITS_PER_LEAF * NUM_LINKS * num_leaves // 32)
-
-
 def metrics_size(num_leaves: int) -> int:
   """Entries of one device's packed metrics vector (see :func:`make_step`)."""
-  return 1 + NUM_LINKS * num_leaves + flag_words(num_leaves) + NUM_DRIFT
+  return 1 + link_lib.NUM_LINKS * num_leaves + link_lib.flag_words(num_leaves) + NUM_DRIFT
 
 
 NUM_DRIFT = 2  # RoundCharge.drift entries
 
 
-def pack_metrics(loss, links: Sequence[LinkCharge], drift=None) -> jax.Array:
+def pack_metrics(loss, links: Sequence[link_lib.LinkCharge], drift=None) -> jax.Array:
   """int32[metrics_size(L)]: [loss (float32 bits), dynamic bits per leaf of each
-  link in order, the :func:`fused_flags` words of every link's checks (uint32 bits,
-  :func:`flag_layout`), the round's :attr:`RoundCharge.drift` (float32 bits; zeros
+  link in order, the :func:`hfl.links.fused_flags` words of every link's checks (uint32 bits,
+  :func:`hfl.links.flag_layout`), the round's :attr:`RoundCharge.drift` (float32 bits; zeros
   without a round)]."""
   drift = jnp.zeros((NUM_DRIFT,), jnp.float32) if drift is None else drift
   as_int = lambda x: jax.lax.bitcast_convert_type(x.astype(jnp.float32), jnp.int32)
   words = jax.lax.bitcast_convert_type(
-      fused_flags(links, flag_words(len(links[0].dynamic))), jnp.int32)
+      link_lib.fused_flags(links, link_lib.flag_words(len(links[0].dynamic))), jnp.int32)
   return jnp.concatenate([jnp.stack([as_int(loss)] + [b for link in links for b in link.dynamic]),
                           words, jax.lax.bitcast_convert_type(drift, jnp.int32)])
-
-
-def unpack_flags(words, layout: Sequence, num_leaves: int) -> np.ndarray:
-  """int32[..., NUM_LINKS, L] per-leaf flags (those of :func:`finiteness_flags`) from
-  the metrics' flag words int32[..., n] (:func:`fused_flags`) and the program's
-  :func:`flag_layout` ``layout``."""
-  words = np.asarray(words).astype(np.uint32)
-  lead = words.shape[:-1]
-  flags = np.zeros(lead + (NUM_LINKS * num_leaves,), np.int64)
-  if layout:
-    j = np.arange(len(layout))
-    on = (words[..., j // 32] >> (j % 32).astype(np.uint32)) & 1  # [..., bits]
-    where = np.array([k * num_leaves + i for k, i, _ in layout])
-    masks = np.array([mask for _, _, mask in layout], np.int64)
-    for flag in FLAG_NAMES:  # OR: whether any set bit of a (link, leaf) carries ``flag``
-      onto = np.zeros((len(layout), NUM_LINKS * num_leaves), np.int64)
-      onto[j, where] = (masks & flag) != 0
-      flags |= np.where(on.astype(np.int64) @ onto > 0, flag, 0)
-  return flags.reshape(lead + (NUM_LINKS, num_leaves)).astype(np.int32)
 
 
 def _lead_map(fn, state, specs):
@@ -1606,7 +1164,7 @@ def _member_body(setup: Setup, specs, num_leaves: int, info: dict) -> Callable:
     info[do_round] = ProgramInfo(
         syncs(do_round), it.up.static, it.down.static, rnd.wan_sum, rnd.wan_gather,
         num_leaves, rnd.bcast.static, rnd.regather_sum, rnd.regather_gather,
-        rnd.regathered or (True,) * num_leaves, flag_layout(links))
+        rnd.regathered or (True,) * num_leaves, link_lib.flag_layout(links))
     packed = pack_metrics(loss, links, rnd.drift)
     return from_local(local, specs), packed[None, None]
   return body
@@ -1765,7 +1323,7 @@ def _end_iteration(setup: Setup, state: TrainState, weights, key, do_round, num_
     return stream_event(setup, state, weights, key, do_round)
   if do_round:
     return inter_dc_round(setup, state, weights, key)
-  return state, RoundCharge(no_charge(num_leaves), 0, 0, None, no_charge(num_leaves))
+  return state, RoundCharge(link_lib.no_charge(num_leaves), 0, 0, None, link_lib.no_charge(num_leaves))
 
 
 def program_key(do_round):
@@ -1808,14 +1366,14 @@ def host_metrics(info: ProgramInfo, metrics, active, weights=None, adopt=None) -
     before the round and ||x_d - x_global'||_2 after it: the W workers' float32
     sums of squares over their slices, added in float64; 0 without a round).
     Downlink, WAN and correction flags are each worker's share of its DC's values
-    (:func:`finiteness_flags` ``part``): OR them over the workers for the DC's.
+    (:func:`hfl.links.finiteness_flags` ``part``): OR them over the workers for the DC's.
   """
   m = np.asarray(metrics)
   d, w, _ = m.shape
-  n, k = info.num_leaves, NUM_LINKS
+  n, k = info.num_leaves, link_lib.NUM_LINKS
   loss = np.ascontiguousarray(m[..., 0]).view(np.float32).astype(np.float64).mean(axis=1)
   dyn_leaf = m[..., 1:1 + k * n].astype(np.int64).reshape(d, w, k, n)
-  words = m[..., 1 + k * n:1 + k * n + flag_words(n)]
+  words = m[..., 1 + k * n:1 + k * n + link_lib.flag_words(n)]
   dyn = dyn_leaf.sum(axis=-1)
   active = np.asarray(active, bool)
   zero = np.zeros(d, np.int64)
@@ -1834,44 +1392,13 @@ def host_metrics(info: ProgramInfo, metrics, active, weights=None, adopt=None) -
                   + dyn[:, :, 3].sum(axis=1))
     if adopt is not None:
       round_down = np.where(np.asarray(adopt) > 0, round_down, 0)
-  shares = np.ascontiguousarray(m[..., 1 + k * n + flag_words(n):]).view(
+  shares = np.ascontiguousarray(m[..., 1 + k * n + link_lib.flag_words(n):]).view(
       np.float32).astype(np.float64)
   drift = np.sqrt(shares.sum(axis=1))  # [D, 2]: the W workers' shares summed
   return dict(loss=loss, up_bits=up, down_bits=down, wan_bits=wan,
               round_down_bits=np.asarray(round_down, np.int64),
-              flags=unpack_flags(words, info.flag_bits, n),
+              flags=link_lib.unpack_flags(words, info.flag_bits, n),
               update_l2=drift[:, 0], drift_l2=drift[:, 1])
-
-
-LINK_NAMES = ('uplink', 'downlink', 'WAN', "round's correction through the downlink")
-
-
-def first_nonfinite(flags, leaf_names: Sequence[str] | None = None) -> str | None:
-  """Where the first non-finite value of one iteration was, in words, or None.
-
-  Args:
-    flags: int32[D, W, NUM_LINKS, L] from :func:`host_metrics`.
-    leaf_names: the L leaves' pytree paths (default: their indices).
-
-  Returns:
-    e.g. ``"input of leaf ['Dense_0']['kernel'] on the uplink (DC 0, worker 2)"``
-    (the input is the gradient on the uplink, the aggregate on the downlink, the
-    pseudo-gradient on the WAN, the correction on the round's correction; all but
-    the uplink name the DC only, whose workers each check a share of them) — links
-    in the order of :data:`LINK_NAMES`; None when every value was finite.
-  """
-  flags = np.asarray(flags)
-  for link in range(flags.shape[2]):
-    bad = np.argwhere(flags[:, :, link, :] != 0)
-    if len(bad):
-      d, w, leaf = (int(v) for v in bad[0])
-      bits = flags[d, w, link, leaf] if link == 0 else np.bitwise_or.reduce(
-          flags[d, :, link, leaf])
-      what = [name for bit, name in FLAG_NAMES.items() if bits & bit]
-      name = leaf if leaf_names is None else leaf_names[leaf]
-      where = f'DC {d}, worker {w}' if link == 0 else f'DC {d}'
-      return f'{" and ".join(what)} of leaf {name} on the {LINK_NAMES[link]} ({where})'
-  return None
 
 
 # Per-DC state of a round that an absent DC's work changes (hfl.sync.faults).

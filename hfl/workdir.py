@@ -412,6 +412,12 @@ ADDED_SECTIONS = {('compression', 'dgc'): dict(momentum=0.0, clip_norm=0.0, warm
                   ('optimizer', 'muon_leaves'): 'matrices', ('optimizer', 'muon_exclude'): '',
                   ('compression', 'dense_leaves'): '', ('compression', 'send'): 'gradient',
                   ('compression', 'broadcast_density'): 0.0,
+                  # Before compression.correction the correction went through the downlink's
+                  # compressor (name ''); the other entries are configs/default.py's.
+                  ('compression', 'correction'): dict(
+                      name='', density=0.01, levels=16, bucket_size=512, rank=2,
+                      threshold_variant=False, fmt='fp4', gamma=0.9, coder='huffman',
+                      refit_every=1, chunk_size=4096, value_bits=2),
                   # Runs before issue 52 ran on a device per DC and worker, which
                   # 'auto' still picks wherever those devices exist (main.py simulates
                   # them on CPU); elsewhere such a run could not resume before.

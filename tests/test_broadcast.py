@@ -197,19 +197,22 @@ def _np_grad(p, x, y):
   return {'w': xf.T @ s, 'b': s.sum(axis=0)}
 
 
-@pytest.mark.parametrize('bcast_density', [None, 0.5])
-def test_lossy_broadcast_matches_a_numpy_loop(bcast_density):
+@pytest.mark.parametrize('bcast_density,down_lossy', [(None, True), (0.5, True), (0.5, False)])
+def test_lossy_broadcast_matches_a_numpy_loop(bcast_density, down_lossy):
   """2 DCs x 2 workers, top-k downlink (density 0.2) on w, identity on b (re-gathered),
   2 rounds of K = 2, FedAvg: the step's models match a plain numpy loop in which
   every iteration's PS downlink is top-k with error feedback and every round
   sends each DC the correction c = (x_global' - x_global) + Δ_d through top-k
   (at the downlink's density, or at ``bcast_density``: compression.broadcast_density)
   with its own residual, Δ_d = x_ref - x_d against the model the workers started
-  from (x_ref = x_global for b). The re-gathered path ('gather') does not."""
-  density = 0.2
+  from (x_ref = x_global for b). The re-gathered path ('gather') does not. With
+  ``down_lossy`` False the downlink is identity and only the correction is lossy
+  (compression.correction): the round still sends it through its own compressor."""
+  density = 0.2 if down_lossy else 1.0
   k = sparse.num_kept(HW * HW * CLASSES, density)
   k_b = k if bcast_density is None else sparse.num_kept(HW * HW * CLASSES, bcast_density)
-  down = lambda s: sparse.topk(s, density) if len(s) == 2 else base.identity(s)
+  down = lambda s: (sparse.topk(s, density) if len(s) == 2 and down_lossy
+                    else base.identity(s))
   bcast = None if bcast_density is None else (
       lambda s: sparse.topk(s, bcast_density) if len(s) == 2 else base.identity(s))
   xs, ys = _batches(4)
@@ -348,6 +351,81 @@ def test_config_refuses_an_unknown_broadcast_and_lossy_broadcast_with_streaming(
     config_lib.validate(cfg, paths=False)
   cfg.compression.broadcast = 'gather'
   config_lib.validate(cfg, paths=False)
+
+
+def test_low_bit_correction_is_charged_as_sent():
+  """An E3M0 correction (compression.correction.name='e3m0') after top-k iterations:
+  the round's intra_down charge is W x (the identity bias re-gathered + the packed
+  4-bit payload and its float32 scale), as round_down_bits plans it, under a quarter
+  of the gathered float32 model; the workers then hold x_global' minus the correction's
+  residual (error feedback at the PS)."""
+  from hfl.compress import minifloat  # pylint: disable=g-import-not-at-top
+  down = lambda s: sparse.topk(s, 0.2) if len(s) == 2 else base.identity(s)
+  bcast = lambda s: minifloat.e3m0(s) if len(s) == 2 else base.identity(s)
+  mesh, params, state, fn = _linear_setup(down, bcast=bcast)
+  xs, ys = _batches(2)
+  state, ms = _run(mesh, fn, state, xs, ys, 2)
+  shapes = [l.shape for l in jax.tree.leaves(params)]
+  c = step_lib.Compressors([base.identity(s) for s in shapes], [down(s) for s in shapes],
+                           [base.identity(s) for s in shapes], [bcast(s) for s in shapes])
+  n = HW * HW * CLASSES
+  want = W * (32 * CLASSES + 8 * -(-n // 2) + 32)  # 4 bits per entry, one f32 scale
+  assert ms[1]['round_down_bits'].tolist() == [want] * D
+  assert accounting.round_down_bits(c, W, D, 'downlink') == want
+  assert 4 * want < accounting.round_down_bits(c, W, D, 'gather')  # 4 of 32 bits, + bias
+  for d in range(D):
+    np.testing.assert_allclose(np.asarray(state.params['w'])[d],
+                               np.asarray(state.global_params['w'])
+                               - np.asarray(state.bcast.residual['w'])[d],
+                               rtol=0, atol=2e-6)
+
+
+def test_correction_compressor_is_built_and_checked_before_compiling():
+  """compression.correction.name='e3m0' gives the round's correction E3M0 at the
+  large leaves and the small-leaf cast at the others, planned as such (more
+  intra-DC bytes than top-k's 2% of 64 bits per entry: 4 bits per entry); '' leaves it
+  None; an unknown name,
+  'gather', a broadcast_density set as well, and Streaming DiLoCo are refused
+  naming the fields. A config older than the field upgrades to the default spec."""
+  from hfl import config as config_lib, models  # pylint: disable=g-import-not-at-top
+  cfg = default_config.get_config()
+  cfg.compression.uplink.name = cfg.compression.downlink.name = 'topk'
+  cfg.compression.uplink.density = cfg.compression.downlink.density = 0.02
+  cfg.compression.small, cfg.compression.small_threshold = 'bfloat16', 16384
+  net = models.from_config(cfg.model, 10)
+  shapes = jax.eval_shape(lambda: net.init(jax.random.PRNGKey(0),
+                                           jnp.zeros((1, 28, 28, 1)))['params'])
+  assert setup_lib.build_compressors(cfg, shapes).bcast is None
+  topk_bits = _intra_bytes_per_round(cfg, 4)
+  cfg.compression.correction.name = 'e3m0'
+  config_lib.validate(cfg, paths=False)
+  comps = setup_lib.build_compressors(cfg, shapes)
+  big = [i for i, c in enumerate(comps.down) if c.name.startswith('topk')]
+  assert big and all(comps.bcast[i].name == 'e3m0' for i in big)
+  assert all(comps.bcast[i].name == comps.down[i].name
+             for i in range(len(comps.down)) if i not in big)
+  assert _intra_bytes_per_round(cfg, 4) > topk_bits  # 4 bits x n > 64 bits x 2% of n
+  for field, value, match in (
+      ('name', 'e4m3', r"compression.correction.name='e4m3': unknown compressor"),
+      ('broadcast', 'gather', r"correction.name='e3m0'.*compression.broadcast='gather'"),
+      ('broadcast_density', 0.06, r'both set the round.s correction')):
+    bad = copy.deepcopy(cfg)
+    if field == 'name':
+      bad.compression.correction.name = value
+    else:
+      bad.compression[field] = value
+    with pytest.raises(ValueError, match=match):
+      config_lib.validate(bad, paths=False)
+  streaming = copy.deepcopy(cfg)
+  streaming.compression.downlink.name = streaming.compression.uplink.name = 'identity'
+  streaming.compression.small = 'float32'
+  streaming.sync.fragments = 2
+  with pytest.raises(ValueError, match=r"compression.correction.name='e3m0'"):
+    config_lib.validate(streaming, paths=False)
+  old = default_config.get_config().to_dict()
+  del old['compression']['correction']
+  assert (workdir_lib.upgrade_config(old)['compression']['correction']
+          == default_config.get_config().compression.correction.to_dict())
 
 
 def test_broadcast_density_builds_the_correction_and_is_checked_before_compiling():

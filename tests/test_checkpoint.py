@@ -248,11 +248,11 @@ def test_save_compiles_nothing_and_restores_bitwise(tmp_path):
 
 def test_checkpoint_of_the_layout_before_link_state_restores(tmp_path):
   """A TrainState saved with the six up_/down_/wan_ x residual/state fields (the
-  layout before hfl.step.LinkState) restores into the per-link layout, every
+  layout before hfl.links.LinkState) restores into the per-link layout, every
   array where it belongs; a new-layout checkpoint still restores as itself."""
   import typing  # pylint: disable=g-import-not-at-top
   import optax  # pylint: disable=g-import-not-at-top
-  from hfl import step as step_lib  # pylint: disable=g-import-not-at-top
+  from hfl import links as link_lib, step as step_lib  # pylint: disable=g-import-not-at-top
   from hfl.compress import base  # pylint: disable=g-import-not-at-top
   fields = ('params', 'opt_state', 'global_params', 'outer_state', 'up_residual', 'up_state',
             'down_residual', 'down_state', 'wan_residual', 'wan_state', 'local_steps', 'step',
@@ -275,7 +275,7 @@ def test_checkpoint_of_the_layout_before_link_state_restores(tmp_path):
   abstract = _abstract(new)
   step, state, host = ckpt_lib.restore_latest(ckpt_lib.manager(str(tmp_path)), abstract)
   assert (step, host) == (5, {'round': 1})
-  assert type(state) is step_lib.TrainState and type(state.up) is step_lib.LinkState
+  assert type(state) is step_lib.TrainState and type(state.up) is link_lib.LinkState
   assert float(state.up.residual['w'][0, 0, 1, 2]) == 3.0
   assert float(state.wan.residual['b'][0, 2]) == -1.0
   assert state.down.residual == {'w': None, 'b': None}
@@ -335,7 +335,7 @@ def test_skipped_directories_that_cannot_be_moved_are_named_and_kept(tmp_path):
 
 def test_checkpoint_with_residuals_of_lossless_links_restores_without_them(tmp_path):
   """Checkpoints written when lossless (identity) links kept zero residual arrays
-  restore into today's state, which holds none there (hfl.step.init_link); every
+  restore into today's state, which holds none there (hfl.links.init_link); every
   other array restores unchanged."""
   import optax  # pylint: disable=g-import-not-at-top
   from hfl import step as step_lib  # pylint: disable=g-import-not-at-top

@@ -30,7 +30,7 @@ import pytest
 from jax.sharding import Mesh, NamedSharding, PartitionSpec as P
 
 from hfl import collectives
-from hfl import step as step_lib
+from hfl import links as link_lib
 from hfl.compress import base, policy, registry
 
 REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
@@ -85,7 +85,7 @@ def run_link(c, link, members, x, e, weights=None, split=1):
     kw = dict(weights=w, split_axis='worker', split_size=split) if link == 'wan' else {}
     # Per-member compressor state, as in the step's (varying over both axes).
     state = jax.tree.map(lambda a: jax.lax.pcast(a, ('dc', 'worker'), to='varying'), c.init())
-    out = step_lib.exchange([c], x[0, 0], step_lib.LinkState(e[0, 0], [state]), key, axis,
+    out = link_lib.exchange([c], x[0, 0], link_lib.LinkState(e[0, 0], [state]), key, axis,
                             members, **kw)
     return out.agg[None, None], out.link.residual[None, None]
 
@@ -138,8 +138,8 @@ def test_ps_downlink_error_feedback_is_exact(name):
   """The PS's downlink: every worker receives D(payload), the PS keeps p - D(payload)."""
   c = compressor(name)
   x, e = inputs(1)
-  out = jax.jit(lambda q, r: step_lib.downlink(
-      [c], q, step_lib.LinkState(r, [c.init()]), jax.random.PRNGKey(3)))(x[0], e[0])
+  out = jax.jit(lambda q, r: link_lib.downlink(
+      [c], q, link_lib.LinkState(r, [c.init()]), jax.random.PRNGKey(3)))(x[0], e[0])
   received, res = np.asarray(out.agg, np.float64), np.asarray(out.link.residual, np.float64)
   assert conservation_ratio(c, x, e, [1.0], received, res[None]) <= 1.0
   assert int(out.bits[0]) == int(c.wire_bits(out.payloads[0]))
@@ -237,8 +237,8 @@ def test_no_compressor_turns_a_non_finite_entry_into_a_finite_level(name, bad):
   sparse = 'indices' in jax.eval_shape(lambda v: c.encode(v, c.init(), jax.random.PRNGKey(0))[0],
                                        x)
   assert not np.isfinite(dec[5]) or (sparse and dec[5] == 0), dec[5]
-  flags = jax.jit(lambda v, d: step_lib.finiteness_flags(v, {}, d, v - d))(x, dec.reshape(SHAPE))
-  assert int(flags) & step_lib.BAD_INPUT and int(flags) & step_lib.BAD_RESIDUAL
+  flags = jax.jit(lambda v, d: link_lib.finiteness_flags(v, {}, d, v - d))(x, dec.reshape(SHAPE))
+  assert int(flags) & link_lib.BAD_INPUT and int(flags) & link_lib.BAD_RESIDUAL
 
 
 @pytest.mark.parametrize('size', [1001, 401408])
@@ -251,16 +251,16 @@ def test_finiteness_flags_match_numpy_and_lossless_reads_only_the_input(bad, siz
   if bad is not None:
     x[3, 5] = bad
   ok = bool(np.isfinite(x).all())
-  expect = 0 if ok else step_lib.BAD_INPUT | step_lib.BAD_PAYLOAD
+  expect = 0 if ok else link_lib.BAD_INPUT | link_lib.BAD_PAYLOAD
   empty = np.zeros((0, 3), np.float32)
-  full = jax.jit(lambda v: step_lib.finiteness_flags(v, {'x': v}, v, jnp.ones_like(v)))(x)
+  full = jax.jit(lambda v: link_lib.finiteness_flags(v, {'x': v}, v, jnp.ones_like(v)))(x)
   assert int(full) == expect
   c = base.identity(x.shape)
   payload = c.encode(jnp.asarray(x), c.init(), None)[0]
-  short = jax.jit(lambda v, p: step_lib.finiteness_flags(v, p, c.decode(p), jnp.zeros_like(v),
+  short = jax.jit(lambda v, p: link_lib.finiteness_flags(v, p, c.decode(p), jnp.zeros_like(v),
                                                          c.lossless))(x, payload)
   assert c.lossless and int(short) == expect
-  assert int(jax.jit(lambda v: step_lib.finiteness_flags(v, v, v, v))(empty)) == 0
+  assert int(jax.jit(lambda v: link_lib.finiteness_flags(v, v, v, v))(empty)) == 0
 
 
 @pytest.mark.parametrize('size,parts', [(0, 4), (1, 4), (2, 4), (10, 4), (12, 4), (1001, 3)])
@@ -287,14 +287,14 @@ def test_finiteness_flags_split_over_members_or_to_the_full_check(parts, where):
   x.flat[where] = np.nan
   r.flat[1000 - where] = np.inf
   chunk = -(-x.size // parts)
-  run = jax.jit(lambda v, e, i: step_lib.finiteness_flags(v, {'x': v}, v, e, part=(i, parts)))
+  run = jax.jit(lambda v, e, i: link_lib.finiteness_flags(v, {'x': v}, v, e, part=(i, parts)))
   got = [int(run(x, r, jnp.int32(i))) for i in range(parts)]
   for i, g in enumerate(got):
-    assert bool(g & step_lib.BAD_INPUT) == (where // chunk == i)
-    assert bool(g & step_lib.BAD_RESIDUAL) == ((1000 - where) // chunk == i)
-  full = int(jax.jit(lambda v, e: step_lib.finiteness_flags(v, {'x': v}, v, e))(x, r))
+    assert bool(g & link_lib.BAD_INPUT) == (where // chunk == i)
+    assert bool(g & link_lib.BAD_RESIDUAL) == ((1000 - where) // chunk == i)
+  full = int(jax.jit(lambda v, e: link_lib.finiteness_flags(v, {'x': v}, v, e))(x, r))
   assert np.bitwise_or.reduce(got) == full == (
-      step_lib.BAD_INPUT | step_lib.BAD_PAYLOAD | step_lib.BAD_RESIDUAL)
+      link_lib.BAD_INPUT | link_lib.BAD_PAYLOAD | link_lib.BAD_RESIDUAL)
 
 
 FUSED_SHAPES = [(3,), (1,), (7, 11), (1001,), (4, 4), (2,), (64, 3), (5,), (1,), (9, 9)]
@@ -306,25 +306,25 @@ def _member_links(arrays, lossless, part):
   WAN's leaf 1 also checks the downlink's arrays of leaf 1 as a second, lossless
   payload (a tuple of two checks, whose flags OR)."""
   links = []
-  for k in range(step_lib.NUM_LINKS):
+  for k in range(link_lib.NUM_LINKS):
     checks = []
     for i, (x, values, decoded, residual) in enumerate(arrays[k]):
       if k == 3 and i % 2:
         checks.append(None)
         continue
       payload = {'values': values, 'indices': jnp.zeros(values.shape, jnp.int32)}
-      checks.append(step_lib.Check(x, payload, decoded, None if lossless[i] else residual,
+      checks.append(link_lib.Check(x, payload, decoded, None if lossless[i] else residual,
                                    bool(lossless[i]), part if k else None))
       if k == 2 and i == 1:
-        second = step_lib.Check(arrays[1][i][0], {}, arrays[1][i][0], None, True, part)
+        second = link_lib.Check(arrays[1][i][0], {}, arrays[1][i][0], None, True, part)
         checks[-1] = (checks[-1], second)
-    links.append(step_lib.LinkCharge(0, [jnp.int32(0)] * len(checks), checks))
+    links.append(link_lib.LinkCharge(0, [jnp.int32(0)] * len(checks), checks))
   return links
 
 
 @pytest.mark.parametrize('seed', [0, 1, 2])
 def test_fused_flags_name_what_the_per_leaf_flags_name(seed):
-  """hfl.step.fused_flags (the program's checks in a few reductions over concatenated
+  """hfl.links.fused_flags (the program's checks in a few reductions over concatenated
   leaves, unpacked on the host by unpack_flags) gives every member's flags per link
   and leaf exactly as finiteness_flags does leaf by leaf: non-finite inputs, payloads
   and residuals injected at random leaves, links and members of a 2 x 3 hierarchy
@@ -338,31 +338,31 @@ def test_fused_flags_name_what_the_per_leaf_flags_name(seed):
 
   def member(arrays, index):
     links = _member_links(arrays, lossless, (index, w))
-    layout['bits'] = step_lib.flag_layout(links)
-    words = step_lib.fused_flags(links, step_lib.flag_words(n))
-    one = lambda c: jnp.int32(0) if c is None else step_lib.check_flags(c)
-    both = lambda c: one(c) if c is None or isinstance(c, step_lib.Check) else one(c[0]) | one(c[1])
+    layout['bits'] = link_lib.flag_layout(links)
+    words = link_lib.fused_flags(links, link_lib.flag_words(n))
+    one = lambda c: jnp.int32(0) if c is None else link_lib.check_flags(c)
+    both = lambda c: one(c) if c is None or isinstance(c, link_lib.Check) else one(c[0]) | one(c[1])
     slow = jnp.stack([jnp.stack([both(c) for c in link.checks]) for link in links])
     return words, slow
   run = jax.jit(member)
-  fused = np.zeros((d, w, step_lib.NUM_LINKS, n), np.int32)
+  fused = np.zeros((d, w, link_lib.NUM_LINKS, n), np.int32)
   per_leaf = np.zeros_like(fused)
   for dc in range(d):
     for wk in range(w):
       arrays = [[tuple(rng.normal(size=s).astype(np.float32) for _ in range(4))
-                 for s in FUSED_SHAPES] for _ in range(step_lib.NUM_LINKS)]
+                 for s in FUSED_SHAPES] for _ in range(link_lib.NUM_LINKS)]
       for _ in range(rng.integers(0, 4)):  # up to 3 bad entries on this member
-        k, i, j = rng.integers(step_lib.NUM_LINKS), rng.integers(n), rng.integers(4)
+        k, i, j = rng.integers(link_lib.NUM_LINKS), rng.integers(n), rng.integers(4)
         a = arrays[k][i][j]
         a.flat[rng.integers(a.size)] = rng.choice([np.nan, np.inf, -np.inf])
       words, slow = run(arrays, jnp.int32(wk))
       assert np.asarray(words).dtype == np.uint32
-      fused[dc, wk] = step_lib.unpack_flags(np.asarray(words).view(np.int32), layout['bits'], n)
+      fused[dc, wk] = link_lib.unpack_flags(np.asarray(words).view(np.int32), layout['bits'], n)
       per_leaf[dc, wk] = np.asarray(slow)
   assert len(layout['bits']) > 32 and np.array_equal(fused, per_leaf)
-  assert step_lib.first_nonfinite(fused) == step_lib.first_nonfinite(per_leaf)
+  assert link_lib.first_nonfinite(fused) == link_lib.first_nonfinite(per_leaf)
   if seed == 0:  # the draw above flags something; the message names it
-    assert step_lib.first_nonfinite(fused) is not None
+    assert link_lib.first_nonfinite(fused) is not None
 
 
 def test_co3_inf_is_not_saturated_and_ef_does_not_send_the_maximum_forever():
@@ -375,22 +375,22 @@ def test_co3_inf_is_not_saturated_and_ef_does_not_send_the_maximum_forever():
   c = co3.co3((3,), 'fp4', gamma=1.0)
   e, state = jnp.zeros(3), c.init()
   for x in ([np.inf, 0.1, 0.1], [0.0, 0.1, 0.1]):
-    out = step_lib.downlink([c], jnp.array(x, jnp.float32), step_lib.LinkState(e, [state]),
+    out = link_lib.downlink([c], jnp.array(x, jnp.float32), link_lib.LinkState(e, [state]),
                             jax.random.PRNGKey(0))
     e, (state,) = out.link
     assert not np.isfinite(np.asarray(out.agg)[0])
-    assert int(out.flags[0]) & step_lib.BAD_PAYLOAD and int(out.flags[0]) & step_lib.BAD_RESIDUAL
+    assert int(out.flags[0]) & link_lib.BAD_PAYLOAD and int(out.flags[0]) & link_lib.BAD_RESIDUAL
 
 
 def test_host_names_the_first_non_finite_leaf_and_link():
   flags = np.zeros((2, 4, 3, 5), np.int32)
-  assert step_lib.first_nonfinite(flags) is None
-  flags[1, 2, 2, 3] = step_lib.BAD_PAYLOAD | step_lib.BAD_RESIDUAL
-  flags[0, 3, 1, 4] = step_lib.BAD_INPUT
-  flags[0, 1, 1, 4] = step_lib.BAD_PAYLOAD  # another worker's share of the same DC's leaf
+  assert link_lib.first_nonfinite(flags) is None
+  flags[1, 2, 2, 3] = link_lib.BAD_PAYLOAD | link_lib.BAD_RESIDUAL
+  flags[0, 3, 1, 4] = link_lib.BAD_INPUT
+  flags[0, 1, 1, 4] = link_lib.BAD_PAYLOAD  # another worker's share of the same DC's leaf
   names = [f'leaf{i}' for i in range(5)]
-  assert step_lib.first_nonfinite(flags, names) == (
+  assert link_lib.first_nonfinite(flags, names) == (
       'input and payload of leaf leaf4 on the downlink (DC 0)')
-  flags[1, 0, 0, 1] = step_lib.BAD_INPUT
-  assert step_lib.first_nonfinite(flags, names) == (
+  flags[1, 0, 0, 1] = link_lib.BAD_INPUT
+  assert link_lib.first_nonfinite(flags, names) == (
       'input of leaf leaf1 on the uplink (DC 1, worker 0)')

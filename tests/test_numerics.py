@@ -373,7 +373,7 @@ def test_zero_memory_weight_never_feeds_a_non_finite_residual_back(name):
   Step 2, finite, with step 1's residual and state: with weight 0 its payload,
   decode and residual are finite, unflagged, and bitwise those of step 2 without
   any residual (before: p = x + 0 * NaN = NaN, flagged again)."""
-  from hfl import step as step_lib  # pylint: disable=g-import-not-at-top
+  from hfl import links as link_lib  # pylint: disable=g-import-not-at-top
   c, step = _gamma0(name)
   step = jax.jit(step)
   x1 = _mixed('e30')
@@ -382,12 +382,12 @@ def test_zero_memory_weight_never_feeds_a_non_finite_residual_back(name):
   zero = jnp.zeros(SHAPE, jnp.float32)
   k1, k2 = jax.random.split(KEY)
   p1, r1, s1 = step(jnp.asarray(x1), zero, c.init(), k1)
-  flags1 = int(step_lib.finiteness_flags(x1, p1, c.decode(p1), r1))
-  assert flags1 & (step_lib.BAD_PAYLOAD | step_lib.BAD_RESIDUAL)
+  flags1 = int(link_lib.finiteness_flags(x1, p1, c.decode(p1), r1))
+  assert flags1 & (link_lib.BAD_PAYLOAD | link_lib.BAD_RESIDUAL)
   assert not np.all(np.isfinite(np.asarray(r1)))
   p2, r2, s2 = step(jnp.asarray(x2), r1, s1, k2)
   d2 = c.decode(p2)
-  assert int(step_lib.finiteness_flags(x2, p2, d2, r2)) == 0
+  assert int(link_lib.finiteness_flags(x2, p2, d2, r2)) == 0
   p_ref, r_ref, s_ref = step(jnp.asarray(x2), zero, s1, k2)
   _assert_close((p2, r2, s2, d2), (p_ref, r_ref, s_ref, c.decode(p_ref)),
                 f'{name}: step 2 with vs without the residual', 0.0)
@@ -397,7 +397,7 @@ def test_a_nonzero_memory_weight_feeds_the_non_finite_residual_back():
   """Documented (hfl.compress.ef): with weight > 0 a non-finite residual is carried,
   as classic error feedback carries every error, and the next step is flagged too
   (the run stops at the round's end naming the first flagged iteration)."""
-  from hfl import step as step_lib  # pylint: disable=g-import-not-at-top
+  from hfl import links as link_lib  # pylint: disable=g-import-not-at-top
   c = _build(COMPRESSORS['co3'])  # gamma 0.9
   step = jax.jit(lambda x, e, s, k: ef.tree_ef_step([c], [x], [e], [s], k))
   x1 = _mixed('e30')
@@ -405,4 +405,4 @@ def test_a_nonzero_memory_weight_feeds_the_non_finite_residual_back():
   zero = jnp.zeros(SHAPE, jnp.float32)
   _, [r1], [s1] = step(jnp.asarray(x1), zero, c.init(), KEY)
   [p2], [r2], _ = step(jnp.asarray(_mixed('e30')), r1, s1, KEY)
-  assert int(step_lib.finiteness_flags(zero, p2, c.decode(p2), r2)) != 0
+  assert int(link_lib.finiteness_flags(zero, p2, c.decode(p2), r2)) != 0

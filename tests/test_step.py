@@ -11,7 +11,7 @@ import pytest
 from jax.sharding import NamedSharding, PartitionSpec as P
 
 from configs import default as default_config
-from hfl import accounting, collectives, mesh as mesh_lib, models, optim, step as step_lib
+from hfl import accounting, collectives, mesh as mesh_lib, links as link_lib, models, optim, step as step_lib
 from hfl import setup as setup_lib
 from hfl.compress import base, chunked, co3, dgc, policy, quantize, registry, sparse
 from tests.helpers import B, D, W, step_batches as _batches, host_metrics as _host
@@ -614,12 +614,12 @@ def test_non_finite_gradient_is_flagged_per_link_and_leaf():
   xs[0, 1, 2, 0, 3, 3, 0] = np.inf
   state, m = _run(mesh, fn, state, xs, ys, [[True, True]], [0.5, 0.5], [False])
   flags = m['flags']
-  assert flags.shape == (D, W, step_lib.NUM_LINKS, len(jax.tree.leaves(params)))
+  assert flags.shape == (D, W, link_lib.NUM_LINKS, len(jax.tree.leaves(params)))
   assert np.all(flags[0] == 0)
-  assert np.all(flags[1, :, 0][[0, 1, 3]] == 0) and np.any(flags[1, 2, 0] & step_lib.BAD_INPUT)
-  down = np.bitwise_or.reduce(flags[1, :, 1], axis=0) & step_lib.BAD_INPUT
-  assert np.any(down) and np.array_equal(down != 0, flags[1, 2, 0] & step_lib.BAD_INPUT != 0)
-  assert step_lib.first_nonfinite(flags).endswith('on the uplink (DC 1, worker 2)')
+  assert np.all(flags[1, :, 0][[0, 1, 3]] == 0) and np.any(flags[1, 2, 0] & link_lib.BAD_INPUT)
+  down = np.bitwise_or.reduce(flags[1, :, 1], axis=0) & link_lib.BAD_INPUT
+  assert np.any(down) and np.array_equal(down != 0, flags[1, 2, 0] & link_lib.BAD_INPUT != 0)
+  assert link_lib.first_nonfinite(flags).endswith('on the uplink (DC 1, worker 2)')
 
 
 def test_bit_counts_are_exact_integers_beyond_2_to_24_entries():

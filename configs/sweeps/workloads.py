@@ -47,10 +47,12 @@ def semisync(eval_iters: int) -> list:
           point('semi_sync', max(1, eval_iters // 10))]
 
 
-def compression(broadcast_densities=(0.02,)) -> list:
+def compression(broadcast_densities=(0.02,), e3m0_correction_densities=()) -> list:
   """Bidirectional top-k 2% + bf16 small leaves vs uncompressed, 1 Gbit/s LAN: the
-  round's model re-gathered (``gather``), and the compressed broadcast at each of
-  ``broadcast_densities`` (up = down)."""
+  round's model re-gathered (``gather``), the compressed broadcast at each of
+  ``broadcast_densities`` (up = down), and at each of ``e3m0_correction_densities`` the
+  compressed broadcast with the round's correction in 4-bit E3M0
+  (``compression.correction.name='e3m0'``: top-k iterations, a low-bit dense correction)."""
   lan = {'network.lan_bandwidth_gbps': 1.0}
   sparse = {'compression.uplink.name': 'topk', 'compression.downlink.name': 'topk',
             'compression.uplink.density': 0.02, 'compression.downlink.density': 0.02,
@@ -59,7 +61,11 @@ def compression(broadcast_densities=(0.02,)) -> list:
           dict(lan, seed=SEEDS, **sparse, **{'compression.broadcast': 'gather'})] + [
               dict(lan, seed=SEEDS, **dict(sparse, **{
                   'compression.uplink.density': d, 'compression.downlink.density': d,
-                  'compression.broadcast': 'downlink'})) for d in broadcast_densities]
+                  'compression.broadcast': 'downlink'})) for d in broadcast_densities] + [
+              dict(lan, seed=SEEDS, **dict(sparse, **{
+                  'compression.uplink.density': d, 'compression.downlink.density': d,
+                  'compression.broadcast': 'downlink', 'compression.correction.name': 'e3m0'}))
+              for d in e3m0_correction_densities]
 
 
 def co3(paper_optimizer: bool) -> list:

@@ -516,8 +516,14 @@ _CO3_BOTH = [({'compression.uplink.name': 'co3', 'compression.small_threshold': 
 # The round's correction at its own density (compression.broadcast_density, issue 48).
 _BCAST_DENSITIES = [({'compression.broadcast': 'downlink', 'compression.broadcast_density': b},
                      ', at {compression.broadcast_density:pct}') for b in (0.06, 0.04)]
+# Top-k iterations with the round's correction in a low-bit float (compression.correction,
+# issue 48): sparse on the per-iteration links, mixed precision on the one dense payload.
+_LOW_BIT_CORRECTION = (
+    {'compression.broadcast': 'downlink', 'compression.correction.name': 'e3m0'},
+    ', E3M0 correction')
 _SPARSE_LABELS = [
     ({'compression.uplink.name': 'identity'}, 'uncompressed'),
+    (_LOW_BIT_CORRECTION[0], _TOPK_BROADCAST + _LOW_BIT_CORRECTION[1]),
     *[(want, _TOPK_BROADCAST + at) for want, at in _BCAST_DENSITIES],
     *[(want, label) for want, label, _ in _CO3_BOTH],
     *[(dict(want, **{'compression.broadcast': 'downlink'}), f'{_TOPK_BROADCAST}, {arm}')
@@ -529,6 +535,8 @@ _SPARSE_LABELS = [
 # A point's short name (paired lists, plot markers): its density, and how the round's
 # model reaches the workers where that is the compressed broadcast (issue 48).
 _SPARSE_NAMES = [*[(want, short) for want, _, short in _CO3_BOTH],
+                 (_LOW_BIT_CORRECTION[0],
+                  'ρ={compression.uplink.density:pct}, compressed broadcast' + _LOW_BIT_CORRECTION[1]),
                  *[(want, 'ρ={compression.uplink.density:pct}, compressed broadcast' + at)
                    for want, at in _BCAST_DENSITIES],
                  *[(dict(want, **{'compression.broadcast': 'downlink'}),

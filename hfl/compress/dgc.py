@@ -30,7 +30,7 @@ Integration contract (what a training step does, per worker, per leaf):
           :func:`warmup_stage` changes (num_stages + 1 compilations at most).
 
 hfl.step implements this contract with the uplink's error-feedback residual as v:
-the worker sends u through ``step.exchange`` (p = u + e; e <- p - decode), masks u
+the worker sends u through ``hfl.links.exchange`` (p = u + e; e <- p - decode), masks u
 with :func:`mask_velocity` and keeps u in ``TrainState.dgc_velocity``; hfl.train
 rebuilds the compressors per warm-up stage (``compression.dgc`` in the config).
 

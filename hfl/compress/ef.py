@@ -11,7 +11,7 @@ memory: ``p = x`` exactly, whatever ``e`` holds (the product 0 * e is never
 formed, so a non-finite residual is not fed back as 0 * inf = NaN).
 
 Non-finite values. A non-finite entry of ``x`` makes the payload or the residual
-non-finite; hfl.step flags it on its link and leaf (hfl.step.finiteness_flags)
+non-finite; hfl.step flags it on its link and leaf (hfl.links.finiteness_flags)
 and the run stops at the end of that round, naming the first flagged iteration
 (hfl.train). With decay > 0 the non-finite residual is fed back, as classic error
 feedback carries every error, so the iterations after it in the same round (which
@@ -50,7 +50,7 @@ def ef_step(compressor: Compressor, x: jax.Array, residual: jax.Array, state,
     compressor: the leaf's compressor.
     x: f32[shape], the new gradient (or pseudo-gradient).
     residual: f32[shape], the error memory e (zeros at the start); a lossless
-      compressor passes it through, so it may be None there (hfl.step.init_link).
+      compressor passes it through, so it may be None there (hfl.links.init_link).
     state: the compressor's state.
     key: PRNG key for stochastic compressors.
     decay: gamma in p = x + gamma * e (1.0: classic EF; CO3 uses 0.9; 0: no

@@ -36,7 +36,7 @@ per entry (2 symbols per byte, the first in the high nibble), so
 no entropy coding; CO3, :mod:`hfl.compress.co3`, is the entropy-coded cast).
 Not linear (each payload has its own scale): payloads are all-gathered in uint8
 and each one decoded before the float32 sum (:mod:`hfl.compress.base`). Lossy:
-the caller's error feedback (hfl.step.exchange) keeps what the grid drops.
+the caller's error feedback (hfl.links.exchange) keeps what the grid drops.
 """
 
 import jax

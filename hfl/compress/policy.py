@@ -284,3 +284,31 @@ def lossy_downlink(compression) -> bool:
   """
   return (compression['downlink']['name'] not in LOSSLESS_NAMES
           or compression.get('small', 'float32') != 'float32')
+
+
+def correction_name(compression) -> str:
+  """The registry name of the round's correction's own compressor
+  (``compression.correction.name``), or '' where it is the downlink's (the field unset,
+  or a config older than it).
+
+  Args:
+    compression: the ``compression`` section, a ConfigDict or a config.json dict.
+  """
+  spec = compression.get('correction')
+  return (spec.get('name', '') if spec is not None else '') or ''
+
+
+def lossy_correction(compression) -> bool:
+  """Whether the round's correction may be lossy at some leaf, so that
+  ``compression.broadcast='downlink'`` sends it through a compressor with error
+  feedback instead of re-gathering the global model: its own compressor
+  (``compression.correction.name``, :func:`correction_name`) not identity/float32, or
+  small leaves cast; without one, :func:`lossy_downlink`.
+
+  Args:
+    compression: the ``compression`` section, a ConfigDict or a config.json dict.
+  """
+  name = correction_name(compression)
+  if not name:
+    return lossy_downlink(compression)
+  return name not in LOSSLESS_NAMES or compression.get('small', 'float32') != 'float32'

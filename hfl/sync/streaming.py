@@ -224,7 +224,7 @@ def _is_none(x) -> bool:
 
 def select(tree, fragment: Sequence[int]) -> list:
   """The fragment's leaves of a params-like pytree, as a list. A None in place of a
-  leaf (a lossless link's residual, hfl.step.LinkState) counts as a leaf."""
+  leaf (a lossless link's residual, hfl.links.LinkState) counts as a leaf."""
   leaves = jax.tree.leaves(tree, is_leaf=_is_none)
   return [leaves[i] for i in fragment]
 

@@ -61,12 +61,15 @@ def check(config) -> None:
                      "sync.strategy='partial' (SCAFFOLD assumes every DC adopts the global "
                      "model); set it to 'none'")
   c = config.compression
-  if c.get('broadcast', 'gather') == 'downlink' and policy.lossy_downlink(c):
+  if c.get('broadcast', 'gather') == 'downlink' and policy.lossy_correction(c):
     raise ValueError(f"compression.broadcast='downlink' with a lossy downlink "
-                     f"({c.downlink.name!r}, small leaves {c.get('small', 'float32')!r}) is "
+                     f"({c.downlink.name!r}, correction "
+                     f"{policy.correction_name(c) or 'the downlink'!r}, small leaves "
+                     f"{c.get('small', 'float32')!r}) is "
                      "not supported with sync.strategy='partial' (the correction assumes "
                      "every DC adopts the global model); set compression.broadcast='gather', "
-                     "or an identity downlink with float32 small leaves")
+                     "or an identity downlink and correction (compression.correction.name='') "
+                     "with float32 small leaves")
 
 
 STRATEGY = registry.register(registry.Strategy(
