@@ -501,3 +501,48 @@ def test_lossy_broadcast_run_resumes_bitwise(fake_data, tmp_path, monkeypatch):
     np.testing.assert_array_equal(np.asarray(x), np.asarray(y))
   for key in ('final_test_accuracy', 'bytes', 'sim_time_s', 'inter_dc_rounds'):
     assert summary[key] == ref[key], key
+
+
+def test_broadcast_md_planned_bytes_table():
+  """docs/broadcast.md's planned table ("Sparse iterations, a low-bit correction"):
+  intra-DC up + down bytes saved per round of K iterations against uncompressed, for
+  the default (Fashion-MNIST) and CIFAR-10 CNNs, recomputed from the payload shapes
+  (hfl.accounting, checked against the compiled programs by tests/test_step.py);
+  each printed percentage within half its last digit."""
+  import os  # pylint: disable=g-import-not-at-top
+  from configs import cifar10 as cifar_config  # pylint: disable=g-import-not-at-top
+  from hfl import models  # pylint: disable=g-import-not-at-top
+  repo = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+  with open(os.path.join(repo, 'docs', 'broadcast.md'), encoding='utf-8') as f:
+    text = f.read()
+  lines = text[text.index('| iterations (up = down) | correction |'):].splitlines()
+  rows = [[c.strip() for c in l.strip().strip('|').split('|')] for l in lines[2:]
+          if l.startswith('|')]
+  rows = rows[:next((i for i, r in enumerate(rows) if not r), len(rows))]
+  assert len(rows) == 4
+
+  def planned(cfg, shape):
+    net = models.from_config(cfg.model, 10)
+    shapes = jax.eval_shape(lambda: net.init(jax.random.PRNGKey(0),
+                                             jnp.zeros((1,) + shape))['params'])
+    comps = setup_lib.build_compressors(cfg, shapes)
+    w, d, k = cfg.mesh.workers_per_dc, cfg.mesh.num_dcs, int(cfg.sync.k)
+    up, down, _ = accounting.static_bits(comps, shapes, w)
+    return k * w * (up + down) + accounting.round_down_bits(comps, w, d, setup_lib.broadcast(cfg))
+
+  for it, corr, fmnist, cifar in rows:
+    rho = float(it.removeprefix('top-k ').rstrip('%')) / 100
+    for module, shape, printed in ((default_config, (28, 28, 1), fmnist),
+                                   (cifar_config, (32, 32, 3), cifar)):
+      cfg = module.get_config()
+      base_bits = planned(cfg, shape)
+      for link in ('uplink', 'downlink'):
+        cfg.compression[link].name, cfg.compression[link].density = 'topk', rho
+      cfg.compression.small, cfg.compression.small_threshold = 'bfloat16', 16384
+      cfg.compression.broadcast = 'downlink'
+      if corr == 'E3M0':
+        cfg.compression.correction.name = 'e3m0'
+      else:
+        assert corr == it, (it, corr)
+      saved = 100 * (1 - planned(cfg, shape) / base_bits)
+      assert abs(float(printed.rstrip('%')) - saved) <= 0.005 + 1e-9, (it, corr, printed, saved)

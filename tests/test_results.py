@@ -988,16 +988,17 @@ def test_page_structure_plots_and_missing_runs(root, tmp_path):
   # 35 finished (7 semisync, 11 compression, 9 co3_iid, 8 co3_paper), 67 missing; rows not
   # finished: 2 semisync, 2 x 5 semisync_budget, 1 + 3 + 3 compression (issue 48's
   # broadcast arms on both LANs, + 2 at their own broadcast density), 1 + 1 CO3; and 126 LM and CIFAR-10 runs, none here: 57
-  # rows not finished (3 + 2 streaming, 3 + 5 + 5 + 3 + 2 x 5 CIFAR-10, 3 + 8 + 6 + 3 + 4
+  # rows not finished (3 + 2 streaming, 3 + 5 + 5 + 3 + 2 x 6 CIFAR-10, 3 + 8 + 6 + 3 + 4
   # Shakespeare: comparison 2 twice, on its own LAN and re-costed to 100 Mbit/s, the LM's
   # with issue 48's AdamW and CO3 arms, CO3 not re-costed); issue 49's equal-work sweep, none here: 102 runs, 2 x 17 rows; and issue
   # 53's low-communication sweep, none here: 18 runs, 6 + 5 rows; issue 49's CIFAR-10 and LM
   # equal-work sweeps, none here: 18 + 15 runs, 6 + 5 rows; the equal-work semi_sync arms
   # against plain semi_sync: 2 x 14 rows; issue 48's converged Fashion-MNIST comparison
-  # (configs/sweeps/compression_long.py), none here: 9 runs, 3 rows on its LAN and 3
-  # re-costed to 100 Mbit/s.
-  assert 'Incomplete: 35 of 408 runs have finished.' in text
-  assert text.count('| *not finished* |') == 23 + 55 + 34 + 11 + 11 + 28 + 3 + 3
+  # (configs/sweeps/compression_long.py), none here: 12 runs, 4 rows on its LAN and 4
+  # re-costed to 100 Mbit/s (the CIFAR-10 and converged sweeps each with issue 48's E3M0
+  # correction arm, 3 runs).
+  assert 'Incomplete: 35 of 414 runs have finished.' in text
+  assert text.count('| *not finished* |') == 23 + 57 + 34 + 11 + 11 + 28 + 4 + 4
   assert 'Generated 2025-01-02 03:04 UTC' in text
   assert 'python3 docs/results/make_results.py --root' in text
   for claim in ('up to 66%', 'up to 43%', 'up to 92%', '≈ 95%', '270–600×',
@@ -1047,20 +1048,20 @@ def test_archive_rebuilds_the_same_page_without_checkpoints(root, tmp_path):
 def test_empty_root_lists_everything_as_missing(tmp_path):
   written = results.write_results(SPEC, str(tmp_path / 'none'), str(tmp_path / 'out'), now=NOW)
   text = open(written['results.md'], encoding='utf-8').read()
-  assert 'Incomplete: 0 of 408 runs have finished.' in text
+  assert 'Incomplete: 0 of 414 runs have finished.' in text
   # Every run is listed once per table it is in: the 6 DiLoCo and streaming runs twice, and
   # the 15 H = 16 runs of the low-communication sweep and the 84 semi_sync runs of the
-  # equal-work sweep (against sync and against plain semi_sync), and the 15 + 18 runs of
+  # equal-work sweep (against sync and against plain semi_sync), and the 18 + 18 runs of
   # the CIFAR-10 and 18 LM compression sweeps (on their LAN and re-costed to 100 Mbit/s; the
-  # LM's 6 CO3 runs only on their LAN), and the 9 converged Fashion-MNIST runs (on their
+  # LM's 6 CO3 runs only on their LAN), and the 12 converged Fashion-MNIST runs (on their
   # LAN and re-costed).
-  assert text.count(': not started (`') == 408 + 6 + 15 + 84 + 15 + 18 + 9
+  assert text.count(': not started (`') == 414 + 6 + 15 + 84 + 18 + 18 + 12
   # Rows: 5 semisync, 17 + 17 semisync_work, 5 + 5 semisync_budget, 10 + 5 compression
-  # (seed groups), 5 + 5 CO3; 3 + 2 streaming, 3 + 5 + 5 + 3 + 5 + 5 CIFAR-10, 3 + 8 + 6 + 3
+  # (seed groups), 5 + 5 CO3; 3 + 2 streaming, 3 + 5 + 5 + 3 + 6 + 6 CIFAR-10, 3 + 8 + 6 + 3
   # + 4 Shakespeare (comparison 2 twice: its LAN and re-costed); 6 + 5 low-communication;
-  # 6 + 5 CIFAR-10 and LM equal work; 14 + 14 semi_sync arms against plain semi_sync; 3 + 3
+  # 6 + 5 CIFAR-10 and LM equal work; 14 + 14 semi_sync arms against plain semi_sync; 4 + 4
   # converged compression (its LAN and re-costed).
-  assert text.count('| *not finished* |') == 48 + 26 + 55 + 11 + 11 + 28 + 3 + 3
+  assert text.count('| *not finished* |') == 48 + 26 + 57 + 11 + 11 + 28 + 4 + 4
   assert written['plots'] == [] and text.count('*No plots yet') == 9
   # 15 + 6 claims of the Fashion-MNIST sections, 4 streaming, 4 low-communication, 8
   # CIFAR-10 budget claims, 3 + 3 CIFAR-10 and LM equal-work claims, 2 progress-aware, 2
@@ -1099,7 +1100,7 @@ def test_cli_no_run_from_another_directory(tmp_path):
                      cwd=tmp_path, capture_output=True, text=True, timeout=600, check=False)
   assert p.returncode == 0, p.stderr
   assert p.stdout.splitlines()[0] == os.path.join('o', 'results.md')
-  assert '403 runs not finished' in p.stderr
+  assert '409 runs not finished' in p.stderr
   text = (tmp_path / 'o' / 'results.md').read_text(encoding='utf-8')
   assert 'make_results.py --root workdirs --out o' in text
   assert '--workdir=workdirs/semisync/sync.strategy=sync__train.eval_every=40' in text
@@ -1131,11 +1132,11 @@ def test_cli_runs_the_missing_sweeps_first(tmp_path, caplog, monkeypatch):
                                                 'shakespeare_compression', 'shakespeare_co3',
                                                 'shakespeare_semisync_work',
                                                 'shakespeare_diloco')]
-  # Said once, before the first launch: 403 runs are missing (seeds 1, 2 of semisync).
+  # Said once, before the first launch: 409 runs are missing (seeds 1, 2 of semisync).
   assert launched[0][1][0].startswith(
-      f'403 runs missing (semisync: 10, semisync_work: 102, semisync_budget: 30, compression: 45, '
-      'compression_long: 9, co3_iid: 15, co3_paper: 15, '
-      'shakespeare_streaming: 9, shakespeare_lowcomm: 18, cifar10_semisync: 9, cifar10_compression: 15, cifar10_co3: 9, '
+      f'409 runs missing (semisync: 10, semisync_work: 102, semisync_budget: 30, compression: 45, '
+      'compression_long: 12, co3_iid: 15, co3_paper: 15, '
+      'shakespeare_streaming: 9, shakespeare_lowcomm: 18, cifar10_semisync: 9, cifar10_compression: 18, cifar10_co3: 9, '
       'cifar10_semisync_budget: 30, cifar10_semisync_work: 18, shakespeare_semisync: 9, '
       'shakespeare_compression: 24, shakespeare_co3: 9, shakespeare_semisync_work: 15, '
       f'shakespeare_diloco: 12) under {root}: launching')

@@ -851,6 +851,23 @@ def same_as_lines(t: Table, spec: dict, by_name: dict) -> list[str]:
   return []
 
 
+def _sections(keys: list, have) -> tuple:
+  """Dotted config keys, a section the run's config lacks entirely named once as
+  ``section.*`` (e.g. ``compression.dgc.*`` for all of its fields), in order."""
+  out = []
+  for k in keys:
+    parts = k.split('.')
+    name = k
+    for i in range(1, len(parts) - 1):
+      prefix = '.'.join(parts[:i + 1])
+      if not any(h.startswith(prefix + '.') for h in have):
+        name = prefix + '.*'
+        break
+    if name not in out:
+      out.append(name)
+  return tuple(out)
+
+
 def drift_notes(t: Table) -> list[str]:
   """Finished runs trained with another config than the sweep file gives now, as notes."""
   notes, absent = [], {}
@@ -858,7 +875,7 @@ def drift_notes(t: Table) -> list[str]:
     if p.status != 'done':
       continue
     want, have = resolved(t.base_cfg, p.spec.overrides), p.config
-    added = tuple(sorted(k for k in set(want) - set(have) if k != 'workdir'))
+    added = _sections(sorted(k for k in set(want) - set(have) if k != 'workdir'), have)
     diff = sorted(k for k in set(want) & set(have) if k != 'workdir'
                   and repr(want[k]) != repr(have[k]))
     if diff:
