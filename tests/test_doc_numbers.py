@@ -355,3 +355,49 @@ def test_semisync_equal_time_three_seed_table_is_the_archived_runs():
            what + ', rounds to target')
     _check(t_target.rstrip(' s'), np.mean([s['time_to_target_s'] for s in reached]),
            what + ', time to target')
+
+
+def test_semisync_lm_progress_aware_paragraph_is_the_archived_runs():
+  """docs/semisync.md's LM paragraph on progress-aware K with the cap on K_base only:
+  the final validation loss relative to sync's of the same seed (per seed, mean and
+  standard error), the rounds (mean ± sample std), the reductions against sync and
+  plain semi_sync (K_base = 4), and the loss relative to plain semi_sync's, recomputed
+  from the archived runs with plain numpy."""
+  text = re.sub(r'\s+', ' ', _read('docs/semisync.md'))
+  m = re.search(r'Progress-aware K with the cap on K_base only \(3 runs at \w+\) ends '
+                r'([+−][\d.]+)% from sync \(per seed ([+−][\d.]+)%, ([+−][\d.]+)%, '
+                r'([+−][\d.]+)%; standard error ([\d.]+)%\), inside the 1% bar. It uses '
+                r'(\d+) ± (\d+) rounds, ([\d.]+)% fewer than plain semi_sync.s (\d+) and '
+                r'([\d.]+)% fewer than sync.s ([\d,]+)', text)
+  assert m, 'the paragraph is not where it was'
+  m2 = re.search(r'its final loss is ([\d.]+)%, ([\d.]+)% and ([\d.]+)% above plain '
+                 r'semi_sync.s of the same seed \(mean ([\d.]+)%\)', text)
+  assert m2, 'the comparison with plain semi_sync is not where it was'
+  by_arm = {}
+  for c, s in _runs('shakespeare_semisync_work'):
+    arm = (c['sync.strategy'], c['sync.k'], bool(c['sync.progress_aware']))
+    by_arm.setdefault(arm, {})[c.get('seed', 0)] = s
+  sync = next(v for (strategy, _, _), v in by_arm.items() if strategy == 'sync')
+  plain, pa = by_arm[('semi_sync', 4, False)], by_arm[('semi_sync', 4, True)]
+  seeds = sorted(pa)
+  assert seeds == [0, 1, 2]
+  loss = lambda runs, k: runs[k]['final_test_loss']
+  rel = np.array([100 * (loss(pa, k) / loss(sync, k) - 1) for k in seeds])
+  what = 'semisync.md, LM progress-aware'
+  _check(m.group(1), rel.mean(), what + ', mean')
+  for printed, value in zip(m.group(2, 3, 4), rel):
+    _check(printed, value, what + ', per seed')
+  _check(m.group(5), rel.std(ddof=1) / np.sqrt(3), what + ', standard error')
+  rounds = np.array([pa[k]['inter_dc_rounds'] for k in seeds], float)
+  _check(m.group(6), rounds.mean(), what + ', rounds')
+  _check(m.group(7), rounds.std(ddof=1), what + ', rounds std')
+  plain_rounds = np.mean([plain[k]['inter_dc_rounds'] for k in seeds])
+  sync_rounds = np.mean([sync[k]['inter_dc_rounds'] for k in seeds])
+  _check(m.group(9), plain_rounds, what + ', plain semi_sync rounds')
+  _check(m.group(11), sync_rounds, what + ', sync rounds')
+  _check(m.group(8), 100 * (1 - rounds.mean() / plain_rounds), what + ', vs plain semi_sync')
+  _check(m.group(10), 100 * (1 - rounds.mean() / sync_rounds), what + ', vs sync')
+  vs_plain = np.array([100 * (loss(pa, k) / loss(plain, k) - 1) for k in seeds])
+  for printed, value in zip(m2.group(1, 2, 3), vs_plain):
+    _check(printed, value, what + ', vs plain semi_sync, per seed')
+  _check(m2.group(4), vs_plain.mean(), what + ', vs plain semi_sync, mean')
