@@ -401,3 +401,44 @@ def test_semisync_lm_progress_aware_paragraph_is_the_archived_runs():
   for printed, value in zip(m2.group(1, 2, 3), vs_plain):
     _check(printed, value, what + ', vs plain semi_sync, per seed')
   _check(m2.group(4), vs_plain.mean(), what + ', vs plain semi_sync, mean')
+
+
+def test_semisync_cifar_progress_aware_paragraph_is_the_archived_runs():
+  """docs/semisync.md's CIFAR-10 paragraph on progress-aware K with the cap on K_base
+  only: rounds (mean ± sample std) and their cut against plain semi_sync (K_base = 4),
+  the paired Δ against sync (per seed, mean, standard error) and against plain
+  semi_sync, recomputed from the archived runs with plain numpy."""
+  text = re.sub(r'\s+', ' ', _read('docs/semisync.md'))
+  m = re.search(r'It uses (\d+) ± (\d+) rounds, ([\d.]+)% fewer than plain semi_sync.s (\d+), '
+                r'but ends ([−+][\d.]+) pts from sync \(per seed ([−+][\d.]+), ([−+][\d.]+), '
+                r'([−+][\d.]+); standard error ([\d.]+)\) and ([\d.]+) pts below plain '
+                r'semi_sync of the same seed \(([−+][\d.]+), ([−+][\d.]+), ([−+][\d.]+)\)', text)
+  assert m, 'the paragraph is not where it was'
+  by_arm = {}
+  for c, s in _runs('cifar10_semisync_work'):
+    arm = (c['sync.strategy'], c['sync.k'], bool(c['sync.progress_aware']),
+           c.get('sync.k_max_scope', 'every_dc'))
+    by_arm.setdefault(arm, {})[c.get('seed', 0)] = s
+  sync = next(v for arm, v in by_arm.items() if arm[0] == 'sync')
+  plain = by_arm[('semi_sync', 4, False, 'every_dc')]
+  capped = by_arm[('semi_sync', 4, True, 'k_base')]
+  seeds = sorted(capped)
+  assert seeds == [0, 1, 2]
+  what = 'semisync.md, CIFAR-10 progress-aware, K_max on K_base'
+  rounds = np.array([capped[k]['inter_dc_rounds'] for k in seeds], float)
+  plain_rounds = np.mean([plain[k]['inter_dc_rounds'] for k in seeds])
+  _check(m.group(1), rounds.mean(), what + ', rounds')
+  _check(m.group(2), rounds.std(ddof=1), what + ', rounds std')
+  _check(m.group(3), 100 * (1 - rounds.mean() / plain_rounds), what + ', fewer rounds')
+  _check(m.group(4), plain_rounds, what + ', plain semi_sync rounds')
+  _, d, mean, _, se = _paired([(dict(seed=k), capped[k]) for k in seeds],
+                              [(dict(seed=k), sync[k]) for k in seeds], _acc)
+  _check(m.group(5), mean, what + ', paired Δ vs sync')
+  for printed, value in zip(m.group(6, 7, 8), d):
+    _check(printed, value, what + ', per seed vs sync')
+  _check(m.group(9), se, what + ', standard error')
+  _, d, mean, _, _ = _paired([(dict(seed=k), capped[k]) for k in seeds],
+                             [(dict(seed=k), plain[k]) for k in seeds], _acc)
+  _check(m.group(10), -mean, what + ', below plain semi_sync')
+  for printed, value in zip(m.group(11, 12, 13), d):
+    _check(printed, value, what + ', per seed vs plain semi_sync')
