@@ -299,12 +299,13 @@ def test_round_charges_the_correction_payload_and_refuses_streaming():
 # The compression sweep's intra-DC bytes, from static payload sizes.
 # --------------------------------------------------------------------------------
 
-def _intra_bytes_per_round(cfg, k):
-  """Planned intra-DC (up + down) bits of one DC and round of K iterations."""
+def _intra_bytes_per_round(cfg, k, input_shape=(28, 28, 1)):
+  """Planned intra-DC (up + down) bits of one DC and round of K iterations (10 classes,
+  images of ``input_shape``)."""
   from hfl import models  # pylint: disable=g-import-not-at-top
   net = models.from_config(cfg.model, 10)
   shapes = jax.eval_shape(lambda: net.init(jax.random.PRNGKey(0),
-                                           jnp.zeros((1, 28, 28, 1)))['params'])
+                                           jnp.zeros((1,) + input_shape))['params'])
   comps = setup_lib.build_compressors(cfg, shapes)
   w, d = cfg.mesh.workers_per_dc, cfg.mesh.num_dcs
   up, down, _ = accounting.static_bits(comps, shapes, w)
@@ -511,7 +512,6 @@ def test_broadcast_md_planned_bytes_table():
   each printed percentage within half its last digit."""
   import os  # pylint: disable=g-import-not-at-top
   from configs import cifar10 as cifar_config  # pylint: disable=g-import-not-at-top
-  from hfl import models  # pylint: disable=g-import-not-at-top
   repo = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
   with open(os.path.join(repo, 'docs', 'broadcast.md'), encoding='utf-8') as f:
     text = f.read()
@@ -521,14 +521,7 @@ def test_broadcast_md_planned_bytes_table():
   rows = rows[:next((i for i, r in enumerate(rows) if not r), len(rows))]
   assert len(rows) == 4
 
-  def planned(cfg, shape):
-    net = models.from_config(cfg.model, 10)
-    shapes = jax.eval_shape(lambda: net.init(jax.random.PRNGKey(0),
-                                             jnp.zeros((1,) + shape))['params'])
-    comps = setup_lib.build_compressors(cfg, shapes)
-    w, d, k = cfg.mesh.workers_per_dc, cfg.mesh.num_dcs, int(cfg.sync.k)
-    up, down, _ = accounting.static_bits(comps, shapes, w)
-    return k * w * (up + down) + accounting.round_down_bits(comps, w, d, setup_lib.broadcast(cfg))
+  planned = lambda cfg, shape: _intra_bytes_per_round(cfg, int(cfg.sync.k), shape)
 
   for it, corr, fmnist, cifar in rows:
     rho = float(it.removeprefix('top-k ').rstrip('%')) / 100
